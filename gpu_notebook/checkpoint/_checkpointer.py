@@ -1,0 +1,1143 @@
+"""The :class:`Checkpointer`: snapshot on the training thread, encode and upload in the background.
+
+Save pipeline (one save in flight at most):
+
+1. ``save()`` flattens the state into a JSON tree and tensor leaves, copying every tensor to host memory
+   (the only work on the training thread), and hands the snapshot to a background thread.
+2. The background thread splits leaves into chunks, hashes them (sha256 of the raw bytes), reuses every
+   chunk whose bytes are already in the store, and encodes the others as lossless deltas against the last
+   committed snapshot (or in full for a base checkpoint); small frames are packed into one object.
+3. Objects are written create-only under ``objects/<sha256 of stored bytes>``; the manifest is written last
+   (create-only). A save interrupted anywhere before that leaves no visible checkpoint.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import threading
+import time
+import uuid
+import warnings
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ._errors import (
+    CheckpointError,
+    CheckpointSaveError,
+    IntegrityError,
+    NoCheckpointError,
+    ObjectMissingError,
+    ShapeMismatchError,
+    StoreError,
+)
+from ._manifest import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MANIFEST_PREFIX,
+    OBJECT_PREFIX,
+    SHARD_PREFIX,
+    CheckpointInfo,
+    CheckpointList,
+    check_version,
+    id_from_key,
+    manifest_key,
+    manifest_objects,
+    read_manifest,
+    walk_chunks,
+)
+from ._progress import Progress
+from ._store import Store, open_store
+from ._tree import DTYPES, Leaf, flatten, leaf_from_bytes, tree_leaf_names, unflatten
+
+__all__ = ["Checkpointer", "SaveHandle", "current", "GcResult", "DiffResult"]
+
+log = logging.getLogger("gpu_notebook.checkpoint")
+
+_current: weakref.ref[Checkpointer] | None = None
+
+
+def current() -> Checkpointer | None:
+    """The most recently created (or used) :class:`Checkpointer` in this process, or None."""
+    return _current() if _current is not None else None
+
+
+def _set_current(c: Checkpointer) -> None:
+    global _current
+    _current = weakref.ref(c)
+
+
+def _sha(data: Any) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _obj_key(h: str) -> str:
+    return f"{OBJECT_PREFIX}{h[:2]}/{h}"
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """Rank and world size: explicit, else torch.distributed (if initialised), else env, else 0/1."""
+    dist_ok = False
+    if "torch" in sys.modules:
+        try:
+            import torch.distributed as dist
+
+            dist_ok = dist.is_available() and dist.is_initialized()
+        except Exception:  # pragma: no cover
+            dist_ok = False
+    if rank is None:
+        if dist_ok:
+            import torch.distributed as dist
+
+            rank = dist.get_rank()
+        else:
+            rank = int(os.environ.get("RANK", "0"))
+    if world_size is None:
+        if dist_ok:
+            import torch.distributed as dist
+
+            world_size = dist.get_world_size()
+        else:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(rank), int(world_size), dist_ok
+
+
+class SaveHandle:
+    """The result of :meth:`Checkpointer.save`: a future for one background save."""
+
+    def __init__(self, ckpt_id: str | None, step: int, future: cf.Future[Any] | None, skipped: bool = False):
+        self.id = ckpt_id
+        self.step = step
+        self.skipped = skipped
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def result(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Wait for the save; return its :class:`CheckpointInfo` (None if skipped or not written by this rank)."""
+        if self._future is None:
+            return None
+        return self._future.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return None if self._future is None else self._future.exception(timeout)
+
+    def __repr__(self) -> str:
+        state = "skipped" if self.skipped else ("done" if self.done() else "saving")
+        return f"<SaveHandle {self.id} step={self.step} {state}>"
+
+
+class GcResult(dict):  # type: ignore[type-arg]
+    """What :meth:`Checkpointer.gc` removed: ``manifests``, ``objects``, ``bytes``, ``kept``."""
+
+    def __repr__(self) -> str:
+        return (
+            f"gc: kept {len(self['kept'])} checkpoint(s), deleted {len(self['manifests'])} checkpoint(s) and "
+            f"{len(self['objects'])} object(s), freed {self['bytes'] / 1e6:.1f} MB"
+        )
+
+
+class DiffResult(dict):  # type: ignore[type-arg]
+    """What differs between two checkpoints (see :meth:`Checkpointer.diff`)."""
+
+    def __repr__(self) -> str:
+        lines = [f"diff {self['a']} -> {self['b']}:"]
+        lines.append(
+            f"  tensors: {len(self['changed'])} changed, {len(self['unchanged'])} unchanged, "
+            f"{len(self['added'])} added, {len(self['removed'])} removed"
+        )
+        for name, info in list(self["changed"].items())[:30]:
+            lines.append(f"  ~ {name}: {info['chunks_changed']}/{info['chunks']} chunk(s) changed")
+        for name in self["added"][:10]:
+            lines.append(f"  + {name}")
+        for name in self["removed"][:10]:
+            lines.append(f"  - {name}")
+        for path, (va, vb) in list(self["values"].items())[:30]:
+            lines.append(f"  {path}: {va!r} -> {vb!r}")
+        return "\n".join(lines)
+
+
+class _Snapshot:
+    """A flattened, host-memory copy of the state at one step."""
+
+    def __init__(self, tree: Any, leaves: list[Leaf], step: int, stall_s: float):
+        self.tree = tree
+        self.leaves = leaves
+        self.step = step
+        self.stall_s = stall_s
+        self.created_at = time.time()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lf.nbytes for lf in self.leaves)
+
+
+class Checkpointer:
+    """Lossless delta checkpoints of training state into a local folder or S3.
+
+    Parameters
+    ----------
+    store
+        A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
+    full_every
+        Every ``full_every``-th checkpoint is a full base, so delta chains stay at most that long.
+    chunk_mb
+        Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
+    pack_kb
+        Encoded frames smaller than this are packed together into one object (fewer requests).
+    level
+        zstd level (1 is fast; 3 compresses a little better).
+    on_busy
+        What ``save()`` does while the previous save is still uploading: ``"wait"`` or ``"skip"``.
+    every_steps, every_minutes
+        Policy for :meth:`maybe_save` (either or both; the default suggestion for spot instances is 15 min).
+    retries, retry_backoff_s
+        A failed background save is retried this many times, with exponential backoff.
+    threads
+        Threads that encode and upload chunks in parallel.
+    sharded
+        In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
+        rank 0 writes (False, the default, right for DDP).
+    rank, world_size
+        Override the rank/world size (default: torch.distributed, else ``RANK``/``WORLD_SIZE``).
+    allow_pickle
+        Pickle values without a safe representation (restore then also needs ``allow_pickle=True``).
+    progress
+        None (auto: a progress line in notebooks for big transfers), False, True, or a callable
+        ``(label, done_bytes, total_bytes, elapsed_s)``.
+    commit_timeout_s
+        How long rank 0 waits for the other ranks' shards of a sharded save.
+    store_options
+        Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
+
+    Examples
+    --------
+    >>> ckpt = Checkpointer("/tmp/run1", every_steps=100)          # doctest: +SKIP
+    >>> ckpt.maybe_save({"model": model, "optim": opt, "step": step}, step)  # doctest: +SKIP
+    >>> state = ckpt.restore(into={"model": model, "optim": opt})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        full_every: int = 10,
+        chunk_mb: float = 4.0,
+        pack_kb: int = 256,
+        pack_max_mb: float = 32.0,
+        level: int = 1,
+        on_busy: str = "wait",
+        every_steps: int | None = None,
+        every_minutes: float | None = None,
+        retries: int = 3,
+        retry_backoff_s: float = 1.0,
+        threads: int | None = None,
+        sharded: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        allow_pickle: bool = False,
+        progress: bool | Callable[[str, int, int, float], None] | None = None,
+        commit_timeout_s: float = 600.0,
+        **store_options: Any,
+    ) -> None:
+        if on_busy not in ("wait", "skip"):
+            raise ValueError("on_busy must be 'wait' or 'skip'")
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        self.store: Store = open_store(store, **store_options)
+        self.full_every = int(full_every)
+        self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
+        self.pack_bytes = int(pack_kb * 1024)
+        self.pack_max = int(pack_max_mb * 2**20)
+        self.level = int(level)
+        self.on_busy = on_busy
+        self.every_steps = every_steps
+        self.every_minutes = every_minutes
+        self.retries = int(retries)
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.threads = threads or max(2, min(8, os.cpu_count() or 2))
+        self.allow_pickle = allow_pickle
+        self.progress = progress
+        self.commit_timeout_s = commit_timeout_s
+        self.rank, self.world_size, dist_ok = _rank_world(rank, world_size)
+        self.sharded = bool(sharded) and self.world_size > 1
+        self._token = self._session_token(dist_ok)
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-io")
+        self._inflight: SaveHandle | None = None
+        self._errors: list[BaseException] = []
+        self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
+        # delta state: the last committed snapshot of *this rank*
+        self._shadow: dict[str, dict[str, Any]] = {}
+        self._parent: str | None = None
+        self._since_base = 0
+        self._last_save_step: int | None = None
+        self._last_save_time: float | None = None
+        self.last_info: CheckpointInfo | None = None
+        self._open_store()
+        _set_current(self)
+
+    # ------------------------------------------------------------------ setup
+    def _session_token(self, dist_ok: bool) -> str:
+        tok = uuid.uuid4().hex[:8]
+        if self.world_size > 1 and dist_ok:
+            import torch.distributed as dist
+
+            box = [tok]
+            dist.broadcast_object_list(box, src=0)
+            tok = box[0]
+        elif self.world_size > 1:
+            seed = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+            tok = hashlib.sha256(seed.encode()).hexdigest()[:8]
+        return tok
+
+    def _open_store(self) -> None:
+        self.store.check()
+        doc = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        if self.rank == 0 or not self.store.exists("FORMAT"):
+            self.store.put("FORMAT", json.dumps(doc).encode(), create_only=True)
+        try:
+            existing = json.loads(self.store.get("FORMAT"))
+        except ObjectMissingError:  # pragma: no cover - raced with another rank
+            return
+        except ValueError as e:
+            raise StoreError(f"{self.store.url}/FORMAT is not valid JSON: {e}") from e
+        check_version(existing, f"store {self.store.url}")
+
+    def __repr__(self) -> str:
+        last = f" last={self.last_info.id}" if self.last_info else ""
+        ranks = f" rank={self.rank}/{self.world_size}" if self.world_size > 1 else ""
+        return f"<Checkpointer {self.store.url}{ranks}{last}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<b>Checkpointer</b> {html.escape(repr(self))}"
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for the save in flight (if ``wait``) and stop the background threads."""
+        if wait:
+            try:
+                self.wait()
+            finally:
+                self._executor.shutdown(wait=True)
+                self._pool.shutdown(wait=True)
+        else:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ save
+    def _raise_pending(self) -> None:
+        with self._lock:
+            errs, self._errors = self._errors, []
+        if errs:
+            raise CheckpointSaveError(f"background checkpoint save failed: {errs[-1]}") from errs[-1]
+
+    def save(self, state: Any, step: int | None = None, *, block: bool = False) -> SaveHandle:
+        """Snapshot ``state`` now and write it in the background.
+
+        Parameters
+        ----------
+        state
+            Usually a dict such as ``{"model": model, "optim": optimizer, "step": step}``.
+        step
+            Training step; defaults to ``state["step"]`` if it is an int, else a counter.
+        block
+            Wait until the checkpoint is committed.
+
+        Returns
+        -------
+        SaveHandle
+            ``.result()`` waits and gives the :class:`CheckpointInfo`.
+
+        Raises
+        ------
+        CheckpointSaveError
+            An earlier background save failed for good (raised once, here or from :meth:`wait`).
+        """
+        _set_current(self)
+        self._raise_pending()
+        if step is None:
+            s = state.get("step") if isinstance(state, dict) else None
+            step = int(s) if isinstance(s, int | np.integer) else self._seq
+        step = int(step)
+        if step < 0:
+            raise ValueError("step must be >= 0")
+        if self.world_size > 1 and not self.sharded and self.rank != 0:
+            # replicated state: rank 0 writes it; other ranks only keep the policy clock in step
+            self._last_save_step, self._last_save_time = step, time.time()
+            return SaveHandle(None, step, None)
+        prev = self._inflight
+        if prev is not None and not prev.done():
+            if self.on_busy == "skip":
+                log.warning("checkpoint at step %s skipped: the previous save is still uploading", step)
+                return SaveHandle(None, step, None, skipped=True)
+            try:
+                prev._future.result()  # type: ignore[union-attr]
+            except Exception:
+                pass  # recorded by the job itself
+            self._raise_pending()
+        t0 = time.perf_counter()
+        tree, leaves = flatten(state, allow_pickle=self.allow_pickle, copy=True)
+        snap = _Snapshot(tree, leaves, step, time.perf_counter() - t0)
+        ckpt_id = f"{step:012d}-{self._token}{self._seq:04d}"
+        self._seq += 1
+        self._last_save_step, self._last_save_time = step, time.time()
+        fut = self._executor.submit(self._persist_with_retries, snap, ckpt_id)
+        handle = SaveHandle(ckpt_id, step, fut)
+        self._inflight = handle
+        if block:
+            self.wait()
+        return handle
+
+    def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
+        """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None."""
+        if force or self._due(step):
+            return self.save(state, step)
+        return None
+
+    def _due(self, step: int) -> bool:
+        if self.every_steps is None and self.every_minutes is None:
+            return True
+        if self._last_save_step is None:
+            return True if self.every_minutes is None else self._last_save_time is None and step > 0
+        if self.every_steps is not None and step - self._last_save_step >= self.every_steps:
+            return True
+        if self.every_minutes is not None and self._last_save_time is not None:
+            return time.time() - self._last_save_time >= 60.0 * self.every_minutes
+        return False
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Wait for the save in flight; raise :class:`CheckpointSaveError` if a save failed for good."""
+        h = self._inflight
+        if h is not None and h._future is not None:
+            try:
+                h._future.result(timeout)
+            except cf.TimeoutError:
+                raise
+            except Exception:
+                pass
+        self._raise_pending()
+        return self.last_info
+
+    def _persist_with_retries(self, snap: _Snapshot, ckpt_id: str) -> CheckpointInfo | None:
+        err: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                return self._persist(snap, ckpt_id)
+            except Exception as e:  # noqa: BLE001
+                err = e
+                if attempt < self.retries:
+                    delay = self.retry_backoff_s * 2**attempt
+                    log.warning(
+                        "checkpoint %s: save attempt %d failed (%s); retrying in %.1f s", ckpt_id, attempt + 1, e, delay
+                    )
+                    time.sleep(delay)
+        assert err is not None
+        msg = f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        log.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=1)
+        with self._lock:
+            self._errors.append(err)
+            self.failures.append((ckpt_id, msg))
+        raise CheckpointSaveError(msg) from err
+
+    def _chunks_of(self, leaf: Leaf) -> list[tuple[int, int]]:
+        n = leaf.nbytes
+        w = max(1, leaf.width)
+        size = max(w, (self.chunk_bytes // w) * w)
+        return [(o, min(size, n - o)) for o in range(0, n, size)]
+
+    def _persist(self, snap: _Snapshot, ckpt_id: str) -> CheckpointInfo | None:
+        t_start = time.perf_counter()
+        is_base = not self._shadow or self._since_base + 1 >= self.full_every
+        total = snap.nbytes
+        prog = Progress(f"checkpoint {ckpt_id}", total, self.progress)
+        # 1) hash every chunk (parallel)
+        work: list[tuple[Leaf, int, int, int]] = []  # leaf, chunk index, offset, length
+        for leaf in snap.leaves:
+            for i, (o, ln) in enumerate(self._chunks_of(leaf)):
+                work.append((leaf, i, o, ln))
+        hashes = list(self._pool.map(lambda w: _sha(memoryview(w[0].data[w[2] : w[2] + w[3]])), work))
+        # 2) decide reuse / encode (sequential, cheap)
+        known: dict[str, dict[str, Any]] = {}
+        for sh in self._shadow.values():
+            for e in sh["chunks"]:
+                if not is_base or e.get("depth", 0) == 0:
+                    known.setdefault(e["raw"], e)
+        plan: list[tuple[int, dict[str, Any] | None, np.ndarray | None, dict[str, Any] | None]] = []
+        pending_raw: dict[str, int] = {}
+        reused_bytes = 0
+        for k, (leaf, i, o, ln) in enumerate(work):
+            h = hashes[k]
+            if h in known:
+                plan.append((k, known[h], None, None))
+                reused_bytes += ln
+                continue
+            if h in pending_raw:  # same bytes twice in this save (tied weights): encode once
+                plan.append((k, {"$same": pending_raw[h]}, None, None))
+                reused_bytes += ln
+                continue
+            pending_raw[h] = k
+            base_arr = base_entry = None
+            sh = self._shadow.get(leaf.name)
+            if (
+                not is_base
+                and sh is not None
+                and sh["dtype"] == leaf.dtype
+                and sh["nbytes"] == leaf.nbytes
+                and i < len(sh["chunks"])
+            ):
+                base_entry = sh["chunks"][i]
+                base_arr = sh["data"][o : o + ln]
+            plan.append((k, None, base_arr, base_entry))
+        # 3) encode new chunks (parallel); upload big frames directly, collect small ones into packs
+        new_bytes = 0
+        new_objects = 0
+        nb_lock = threading.Lock()
+
+        def encode(item: tuple[int, Any, Any, Any]) -> tuple[int, dict[str, Any], bytes | None]:
+            nonlocal new_bytes, new_objects
+            from ._codec import encode_chunk
+
+            k, reuse, base_arr, base_entry = item
+            leaf, i, o, ln = work[k]
+            if reuse is not None:
+                prog.add(ln)
+                return k, reuse, None
+            raw = leaf.data[o : o + ln]
+            frame, t = encode_chunk(raw, leaf.width, base_arr, level=self.level)
+            entry: dict[str, Any] = {"raw": hashes[k], "len": ln, "t": t, "size": len(frame)}
+            if t in ("xor", "sub") and base_entry is not None:
+                entry["base"] = base_entry
+                entry["depth"] = int(base_entry.get("depth", 0)) + 1
+            else:
+                entry["depth"] = 0
+            fh = _sha(frame)
+            entry["hash"] = fh
+            if len(frame) >= self.pack_bytes:
+                key = _obj_key(fh)
+                wrote = self.store.put(key, frame, create_only=True)
+                entry.update(obj=key, off=0)
+                if wrote:
+                    with nb_lock:
+                        new_bytes += len(frame)
+                        new_objects += 1
+                prog.add(ln)
+                return k, entry, None
+            prog.add(ln)
+            return k, entry, frame
+
+        results = list(self._pool.map(encode, plan))
+        entries: dict[int, dict[str, Any]] = {}
+        small: list[tuple[int, bytes]] = []
+        for k, entry, frame in results:
+            entries[k] = entry
+            if frame is not None:
+                small.append((k, frame))
+        # packs
+        packs: list[list[tuple[int, bytes]]] = []
+        cur: list[tuple[int, bytes]] = []
+        cur_n = 0
+        for k, frame in small:
+            if cur and cur_n + len(frame) > self.pack_max:
+                packs.append(cur)
+                cur, cur_n = [], 0
+            cur.append((k, frame))
+            cur_n += len(frame)
+        if cur:
+            packs.append(cur)
+
+        def upload_pack(pack: list[tuple[int, bytes]]) -> None:
+            nonlocal new_bytes, new_objects
+            blob = b"".join(f for _, f in pack)
+            key = _obj_key(_sha(blob))
+            off = 0
+            for k, f in pack:
+                entries[k].update(obj=key, off=off)
+                off += len(f)
+            if self.store.put(key, blob, create_only=True):
+                with nb_lock:
+                    new_bytes += len(blob)
+                    new_objects += 1
+
+        list(self._pool.map(upload_pack, packs))
+        for k, e in list(entries.items()):
+            if "$same" in e:
+                entries[k] = entries[e["$same"]]
+        # 4) assemble this rank's shard
+        leaves_doc: dict[str, Any] = {}
+        pos = 0
+        for leaf in snap.leaves:
+            n_chunks = len(self._chunks_of(leaf))
+            chunks = [entries[pos + j] for j in range(n_chunks)]
+            pos += n_chunks
+            leaves_doc[leaf.name] = {
+                "kind": leaf.kind,
+                "dtype": leaf.dtype,
+                "shape": leaf.shape,
+                "nbytes": leaf.nbytes,
+                "chunks": chunks,
+            }
+        shard = {"rank": self.rank, "tree": snap.tree, "leaves": leaves_doc}
+        stats = {
+            "raw_bytes": total,
+            "new_bytes": new_bytes,
+            "new_objects": new_objects,
+            "reused_bytes": reused_bytes,
+            "stall_s": round(snap.stall_s, 6),
+            "persist_s": round(time.perf_counter() - t_start, 6),
+        }
+        info = self._commit(snap, ckpt_id, shard, stats, is_base)
+        prog.finish()
+        # 5) the committed snapshot becomes the base of the next delta
+        self._shadow = {
+            leaf.name: {"dtype": leaf.dtype, "nbytes": leaf.nbytes, "data": leaf.data, "chunks": leaves_doc[leaf.name]["chunks"]}
+            for leaf in snap.leaves
+        }
+        self._parent = ckpt_id
+        self._since_base = 0 if is_base else self._since_base + 1
+        return info
+
+    def _writer_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "lib": "gpu_notebook.checkpoint",
+            "python": platform.python_version(),
+            "host": platform.node(),
+            "pid": os.getpid(),
+            "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+        }
+        try:
+            from importlib.metadata import version
+
+            info["version"] = version("gpu_notebook")
+        except Exception:  # noqa: BLE001
+            pass
+        if "torch" in sys.modules:
+            info["torch"] = sys.modules["torch"].__version__
+        return info
+
+    def _commit(
+        self, snap: _Snapshot, ckpt_id: str, shard: dict[str, Any], stats: dict[str, Any], is_base: bool
+    ) -> CheckpointInfo | None:
+        shards = [shard]
+        replicated = self.world_size == 1 or not self.sharded
+        if self.sharded:
+            if self.rank != 0:
+                key = f"{SHARD_PREFIX}{ckpt_id}/rank-{self.rank:05d}.json"
+                self.store.put(key, json.dumps({"shard": shard, "stats": stats}).encode(), create_only=True)
+                self.last_info = None
+                return None
+            # rank 0 gathers the other ranks' shard records from the store, then commits
+            deadline = time.monotonic() + self.commit_timeout_s
+            for r in range(1, self.world_size):
+                key = f"{SHARD_PREFIX}{ckpt_id}/rank-{r:05d}.json"
+                delay = 0.05
+                while True:
+                    try:
+                        rec = json.loads(self.store.get(key))
+                        break
+                    except ObjectMissingError:
+                        if time.monotonic() > deadline:
+                            raise CheckpointError(
+                                f"checkpoint {ckpt_id}: rank {r} did not save its shard within "
+                                f"{self.commit_timeout_s:.0f} s; the checkpoint is not committed"
+                            ) from None
+                        time.sleep(delay)
+                        delay = min(1.0, delay * 2)
+                shards.append(rec["shard"])
+                for k in ("raw_bytes", "new_bytes", "new_objects", "reused_bytes"):
+                    stats[k] += rec["stats"].get(k, 0)
+            sig = [{n: [c["raw"] for c in lf["chunks"]] for n, lf in s["leaves"].items()} for s in shards]
+            replicated = all(s == sig[0] for s in sig) and all(s["tree"] == shards[0]["tree"] for s in shards)
+        doc = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "id": ckpt_id,
+            "step": snap.step,
+            "created_at": snap.created_at,
+            "committed_at": time.time(),
+            "parent": self._parent,
+            "is_base": is_base,
+            "world_size": self.world_size,
+            "sharded": self.sharded,
+            "replicated": replicated,
+            "writer": self._writer_info(),
+            "stats": stats,
+            "shards": shards,
+        }
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if not self.store.put(manifest_key(ckpt_id), data, create_only=True):
+            raise CheckpointError(f"manifest {manifest_key(ckpt_id)} already exists; refusing to overwrite it")
+        if self.sharded:
+            for r in range(1, self.world_size):
+                self.store.delete(f"{SHARD_PREFIX}{ckpt_id}/rank-{r:05d}.json")
+        info = CheckpointInfo.from_manifest(doc)
+        self.last_info = info
+        return info
+
+    # ------------------------------------------------------------------ query
+    def list(self) -> CheckpointList:
+        """All committed checkpoints, oldest first (by step, then commit time)."""
+        out = CheckpointList()
+        for o in self.store.list(MANIFEST_PREFIX):
+            cid = id_from_key(o.key)
+            if cid is None:
+                continue
+            try:
+                out.append(CheckpointInfo.from_manifest(read_manifest(self.store, cid)))
+            except CheckpointError as e:
+                log.warning("skipping unreadable manifest %s: %s", o.key, e)
+        out.sort(key=lambda c: (c.step, c.created_at, c.id))
+        return out
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest checkpoint (highest step, then latest), or None if the store is empty."""
+        lst = self.list()
+        return lst[-1] if lst else None
+
+    def _resolve(self, ckpt_id: str | None, step: int | None) -> dict[str, Any]:
+        if ckpt_id is not None:
+            if ckpt_id == "latest":
+                ckpt_id = None
+            else:
+                matches = [o for o in self.store.list(MANIFEST_PREFIX + ckpt_id) if id_from_key(o.key)]
+                if not self.store.exists(manifest_key(ckpt_id)) and len(matches) == 1:
+                    ckpt_id = id_from_key(matches[0].key)
+                return read_manifest(self.store, ckpt_id)  # type: ignore[arg-type]
+        lst = self.list()
+        if step is not None:
+            lst = CheckpointList(c for c in lst if c.step == step)
+            if not lst:
+                raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
+        if not lst:
+            raise NoCheckpointError(f"no checkpoint in {self.store.url}")
+        return read_manifest(self.store, lst[-1].id)
+
+    def manifest(self, ckpt_id: str | None = None) -> dict[str, Any]:
+        """The raw manifest of a checkpoint (latest by default)."""
+        return self._resolve(ckpt_id, None)
+
+    def show(self, ckpt_id: str | None = None) -> dict[str, Any]:
+        """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
+        doc = self._resolve(ckpt_id, None)
+        tensors = {}
+        for shard in doc["shards"]:
+            for name, lf in shard["leaves"].items():
+                ts: dict[str, int] = {}
+                for c in lf["chunks"]:
+                    ts[c["t"]] = ts.get(c["t"], 0) + 1
+                label = name if len(doc["shards"]) == 1 else f"rank{shard['rank']}:{name}"
+                tensors[label] = {
+                    "dtype": lf["dtype"],
+                    "shape": lf["shape"],
+                    "nbytes": lf["nbytes"],
+                    "stored": sum(c["size"] for c in lf["chunks"]),
+                    "chunks": len(lf["chunks"]),
+                    "transforms": ts,
+                    "max_depth": max((c.get("depth", 0) for c in lf["chunks"]), default=0),
+                }
+        return _Show(info=CheckpointInfo.from_manifest(doc), stats=doc.get("stats", {}), writer=doc.get("writer", {}), tensors=tensors)
+
+    def diff(self, a: str, b: str) -> DiffResult:
+        """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
+        da, db = self._resolve(a, None), self._resolve(b, None)
+        la = {n: lf for s in da["shards"] for n, lf in s["leaves"].items()}
+        lb = {n: lf for s in db["shards"] for n, lf in s["leaves"].items()}
+        changed: dict[str, Any] = {}
+        unchanged: list[str] = []
+        for n in la.keys() & lb.keys():
+            ca = [c["raw"] for c in la[n]["chunks"]]
+            cb = [c["raw"] for c in lb[n]["chunks"]]
+            if ca == cb and la[n]["shape"] == lb[n]["shape"] and la[n]["dtype"] == lb[n]["dtype"]:
+                unchanged.append(n)
+            else:
+                nch = sum(1 for x, y in zip(ca, cb, strict=False) if x != y) + abs(len(ca) - len(cb))
+                changed[n] = {"chunks": len(cb), "chunks_changed": nch}
+        values: dict[str, Any] = {}
+        _diff_values(da["shards"][0]["tree"], db["shards"][0]["tree"], "", values)
+        return DiffResult(
+            a=da["id"],
+            b=db["id"],
+            changed=dict(sorted(changed.items())),
+            unchanged=sorted(unchanged),
+            added=sorted(lb.keys() - la.keys()),
+            removed=sorted(la.keys() - lb.keys()),
+            values=values,
+        )
+
+    # ------------------------------------------------------------------ restore
+    def restore(
+        self,
+        ckpt_id: str | None = None,
+        *,
+        step: int | None = None,
+        into: Any = None,
+        allow_pickle: bool | None = None,
+        verify: bool = True,
+        missing_ok: bool = False,
+        map_location: Any = None,
+    ) -> Any:
+        """Load a checkpoint (latest by default) and return its state.
+
+        Parameters
+        ----------
+        ckpt_id
+            Checkpoint id (or a unique prefix, or ``"latest"``).
+        step
+            Restore the newest checkpoint at this step.
+        into
+            Objects to load into in place, shaped like the saved state: e.g. ``{"model": model,
+            "optim": optimizer}``. Objects with ``load_state_dict`` get their state dict; tensors are
+            copied into; dicts and lists are matched key by key. Shapes are checked first.
+        allow_pickle
+            Allow pickled values (default: the Checkpointer's setting).
+        verify
+            Check every chunk's hash (stored bytes and decoded bytes).
+        missing_ok
+            Return None instead of raising :class:`NoCheckpointError` when the store is empty.
+        map_location
+            Move restored tensors to this device.
+
+        Returns
+        -------
+        The saved state with modules/optimizers replaced by their state dicts (plain values as saved).
+
+        Raises
+        ------
+        NoCheckpointError, IntegrityError, ObjectMissingError, FormatVersionError, ShapeMismatchError
+        """
+        _set_current(self)
+        h = self._inflight
+        if h is not None and h._future is not None:
+            try:
+                h._future.result()
+            except Exception:  # noqa: BLE001
+                pass
+        try:
+            doc = self._resolve(ckpt_id, step)
+        except NoCheckpointError:
+            if missing_ok:
+                return None
+            raise
+        shard = self._pick_shard(doc)
+        allow = self.allow_pickle if allow_pickle is None else allow_pickle
+        values, datas = self._decode_shard(doc, shard, verify=verify, allow_pickle=allow)
+        if map_location is not None:
+            for k, v in list(values.items()):
+                if hasattr(v, "to") and not isinstance(v, np.ndarray):
+                    values[k] = v.to(map_location)
+        state = unflatten(shard["tree"], values)
+        if into is not None:
+            _load_into(into, state, shard["tree"])
+        # continue the delta chain from what was restored
+        if not doc.get("sharded") or shard["rank"] == self.rank:
+            self._shadow = {
+                name: {"dtype": lf["dtype"], "nbytes": lf["nbytes"], "data": datas[name], "chunks": lf["chunks"]}
+                for name, lf in shard["leaves"].items()
+            }
+            self._parent = doc["id"]
+            depth = max((c.get("depth", 0) for lf in shard["leaves"].values() for c in lf["chunks"]), default=0)
+            self._since_base = 0 if doc.get("is_base") else depth
+        self._last_save_step = int(doc.get("step", 0))
+        self._last_save_time = time.time()
+        self.last_info = CheckpointInfo.from_manifest(doc)
+        return state
+
+    def _pick_shard(self, doc: dict[str, Any]) -> dict[str, Any]:
+        shards = doc["shards"]
+        ws = int(doc.get("world_size", 1))
+        if len(shards) == 1 or doc.get("replicated", False):
+            return shards[0]
+        if ws != self.world_size:
+            raise CheckpointError(
+                f"checkpoint {doc['id']} has {len(shards)} different shards (world size {ws}); it can only be "
+                f"restored onto world size {ws}, not {self.world_size} (only replicated state can change world size)"
+            )
+        for s in shards:
+            if s["rank"] == self.rank:
+                return s
+        raise CheckpointError(f"checkpoint {doc['id']} has no shard for rank {self.rank}")
+
+    def _decode_shard(
+        self, doc: dict[str, Any], shard: dict[str, Any], verify: bool, allow_pickle: bool
+    ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        from ._codec import decode_chunk
+
+        leaves = shard["leaves"]
+        # refuse pickles before fetching anything
+        if not allow_pickle:
+            for name, lf in leaves.items():
+                if lf.get("kind") == "pickle":
+                    leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
+        total = sum(lf["nbytes"] for lf in leaves.values())
+        prog = Progress(f"restore {doc['id']}", total, self.progress)
+        refs: dict[str, int] = {}
+        for lf in leaves.values():
+            for c in lf["chunks"]:
+                for e in walk_chunks(c):
+                    refs[e["obj"]] = refs.get(e["obj"], 0) + 1
+        obj_cache: dict[str, bytes] = {}
+        obj_locks: dict[str, threading.Lock] = {k: threading.Lock() for k in refs}
+        raw_cache: dict[str, np.ndarray] = {}
+        cache_lock = threading.Lock()
+
+        def where(name: str, idx: int, e: dict[str, Any]) -> str:
+            return f"tensor {name!r} chunk {idx} (object {e['obj']}) of checkpoint {doc['id']}"
+
+        def fetch(name: str, idx: int, e: dict[str, Any]) -> bytes:
+            key = e["obj"]
+            try:
+                if refs[key] > 1:
+                    with obj_locks[key]:
+                        blob = obj_cache.get(key)
+                        if blob is None:
+                            blob = obj_cache[key] = self.store.get(key)
+                    frame = blob[e["off"] : e["off"] + e["size"]]
+                else:
+                    frame = self.store.get_range(key, e["off"], e["size"]) if e["off"] else self.store.get(key)
+            except ObjectMissingError:
+                raise ObjectMissingError(key, f"needed by {where(name, idx, e)}") from None
+            if verify and (len(frame) != e["size"] or _sha(frame) != e["hash"]):
+                raise IntegrityError(f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash")
+            return frame
+
+        def decode(name: str, idx: int, e: dict[str, Any]) -> np.ndarray:
+            with cache_lock:
+                hit = raw_cache.get(e["raw"])
+            if hit is not None:
+                return hit
+            base = decode(name, idx, e["base"]) if e.get("base") else None
+            frame = fetch(name, idx, e)
+            try:
+                raw = decode_chunk(frame, base)
+            except ValueError as err:
+                raise IntegrityError(f"cannot decode {where(name, idx, e)}: {err}") from err
+            if verify and _sha(memoryview(raw)) != e["raw"]:
+                raise IntegrityError(f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash")
+            with cache_lock:
+                raw_cache[e["raw"]] = raw
+            return raw
+
+        tasks = [(name, i, c) for name, lf in leaves.items() for i, c in enumerate(lf["chunks"])]
+
+        def run(t: tuple[str, int, dict[str, Any]]) -> np.ndarray:
+            out = decode(*t)
+            prog.add(t[2]["len"])
+            return out
+
+        pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
+        try:
+            parts = list(pool.map(run, tasks))
+        finally:
+            pool.shutdown(wait=True)
+        prog.finish()
+        values: dict[str, Any] = {}
+        datas: dict[str, np.ndarray] = {}
+        pos = 0
+        for name, lf in leaves.items():
+            n = len(lf["chunks"])
+            chunks = parts[pos : pos + n]
+            pos += n
+            data = np.concatenate(chunks) if n > 1 else (chunks[0].copy() if n else np.zeros(0, np.uint8))
+            if data.nbytes != lf["nbytes"]:
+                raise IntegrityError(f"tensor {name!r} of checkpoint {doc['id']} has {data.nbytes} bytes, expected {lf['nbytes']}")
+            datas[name] = data
+            values[name] = leaf_from_bytes({**lf, "name": name}, data.copy() if lf.get("kind") != "pickle" else data, allow_pickle=allow_pickle)
+        return values, datas
+
+    # ------------------------------------------------------------------ gc
+    def gc(self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False) -> GcResult:
+        """Delete all but the newest ``keep`` checkpoints and every object no kept checkpoint needs.
+
+        Objects referenced by a kept checkpoint (including the bases of its delta chains) are never deleted.
+        Unreferenced objects newer than ``grace_s`` seconds are kept too: they may belong to a save that is
+        still uploading.
+        """
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.wait()
+        lst = self.list()
+        kept, drop = lst[-keep:], lst[:-keep]
+        needed: set[str] = set()
+        for c in kept:
+            needed |= manifest_objects(read_manifest(self.store, c.id))
+        res = GcResult(kept=[c.id for c in kept], manifests=[], objects=[], bytes=0)
+        for c in drop:
+            if not dry_run:
+                self.store.delete(manifest_key(c.id))
+            res["manifests"].append(c.id)
+        now = time.time()
+        # re-read after deleting: a manifest committed meanwhile protects its objects
+        if not dry_run:
+            for o in self.store.list(MANIFEST_PREFIX):
+                cid = id_from_key(o.key)
+                if cid and cid not in res["kept"] and cid not in res["manifests"]:
+                    try:
+                        needed |= manifest_objects(read_manifest(self.store, cid))
+                    except CheckpointError:
+                        pass
+        for o in self.store.list(OBJECT_PREFIX):
+            if o.key in needed or now - o.mtime < grace_s:
+                continue
+            if not dry_run:
+                self.store.delete(o.key)
+            res["objects"].append(o.key)
+            res["bytes"] += o.size
+        for o in self.store.list(SHARD_PREFIX):
+            if now - o.mtime >= grace_s and not dry_run:
+                self.store.delete(o.key)
+        return res
+
+
+class _Show(dict):  # type: ignore[type-arg]
+    def __repr__(self) -> str:
+        info = self["info"]
+        st = self["stats"]
+        lines = [
+            repr(info),
+            f"  parent={info.parent} world_size={info.world_size} writer={self['writer'].get('lib')} "
+            f"{self['writer'].get('version', '')} host={self['writer'].get('host', '')}",
+            f"  snapshot stall {st.get('stall_s', 0):.3f} s, persist {st.get('persist_s', 0):.3f} s, "
+            f"{st.get('new_objects', 0)} new object(s)",
+        ]
+        for name, t in list(self["tensors"].items())[:50]:
+            tr = ",".join(f"{k}:{v}" for k, v in t["transforms"].items())
+            lines.append(
+                f"  {name:40s} {t['dtype']:9s} {str(t['shape']):18s} {t['nbytes']:>11d} B -> "
+                f"{t['stored']:>11d} B  [{tr}] depth {t['max_depth']}"
+            )
+        if len(self["tensors"]) > 50:
+            lines.append(f"  ... {len(self['tensors']) - 50} more tensors")
+        return "\n".join(lines)
+
+
+def _diff_values(a: Any, b: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        if len(a) == 1 and len(b) == 1:
+            (ka, va), = a.items()
+            (kb, vb), = b.items()
+            if ka in ("$tensor", "$ndarray", "$pickle") or kb in ("$tensor", "$ndarray", "$pickle"):
+                return
+            if ka == kb == "$state":
+                _diff_values(va["value"], vb["value"], path, out)
+                return
+        for k in a.keys() | b.keys():
+            _diff_values(a.get(k), b.get(k), f"{path}/{k}" if path else str(k), out)
+        return
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff_values(x, y, f"{path}/{i}", out)
+        return
+    if a != b:
+        out[path or "<root>"] = (a, b)
+
+
+def _shape_of(v: Any) -> tuple[tuple[int, ...], str] | None:
+    if hasattr(v, "shape") and hasattr(v, "dtype"):
+        return tuple(v.shape), str(v.dtype).replace("torch.", "")
+    return None
+
+
+def _load_into(target: Any, state: Any, tree: Any, path: str = "") -> None:
+    """Load ``state`` into ``target`` in place, checking shapes first (all mismatches in one error)."""
+    mismatches: list[tuple[str, object, object]] = []
+    _check_shapes(target, state, path, mismatches)
+    if mismatches:
+        raise ShapeMismatchError(mismatches)
+    _apply(target, state)
+
+
+def _check_shapes(target: Any, state: Any, path: str, out: list[tuple[str, object, object]]) -> None:
+    if hasattr(target, "load_state_dict") and hasattr(target, "state_dict"):
+        try:
+            import torch
+
+            is_module = isinstance(target, torch.nn.Module)
+        except ImportError:  # pragma: no cover
+            is_module = False
+        if is_module and isinstance(state, dict):
+            sd = target.state_dict()
+            for k in sd.keys() | state.keys():
+                name = f"{path}/{k}" if path else k
+                if k not in state:
+                    out.append((name, "missing", _shape_of(sd[k])))
+                elif k not in sd:
+                    out.append((name, _shape_of(state[k]), "not in target"))
+                else:
+                    a, b = _shape_of(state[k]), _shape_of(sd[k])
+                    if a is not None and b is not None and a != b:
+                        out.append((name, f"{list(a[0])} {a[1]}", f"{list(b[0])} {b[1]}"))
+        return
+    if isinstance(target, dict):
+        if not isinstance(state, dict):
+            out.append((path or "<root>", type(state).__name__, "dict"))
+            return
+        for k, v in target.items():
+            if k in state:
+                _check_shapes(v, state[k], f"{path}/{k}" if path else str(k), out)
+            else:
+                out.append((f"{path}/{k}" if path else str(k), "missing", type(v).__name__))
+        return
+    if isinstance(target, list | tuple) and isinstance(state, list | tuple):
+        for i, (t, s) in enumerate(zip(target, state, strict=False)):
+            _check_shapes(t, s, f"{path}/{i}", out)
+        return
+    a, b = _shape_of(state), _shape_of(target)
+    if a is not None and b is not None and a != b:
+        out.append((path or "<root>", f"{list(a[0])} {a[1]}", f"{list(b[0])} {b[1]}"))
+
+
+def _apply(target: Any, state: Any) -> None:
+    if hasattr(target, "load_state_dict"):
+        target.load_state_dict(state)
+        return
+    if isinstance(target, dict):
+        for k, v in target.items():
+            if k in state:
+                if _is_tensor(v) or isinstance(v, np.ndarray) or hasattr(v, "load_state_dict") or isinstance(v, dict | list):
+                    _apply(v, state[k])
+        return
+    if isinstance(target, list):
+        for t, s in zip(target, state, strict=False):
+            _apply(t, s)
+        return
+    if _is_tensor(target):
+        import torch
+
+        with torch.no_grad():
+            target.copy_(state)
+        return
+    if isinstance(target, np.ndarray):
+        target[...] = state
+
+
+def _is_tensor(v: Any) -> bool:
+    return "torch" in sys.modules and isinstance(v, sys.modules["torch"].Tensor)
+
+
+def iter_manifest_ids(store: Store) -> Iterable[str]:
+    for o in store.list(MANIFEST_PREFIX):
+        cid = id_from_key(o.key)
+        if cid:
+            yield cid
+
+
+_ = (DTYPES, tree_leaf_names)  # re-exported helpers used by tests

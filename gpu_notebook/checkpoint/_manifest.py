@@ -1,0 +1,188 @@
+"""Manifest and store layout constants, and helpers to read manifests safely.
+
+Store layout (same for a folder and an S3 prefix)::
+
+    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 1}
+    objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = sha256 of the stored bytes
+    manifests/<id>.json            one per checkpoint, written last and create-only: the commit point
+    shards/<id>/rank-<r>.json      per-rank shard records of a sharded save, before rank 0 commits
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import FormatVersionError, IntegrityError, ObjectMissingError
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
+
+FORMAT_NAME = "gpu_notebook.checkpoint"
+FORMAT_VERSION = 1
+MANIFEST_PREFIX = "manifests/"
+OBJECT_PREFIX = "objects/"
+SHARD_PREFIX = "shards/"
+
+
+def object_key(h: str) -> str:
+    return f"{OBJECT_PREFIX}{h[:2]}/{h}"
+
+
+def manifest_key(ckpt_id: str) -> str:
+    return f"{MANIFEST_PREFIX}{ckpt_id}.json"
+
+
+def id_from_key(key: str) -> str | None:
+    if key.startswith(MANIFEST_PREFIX) and key.endswith(".json"):
+        return key[len(MANIFEST_PREFIX) : -len(".json")]
+    return None
+
+
+def check_version(doc: dict[str, Any], what: str) -> None:
+    if doc.get("format") != FORMAT_NAME:
+        raise FormatVersionError(f"{what} is not a {FORMAT_NAME} document (format={doc.get('format')!r})")
+    v = doc.get("version")
+    if not isinstance(v, int) or v > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{what} uses checkpoint format version {v}, newer than this library reads ({FORMAT_VERSION}); "
+            "upgrade gpu_notebook to restore it"
+        )
+
+
+def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
+    """Fetch and validate one manifest."""
+    key = manifest_key(ckpt_id)
+    try:
+        raw = store.get(key)
+    except ObjectMissingError:
+        from ._errors import NoCheckpointError
+
+        raise NoCheckpointError(f"no checkpoint {ckpt_id!r} in {store.url}") from None
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise IntegrityError(f"manifest {key} is not valid JSON: {e}") from e
+    check_version(doc, f"manifest {key}")
+    return doc
+
+
+def walk_chunks(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chunk entry and its delta bases, newest first."""
+    out = []
+    e: dict[str, Any] | None = entry
+    while e is not None:
+        out.append(e)
+        e = e.get("base")
+    return out
+
+
+def manifest_objects(doc: dict[str, Any]) -> set[str]:
+    """Every object key a manifest needs, including the bases of its delta chains."""
+    keys: set[str] = set()
+    for shard in doc.get("shards", []):
+        for leaf in shard.get("leaves", {}).values():
+            for ch in leaf.get("chunks", []):
+                for e in walk_chunks(ch):
+                    keys.add(e["obj"])
+    return keys
+
+
+@dataclass
+class CheckpointInfo:
+    """Summary of one committed checkpoint."""
+
+    id: str
+    step: int
+    created_at: float
+    is_base: bool = False
+    parent: str | None = None
+    world_size: int = 1
+    replicated: bool = True
+    raw_bytes: int = 0
+    new_bytes: int = 0
+    n_tensors: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, doc: dict[str, Any]) -> CheckpointInfo:
+        st = doc.get("stats", {})
+        return cls(
+            id=doc["id"],
+            step=int(doc.get("step", -1)),
+            created_at=float(doc.get("created_at", 0.0)),
+            is_base=bool(doc.get("is_base")),
+            parent=doc.get("parent"),
+            world_size=int(doc.get("world_size", 1)),
+            replicated=bool(doc.get("replicated", True)),
+            raw_bytes=int(st.get("raw_bytes", 0)),
+            new_bytes=int(st.get("new_bytes", 0)),
+            n_tensors=sum(len(s.get("leaves", {})) for s in doc.get("shards", [])),
+            extra={"stats": st, "writer": doc.get("writer", {})},
+        )
+
+    @property
+    def ratio(self) -> float:
+        """Bytes newly written for this checkpoint / raw bytes of its state."""
+        return self.new_bytes / self.raw_bytes if self.raw_bytes else 0.0
+
+    def __repr__(self) -> str:
+        kind = "base" if self.is_base else "delta"
+        return (
+            f"<Checkpoint {self.id} step={self.step} {kind} {_fmt_bytes(self.raw_bytes)} state, "
+            f"{_fmt_bytes(self.new_bytes)} written>"
+        )
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+class CheckpointList(list):  # type: ignore[type-arg]
+    """A list of :class:`CheckpointInfo` with a table display."""
+
+    def _table_rows(self) -> list[list[str]]:
+        rows = []
+        for c in self:
+            rows.append(
+                [
+                    c.id,
+                    str(c.step),
+                    _fmt_time(c.created_at),
+                    "base" if c.is_base else "delta",
+                    _fmt_bytes(c.raw_bytes),
+                    _fmt_bytes(c.new_bytes),
+                    f"{c.ratio:.3f}",
+                    str(c.world_size),
+                ]
+            )
+        return rows
+
+    _HEAD = ["id", "step", "time", "kind", "state", "written", "ratio", "ranks"]
+
+    def __repr__(self) -> str:
+        if not self:
+            return "(no checkpoints)"
+        rows = [self._HEAD, *self._table_rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(self._HEAD))]
+        return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        if not self:
+            return "<i>no checkpoints</i>"
+        head = "".join(f"<th>{h}</th>" for h in self._HEAD)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in self._table_rows()
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

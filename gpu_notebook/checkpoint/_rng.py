@@ -1,0 +1,43 @@
+"""Capture and restore every random number generator a training loop usually depends on."""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any
+
+__all__ = ["rng_state", "set_rng_state"]
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of Python's ``random``, numpy's global RNG, torch's CPU RNG and (if used) CUDA RNGs.
+
+    The result is safe to checkpoint (tensors, arrays and plain values only).
+    """
+    import numpy as np
+
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state()}
+    if "torch" in sys.modules:
+        import torch
+
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` captured."""
+    import numpy as np
+
+    if "python" in state:
+        v = state["python"]
+        random.setstate((v[0], tuple(v[1]), v[2]))
+    if "numpy" in state:
+        np.random.set_state(tuple(state["numpy"]))
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])

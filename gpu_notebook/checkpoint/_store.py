@@ -1,0 +1,206 @@
+"""Object stores behind one small interface: a local folder (the default) and S3 (see ``_s3.py``).
+
+A store maps string keys (``objects/ab/abcdef...``, ``manifests/<id>.json``) to immutable bytes. Writes of
+content-addressed objects and manifests are *create-only*: a key is never overwritten, so a half-finished
+save can never damage what an earlier checkpoint needs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import ObjectMissingError, StoreError
+
+__all__ = ["Store", "LocalStore", "ObjectInfo", "open_store"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """A listed object: key, size in bytes, modification time (``time.time()`` seconds)."""
+
+    key: str
+    size: int
+    mtime: float
+
+
+class Store:
+    """The interface every store implements (all methods are thread-safe)."""
+
+    url: str = ""
+
+    def check(self) -> None:
+        """Verify the store is reachable and writable; raise :class:`StoreError` with a clear message if not."""
+        raise NotImplementedError
+
+    def put(self, key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
+        """Write ``data`` at ``key``. With ``create_only``, return False (and write nothing) if it exists."""
+        raise NotImplementedError
+
+    def get(self, key: str) -> bytes:
+        """Read a whole object; :class:`ObjectMissingError` if it does not exist."""
+        raise NotImplementedError
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``offset``."""
+        return self.get(key)[offset : offset + length]
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """All objects whose key starts with ``prefix``, sorted by key."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        """Delete a key (no error if it is already gone)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class LocalStore(Store):
+    """A folder on a local (or shared network) file system.
+
+    Writes go to a temporary file in the same folder, are fsynced, and are then published with
+    ``os.link`` (fails if the key exists: create-only) or ``os.replace``; readers never see partial files.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(os.path.expanduser(os.fspath(root))).absolute()
+        self.url = str(self.root)
+        self._lock = threading.Lock()
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"bad key {key!r}")
+        return self.root / key
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise StoreError(f"checkpoint folder {self.url} is not writable: {e}") from e
+
+    def put(self, key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
+        path = self._path(key)
+        if create_only and path.exists():
+            return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if create_only:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+            try:
+                dfd = os.open(path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError:  # pragma: no cover - some file systems refuse directory fsync
+                pass
+            return True
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise ObjectMissingError(key) from None
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        except FileNotFoundError:
+            raise ObjectMissingError(key) from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self.root
+        out: list[ObjectInfo] = []
+        # walk only the top folder of the prefix
+        top = prefix.split("/")[0] if "/" in prefix else ""
+        start = base / top if top else base
+        if not start.exists():
+            return []
+        for dirpath, _dirs, files in os.walk(start):
+            for fn in files:
+                if fn.startswith(".tmp-") or fn.startswith(".probe-"):
+                    continue
+                p = Path(dirpath) / fn
+                key = p.relative_to(base).as_posix()
+                if key.startswith(prefix):
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:
+                        continue
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        out.sort(key=lambda o: o.key)
+        return out
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def clean_temporaries(self, older_than_s: float = 3600.0) -> int:
+        """Remove temporary files left by killed writers (older than ``older_than_s``)."""
+        n = 0
+        now = time.time()
+        for dirpath, _d, files in os.walk(self.root):
+            for fn in files:
+                if fn.startswith(".tmp-"):
+                    p = Path(dirpath) / fn
+                    try:
+                        if now - p.stat().st_mtime > older_than_s:
+                            p.unlink()
+                            n += 1
+                    except FileNotFoundError:
+                        pass
+        return n
+
+
+def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
+    """Open a store from a URL: ``s3://bucket/prefix`` (options go to :class:`S3Store`), ``file:///path``
+    or a plain path (a :class:`LocalStore`). A :class:`Store` instance is returned as is."""
+    if isinstance(url, Store):
+        return url
+    s = os.fspath(url)
+    if s.startswith("s3://"):
+        from ._s3 import S3Store
+
+        return S3Store(s, **options)
+    if options:
+        raise TypeError(f"options {sorted(options)} only apply to s3:// stores")
+    if s.startswith("file://"):
+        s = s[len("file://") :]
+    return LocalStore(s)

@@ -1,0 +1,283 @@
+"""Turning training state into a safe JSON tree plus named tensor leaves, and back.
+
+``flatten(state)`` walks dicts, lists, tuples, ``nn.Module`` / optimizer / scheduler objects (anything with
+``state_dict()``), tensors and numpy arrays. Tensors become *leaves* (named by their path, e.g.
+``model/fc.weight`` or ``optim/state/0/exp_avg``); everything else must be a plain Python value
+(None, bool, int, float incl. nan/inf, str, bytes, torch.dtype/device/Size) and is written into the JSON
+tree. Anything else raises :class:`UnsafeValueError` unless ``allow_pickle=True`` is given, in which case
+it is pickled into a leaf that restore refuses unless it too is given ``allow_pickle=True``.
+
+Tree nodes: JSON scalars as themselves; lists as JSON lists; everything else as a one-key object
+``{"$tag": ...}``: ``$dict`` ([[key, value], ...], keeps non-string keys), ``$tuple``, ``$float``
+("nan", "inf", "-inf"), ``$bytes`` (base64), ``$tensor`` / ``$ndarray`` / ``$pickle`` (leaf name),
+``$dtype``, ``$device``, ``$size``, ``$state`` ({"kind", "class", "value"}).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._errors import UnsafeValueError
+
+__all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES"]
+
+#: dtype name -> element width in bytes
+DTYPES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+    "complex64": 8, "complex128": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+
+
+@dataclass
+class Leaf:
+    """One tensor (or pickled value) of the state, as contiguous raw little-endian bytes."""
+
+    name: str
+    kind: str  # "tensor" | "ndarray" | "pickle"
+    dtype: str
+    shape: list[int]
+    data: np.ndarray  # uint8, contiguous, owned copy (the snapshot)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def width(self) -> int:
+        """Width of the delta/byte-plane unit (complex numbers split into their two floats)."""
+        return {"complex64": 4, "complex128": 8}.get(self.dtype, DTYPES.get(self.dtype, 1))
+
+
+def _key_str(k: Any) -> str:
+    s = str(k)
+    return s.replace("/", "%2F")
+
+
+def _tensor_leaf(name: str, t: Any, copy: bool) -> Leaf:
+    import torch
+
+    if t.is_sparse or t.layout != torch.strided:
+        raise UnsafeValueError(f"{name}: sparse tensors are not supported by the checkpoint format")
+    if getattr(t, "is_quantized", False):
+        raise UnsafeValueError(f"{name}: quantized tensors are not supported by the checkpoint format")
+    dtype = str(t.dtype).replace("torch.", "")
+    if dtype not in DTYPES:
+        raise UnsafeValueError(f"{name}: dtype {t.dtype} is not supported by the checkpoint format")
+    t = t.detach()
+    if t.device.type != "cpu":
+        host = t.to("cpu").contiguous()
+    elif copy:
+        host = t.contiguous().clone() if t.is_contiguous() else t.contiguous()
+    else:
+        host = t.contiguous()
+    if host.is_conj():
+        host = host.resolve_conj()
+    if host.is_neg():
+        host = host.resolve_neg()
+    flat = host.reshape(-1)
+    data = flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, dtype=np.uint8)
+    return Leaf(name, "tensor", dtype, list(t.shape), data)
+
+
+def flatten(state: Any, allow_pickle: bool = False, copy: bool = True) -> tuple[Any, list[Leaf]]:
+    """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
+
+    Parameters
+    ----------
+    state
+        Any mix of dicts/lists/tuples, objects with ``state_dict()``, tensors, numpy arrays and plain values.
+    allow_pickle
+        Pickle values that have no safe representation instead of raising.
+    copy
+        Copy tensors (needed for background saves; CUDA tensors are always copied to host).
+
+    Raises
+    ------
+    UnsafeValueError
+        A value has no safe representation (naming its path) and ``allow_pickle`` is False.
+    """
+    leaves: list[Leaf] = []
+    seen_names: set[str] = set()
+
+    def add_leaf(leaf: Leaf) -> str:
+        name = leaf.name
+        i = 1
+        while name in seen_names:
+            name = f"{leaf.name}~{i}"
+            i += 1
+        leaf.name = name
+        seen_names.add(name)
+        leaves.append(leaf)
+        return name
+
+    def walk(obj: Any, path: str) -> Any:
+        if obj is None or isinstance(obj, bool | str):
+            return obj
+        if isinstance(obj, int):
+            return int(obj)
+        if isinstance(obj, float):
+            if math.isnan(obj) or math.isinf(obj):
+                return {"$float": repr(obj)}
+            return float(obj)
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) for k in obj) and not any(k.startswith("$") for k in obj):
+                return {k: walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k)) for k, v in obj.items()}
+            return {
+                "$dict": [
+                    [walk(k, f"{path}/$key"), walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k))]
+                    for k, v in obj.items()
+                ]
+            }
+        if isinstance(obj, list):
+            return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return {"$tuple": [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
+        if isinstance(obj, bytes | bytearray):
+            return {"$bytes": base64.b64encode(bytes(obj)).decode()}
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.name not in DTYPES or obj.dtype.hasobject:
+                return pickled(obj, path)
+            arr = np.ascontiguousarray(obj).astype(obj.dtype.newbyteorder("<"), copy=True)
+            return {"$ndarray": add_leaf(Leaf(path, "ndarray", arr.dtype.name, list(obj.shape), arr.reshape(-1).view(np.uint8)))}
+        if isinstance(obj, np.generic):
+            return walk(obj.item(), path)
+        mod = type(obj).__module__ or ""
+        if mod.startswith("torch"):
+            import torch
+
+            if isinstance(obj, torch.Tensor):
+                if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
+                    return pickled(obj, path)
+                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy))}
+            if isinstance(obj, torch.dtype):
+                return {"$dtype": str(obj).replace("torch.", "")}
+            if isinstance(obj, torch.device):
+                return {"$device": str(obj)}
+            if isinstance(obj, torch.Size):
+                return {"$size": list(obj)}
+        if hasattr(obj, "state_dict") and callable(obj.state_dict):
+            kind = "other"
+            try:
+                import torch
+
+                if isinstance(obj, torch.nn.Module):
+                    kind = "module"
+                elif isinstance(obj, torch.optim.Optimizer):
+                    kind = "optimizer"
+            except ImportError:  # pragma: no cover
+                pass
+            return {"$state": {"kind": kind, "class": type(obj).__qualname__, "value": walk(obj.state_dict(), path)}}
+        return pickled(obj, path)
+
+    def pickled(obj: Any, path: str) -> Any:
+        if not allow_pickle:
+            raise UnsafeValueError(
+                f"{path or '<root>'}: a {type(obj).__qualname__} has no safe representation; store plain values, "
+                "tensors, arrays or objects with state_dict(), or pass allow_pickle=True"
+            )
+        import pickle
+
+        raw = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
+        return {"$pickle": add_leaf(Leaf(path, "pickle", "uint8", [raw.nbytes], raw))}
+
+    tree = walk(state, "")
+    return tree, leaves
+
+
+def leaf_from_bytes(meta: dict[str, Any], data: np.ndarray, allow_pickle: bool = False) -> Any:
+    """Rebuild a leaf's value from its manifest entry and raw bytes."""
+    kind = meta.get("kind", "tensor")
+    dtype = meta["dtype"]
+    shape = meta["shape"]
+    if kind == "pickle":
+        if not allow_pickle:
+            raise UnsafeValueError(
+                f"{meta.get('name')}: this checkpoint holds a pickled value; restoring it can run code. "
+                "Pass allow_pickle=True only if you trust the store."
+            )
+        import pickle
+
+        return pickle.loads(data.tobytes())
+    if kind == "ndarray":
+        return data.view(np.dtype(dtype).newbyteorder("<")).reshape(shape).copy() if data.nbytes else np.zeros(shape, dtype)
+    import torch
+
+    tdt = getattr(torch, dtype)
+    if data.nbytes == 0:
+        return torch.empty(shape, dtype=tdt)
+    t = torch.from_numpy(data)  # data is a fresh writable array owned by us
+    return t.view(tdt).reshape(shape)
+
+
+def unflatten(tree: Any, values: dict[str, Any]) -> Any:
+    """Rebuild the state from the tree and the decoded leaves (``$state`` nodes become their state dicts)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        if len(node) == 1:
+            (tag, val), = node.items()
+            if tag.startswith("$"):
+                if tag == "$dict":
+                    return {_hashable(walk(k)): walk(v) for k, v in val}
+                if tag == "$tuple":
+                    return tuple(walk(v) for v in val)
+                if tag == "$float":
+                    return float(val)
+                if tag == "$bytes":
+                    return base64.b64decode(val)
+                if tag in ("$tensor", "$ndarray", "$pickle"):
+                    return values[val]
+                if tag == "$dtype":
+                    import torch
+
+                    return getattr(torch, val)
+                if tag == "$device":
+                    import torch
+
+                    return torch.device(val)
+                if tag == "$size":
+                    import torch
+
+                    return torch.Size(val)
+                if tag == "$state":
+                    return walk(val["value"])
+                raise ValueError(f"unknown tree tag {tag!r}")
+        return {k: walk(v) for k, v in node.items()}
+
+    return walk(tree)
+
+
+def _hashable(k: Any) -> Any:
+    return tuple(k) if isinstance(k, list) else k
+
+
+def tree_leaf_names(tree: Any) -> list[str]:
+    """All leaf names a tree references."""
+    out: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, dict):
+            if len(node) == 1:
+                (tag, val), = node.items()
+                if tag in ("$tensor", "$ndarray", "$pickle"):
+                    out.append(val)
+                    return
+            for v in node.values():
+                walk(v)
+
+    walk(tree)
+    return out
