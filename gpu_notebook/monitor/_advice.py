@@ -1,0 +1,110 @@
+"""Under-utilisation advice and the utilisation summary that idle detection reads.
+
+A GPU whose utilisation stays under a threshold (70% by default, the usual rule of thumb; the test is the 95th
+percentile, as in SageMaker Debugger's ``LowGPUUtilization`` rule) for a whole window gets a named advice line
+with the usual remedies. :func:`utilisation_summary` gives per-node, per-GPU mean utilisation over a window
+(and host CPU %), which the cost module's idle stop uses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpu_notebook.monitor._aggregator import window_stats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._aggregator import Aggregator
+
+__all__ = ["Advice", "REMEDIES", "advise", "utilisation_summary_from"]
+
+REMEDIES: tuple[str, ...] = (
+    "a larger batch size",
+    "more DataLoader workers (num_workers)",
+    "pinned memory (pin_memory=True)",
+    "mixed precision (torch.autocast with bf16/fp16)",
+)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One under-utilised GPU over the window."""
+
+    node: str
+    gpu: int
+    name: str
+    mean_util: float
+    p95_util: float
+    window_s: float
+    threshold: float
+    idle: bool
+
+    @property
+    def message(self) -> str:
+        where = f"GPU {self.gpu} ({self.name}) on node {self.node[:12]}"
+        minutes = self.window_s / 60
+        span = f"{minutes:.0f} min" if minutes >= 1 else f"{self.window_s:.0f} s"
+        if self.idle:
+            return (f"{where} has been idle (mean {self.mean_util:.0f}%) for the last {span}: nothing is using "
+                    "it; put work on it or scale down.")
+        return (f"{where} stayed under {self.threshold:.0f}% for the last {span} (mean {self.mean_util:.0f}%, "
+                f"p95 {self.p95_util:.0f}%). Try " + ", ".join(REMEDIES[:-1]) + f" or {REMEDIES[-1]}.")
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def advise(agg: Aggregator, window_s: float = 300.0, threshold: float = 70.0, now: float | None = None,
+           idle_below: float = 1.0) -> list[Advice]:
+    """Advice for every GPU whose p95 utilisation stayed under ``threshold`` for the whole last ``window_s``.
+
+    A GPU is only judged once its history covers the window (so a freshly started monitor says nothing).
+    """
+    now = agg.clock() if now is None else now
+    since = now - window_s
+    out: list[Advice] = []
+    for s in agg.gpu_series("util_gpu", since):
+        t, y = s["t"], s["y"]
+        ok = np.isfinite(y)
+        if not ok.any():
+            continue
+        node_state = agg.nodes[s["node"]]
+        interval = float(node_state.info.get("interval", 0.5))
+        # the window is covered when the oldest kept sample is within one interval (plus slack) of its start
+        t_all, _ = node_state.buffer.window(0.0)
+        if len(t_all) == 0 or t_all[0] > since + 2 * interval or t[ok][-1] < now - max(10 * interval, 5.0):
+            continue
+        st = window_stats(y)
+        if st["p95"] < threshold:
+            out.append(Advice(s["node"], int(s["index"]), str(s["name"]), st["mean"], st["p95"], float(window_s),
+                              float(threshold), idle=st["max"] < idle_below))
+    return out
+
+
+def utilisation_summary_from(agg: Aggregator, window_s: float, now: float | None = None) -> dict[str, Any]:
+    """Per node: ``has_gpu``, ``gpus`` {index: mean util %}, ``mean_gpu_util``, ``cpu_percent``, coverage."""
+    now = agg.clock() if now is None else now
+    since = now - window_s
+    out: dict[str, Any] = {}
+    for node, s in list(agg.nodes.items()):
+        t, data = s.buffer.window(since)
+        gpus: dict[int, float] = {}
+        for g, c in zip(s.gpus, s.gpu_cols("util_gpu"), strict=True):
+            gpus[int(g["index"])] = window_stats(data[:, c])["mean"] if len(t) else math.nan
+        hc = s.host_col("cpu_percent")
+        cpu = window_stats(data[:, hc])["mean"] if hc is not None and len(t) else math.nan
+        finite = [v for v in gpus.values() if not math.isnan(v)]
+        out[node] = {
+            "has_gpu": s.has_gpu,
+            "gpus": gpus,
+            "mean_gpu_util": float(np.mean(finite)) if finite else math.nan,
+            "max_gpu_util": float(np.max(finite)) if finite else math.nan,
+            "cpu_percent": cpu,
+            "samples": int(len(t)),
+            "span_s": float(t[-1] - t[0]) if len(t) > 1 else 0.0,
+            "up": s.up,
+        }
+    return out

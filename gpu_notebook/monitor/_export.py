@@ -1,0 +1,186 @@
+"""Exports: Prometheus text exposition (served over HTTP) and an ``nvidia-smi --query-gpu`` style CSV.
+
+The Prometheus page has one line per GPU and metric, labelled ``node``, ``gpu`` (index), ``uuid`` and
+``name``, plus host metrics labelled ``node``, so a real Prometheus can scrape the notebook machine.
+The CSV has the exact shape of
+``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._aggregator import Aggregator
+
+__all__ = ["prometheus_text", "nvidia_smi_csv", "PrometheusServer", "PROMETHEUS_CONTENT_TYPE"]
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (metric column, exposition name, type, help, scale)
+_GPU_EXPORTS: list[tuple[str, str, str, str, float]] = [
+    ("util_gpu", "gpu_notebook_gpu_utilization_percent", "gauge",
+     "Percent of time a kernel was running on the GPU (NVML utilization.gpu).", 1.0),
+    ("util_mem", "gpu_notebook_gpu_memory_utilization_percent", "gauge",
+     "Percent of time device memory was being read or written.", 1.0),
+    ("mem_used_mib", "gpu_notebook_gpu_memory_used_bytes", "gauge", "GPU memory used.", 2.0**20),
+    ("mem_total_mib", "gpu_notebook_gpu_memory_total_bytes", "gauge", "GPU memory total.", 2.0**20),
+    ("power_w", "gpu_notebook_gpu_power_watts", "gauge", "Power draw.", 1.0),
+    ("power_limit_w", "gpu_notebook_gpu_power_limit_watts", "gauge", "Enforced power limit.", 1.0),
+    ("temp_c", "gpu_notebook_gpu_temperature_celsius", "gauge", "GPU temperature.", 1.0),
+    ("sm_clock_mhz", "gpu_notebook_gpu_sm_clock_hertz", "gauge", "SM clock.", 1e6),
+    ("throttle", "gpu_notebook_gpu_clocks_throttle_reasons", "gauge",
+     "Bitmask of NVML clocks throttle reasons (0 = not throttled).", 1.0),
+    ("energy_j", "gpu_notebook_gpu_energy_joules", "counter", "Energy used since the driver loaded.", 1.0),
+    ("sm_active", "gpu_notebook_gpu_sm_active_ratio", "gauge",
+     "Fraction of SM cycles with work (NVML GPM, Hopper and newer).", 1.0),
+]
+_HOST_EXPORTS: list[tuple[str, str, str, str, float]] = [
+    ("cpu_percent", "gpu_notebook_host_cpu_percent", "gauge", "Host CPU utilisation.", 1.0),
+    ("mem_used_mib", "gpu_notebook_host_memory_used_bytes", "gauge", "Host memory used.", 2.0**20),
+    ("mem_total_mib", "gpu_notebook_host_memory_total_bytes", "gauge", "Host memory total.", 2.0**20),
+    ("net_rx_Bps", "gpu_notebook_host_network_receive_bytes_per_second", "gauge", "Network receive rate.", 1.0),
+    ("net_tx_Bps", "gpu_notebook_host_network_transmit_bytes_per_second", "gauge", "Network send rate.", 1.0),
+    ("load1", "gpu_notebook_host_load1", "gauge", "1-minute load average.", 1.0),
+]
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def prometheus_text(agg: Aggregator) -> str:
+    """The newest sample of every GPU and host in Prometheus text exposition format 0.0.4."""
+    latest = agg.latest()
+    lines: list[str] = []
+    for col, name, typ, help_, scale in _GPU_EXPORTS:
+        rows = [r for r in latest["gpus"] if not math.isnan(r[col])]
+        if not rows:
+            continue
+        sample = name + "_total" if typ == "counter" else name
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
+        for r in rows:
+            labels = (f'node="{_label(r["node"])}",gpu="{r["index"]}",uuid="{_label(r["uuid"])}",'
+                      f'name="{_label(r["name"])}"')
+            lines.append(f"{sample}{{{labels}}} {_num(r[col] * scale)}")
+    for col, name, typ, help_, scale in _HOST_EXPORTS:
+        rows = [r for r in latest["hosts"] if not math.isnan(r[col])]
+        if not rows:
+            continue
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
+        for r in rows:
+            lines.append(f'{name}{{node="{_label(r["node"])}"}} {_num(r[col] * scale)}')
+    lines += ["# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
+              "# TYPE gpu_notebook_node_up gauge"]
+    for node, s in list(agg.nodes.items()):
+        lines.append(f'gpu_notebook_node_up{{node="{_label(node)}"}} {1 if s.up else 0}')
+    return "\n".join(lines) + "\n"
+
+
+def _smi_time(t: float) -> str:
+    d = _dt.datetime.fromtimestamp(t)
+    return d.strftime("%Y/%m/%d %H:%M:%S.") + f"{d.microsecond // 1000:03d}"
+
+
+def nvidia_smi_csv(agg: Aggregator, since_t: float = 0.0, *, node_column: bool = False) -> str:
+    """History as ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv``.
+
+    One row per GPU per sample, oldest first; ``node_column=True`` appends a ``node`` column (nvidia-smi has no
+    notion of nodes, so it is off by default to keep the exact shape).
+    """
+    head = "timestamp, name, utilization.gpu [%], memory.used [MiB]"
+    lines = [head + (", node" if node_column else "")]
+    records: list[tuple[float, str, int, str]] = []
+    for node_i, (node, s) in enumerate(list(agg.nodes.items())):
+        if not s.gpus:
+            continue
+        t, data = s.buffer.window(since_t)
+        ucols, mcols = s.gpu_cols("util_gpu"), s.gpu_cols("mem_used_mib")
+        for k in range(len(t)):
+            for g, uc, mc in zip(s.gpus, ucols, mcols, strict=True):
+                u, m = data[k, uc], data[k, mc]
+                us = "[N/A]" if math.isnan(u) else f"{int(round(u))} %"
+                ms = "[N/A]" if math.isnan(m) else f"{int(round(m))} MiB"
+                row = f"{_smi_time(float(t[k]))}, {g['name']}, {us}, {ms}"
+                records.append((float(t[k]), row + (f", {node}" if node_column else ""), node_i, str(g["index"])))
+    records.sort(key=lambda r: (r[0], r[2], int(r[3])))
+    lines += [r[1] for r in records]
+    return "\n".join(lines) + "\n"
+
+
+class PrometheusServer:
+    """A tiny HTTP server in a daemon thread: ``GET /metrics`` (Prometheus text), ``GET /csv``.
+
+    Parameters
+    ----------
+    render
+        Returns the Prometheus text on each scrape.
+    csv
+        Returns the CSV for ``/csv`` (optional).
+    port
+        TCP port; 0 picks a free one (see :attr:`port`).
+    host
+        Address to bind; ``127.0.0.1`` by default (use ``0.0.0.0`` for a Prometheus on another machine).
+    """
+
+    def __init__(self, render: Callable[[], str], csv: Callable[[], str] | None = None, *, port: int = 0,
+                 host: str = "127.0.0.1") -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                path = self.path.split("?")[0]
+                if path in ("/metrics", "/"):
+                    body, ctype = outer.render().encode(), PROMETHEUS_CONTENT_TYPE
+                elif path == "/csv" and outer.csv is not None:
+                    body, ctype = outer.csv().encode(), "text/csv; charset=utf-8"
+                else:
+                    self.send_error(404)
+                    return
+                outer.scrapes += 1
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                pass
+
+        self.render = render
+        self.csv = csv
+        self.scrapes = 0
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name="gpu_notebook-prometheus")
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The scrape URL."""
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def __repr__(self) -> str:
+        return f"PrometheusServer({self.url})"
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=2)

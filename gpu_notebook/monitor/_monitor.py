@@ -1,0 +1,393 @@
+"""The :class:`Monitor`: samplers on every node of a cluster (or this machine), one aggregator, exports.
+
+``Monitor(cluster)`` places one sampler actor per Ray node (``cluster.ray_nodes()``) with
+``NodeAffinitySchedulingStrategy``; ``Monitor.local()`` samples just this machine in a thread, no Ray needed;
+``Monitor(samplers=[...])`` takes ready-made samplers (fake nodes in tests and benchmarks). A background thread
+pulls what is new once per ``pull_interval``. Everything a widget or magic shows comes from here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import html
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
+from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
+from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
+from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
+
+__all__ = ["Monitor", "monitor_for", "utilisation_summary"]
+
+
+class Monitor:
+    """Live GPU (or host) metrics of every node of a cluster.
+
+    Parameters
+    ----------
+    cluster
+        A :class:`gpu_notebook.Cluster` (anything with ``ray_nodes()``); one sampler actor per node.
+        ``None`` with no ``samplers`` means this machine only (same as :meth:`local`).
+    interval
+        Sampling period on each node (default 0.5 s = 2 Hz).
+    pull_interval
+        How often the aggregator pulls new rows (default 1 s).
+    slow_interval
+        Slow-tier period (process lists, PCIe), at least 10 s.
+    history_s
+        Seconds of full-rate history kept per node (default one hour).
+    nvml
+        ``"auto"``, ``None``, an NVML-like module, or a factory (e.g. ``lambda: FakeNVML(8)``), per node.
+    samplers
+        Ready-made samplers instead of creating them: :class:`NodeSampler` objects or sampler actor handles.
+    clock
+        Wall-clock seconds; inject a simulated clock in tests (then call :meth:`pull` yourself).
+    autopull
+        Pull in a background thread after :meth:`start` (default True).
+
+    Examples
+    --------
+    >>> mon = Monitor.local(interval=0.5).start()      # doctest: +SKIP
+    >>> mon.latest()["hosts"][0]["cpu_percent"]          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        cluster: Any = None,
+        *,
+        interval: float = 0.5,
+        pull_interval: float = 1.0,
+        slow_interval: float = 10.0,
+        history_s: float = 3600.0,
+        nvml: Any = "auto",
+        samplers: Iterable[Any] | None = None,
+        clock: Callable[[], float] | None = None,
+        autopull: bool = True,
+        advice_window: float = 300.0,
+        advice_threshold: float = 70.0,
+        timeout: float = 0.5,
+    ) -> None:
+        self.cluster = cluster
+        self.interval = float(interval)
+        self.pull_interval = max(0.05, float(pull_interval))
+        self.slow_interval = float(slow_interval)
+        self.history_s = float(history_s)
+        self.nvml = nvml
+        self.clock = clock or time.time
+        self.autopull = autopull
+        self.advice_window = float(advice_window)
+        self.advice_threshold = float(advice_threshold)
+        self._given = list(samplers) if samplers is not None else None
+        self.aggregator = Aggregator(history_s=history_s, timeout=timeout, clock=self.clock)
+        self._own_local: list[NodeSampler] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._servers: list[PrometheusServer] = []
+        self._listeners: list[Callable[[Monitor], None]] = []
+        self.started = False
+        self.created_at = self.clock()
+        _REGISTRY.add(self)
+
+    @classmethod
+    def local(cls, **kwargs: Any) -> Monitor:
+        """A monitor of this machine only (no Ray)."""
+        return cls(None, **kwargs)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        if self._given is not None:
+            return "samplers"
+        return "local" if self.cluster is None else "cluster"
+
+    def start(self) -> Monitor:
+        """Create/start the samplers and the pull thread (idempotent); returns self."""
+        if self.started:
+            return self
+        if self._given is not None:
+            for s in self._given:
+                self.aggregator.add(_handle_for(s))
+        elif self.cluster is None:
+            s = NodeSampler(nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
+                            history_s=self.history_s, clock=self.clock if self.clock is not time.time else None)
+            s.start()
+            self._own_local.append(s)
+            self.aggregator.add(LocalHandle(s))
+        else:
+            self.sync_nodes()
+            hook = getattr(self.cluster, "add_stop_hook", None)
+            if hook is not None:
+                ref = weakref.ref(self)
+
+                def _on_cluster_stop(reason: str) -> None:
+                    m = ref()
+                    if m is not None:
+                        m.stop()
+
+                hook(_on_cluster_stop)
+        self.started = True
+        self._stop.clear()
+        if self.autopull:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-monitor-pull")
+            self._thread.start()
+        return self
+
+    def sync_nodes(self) -> list[str]:
+        """Cluster mode: start a sampler on every Ray node that has none; returns the nodes added."""
+        if self.cluster is None:
+            return []
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cls = sampler_actor_class()
+        added: list[tuple[str, Any]] = []
+        for n in self.cluster.ray_nodes():
+            if not n.get("Alive", True):
+                continue
+            node_id = str(n["NodeID"])
+            if node_id in self.aggregator.handles:
+                continue
+            actor = cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+            ).remote(node_id=node_id, nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
+                     history_s=self.history_s, labels={"ip": str(n.get("NodeManagerAddress", ""))})
+            added.append((node_id, actor))
+        if added:
+            import ray
+
+            infos = ray.get([a.info.remote() for _, a in added], timeout=120)
+            for (node_id, actor), info in zip(added, infos, strict=True):
+                self.aggregator.add(RayHandle(actor, node_id, info))
+        return [n for n, _ in added]
+
+    def _run(self) -> None:
+        k = 0
+        while not self._stop.wait(self.pull_interval):
+            try:
+                self.pull()
+                k += 1
+                if self.cluster is not None and k % 15 == 0:
+                    self.sync_nodes()
+            except Exception:
+                pass
+
+    def pull(self) -> int:
+        """Pull new rows from every node now; returns the number of rows received."""
+        n = self.aggregator.pull()
+        for fn in list(self._listeners):
+            try:
+                fn(self)
+            except Exception:
+                pass
+        return n
+
+    def on_pull(self, fn: Callable[[Monitor], None]) -> None:
+        """Call ``fn(monitor)`` after every pull (from the pull thread)."""
+        self._listeners.append(fn)
+
+    def stop(self) -> None:
+        """Stop pulling, stop the samplers, close Prometheus servers. History stays readable."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        for srv in self._servers:
+            srv.close()
+        self._servers = []
+        if self.started:
+            for node, h in list(self.aggregator.handles.items()):
+                if isinstance(h, RayHandle) or h.sampler in self._own_local or self._given is not None:
+                    h.stop()
+        self.started = False
+        if self in _KEEP:
+            _KEEP.remove(self)
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- data -----------------------------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.aggregator.nodes)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(s.gpus) for s in self.aggregator.nodes.values())
+
+    def latest(self) -> dict[str, Any]:
+        """Newest reading per GPU and per host (see :meth:`Aggregator.latest`)."""
+        return self.aggregator.latest()
+
+    def gpu_series(self, metric: str = "util_gpu", window_s: float = 300.0) -> list[dict[str, Any]]:
+        """Per-GPU time series of ``metric`` over the last ``window_s`` seconds."""
+        return self.aggregator.gpu_series(metric, self.clock() - window_s)
+
+    def host_series(self, metric: str = "cpu_percent", window_s: float = 300.0) -> list[dict[str, Any]]:
+        """Per-node host series of ``metric`` over the last ``window_s`` seconds."""
+        return self.aggregator.host_series(metric, self.clock() - window_s)
+
+    def utilisation_summary(self, window_s: float) -> dict[str, Any]:
+        """Per-node/per-GPU mean utilisation over the last ``window_s``; see :func:`utilisation_summary`."""
+        return utilisation_summary_from(self.aggregator, window_s, now=self.clock())
+
+    def advice(self, window_s: float | None = None, threshold: float | None = None) -> list[Advice]:
+        """GPUs that stayed under ``threshold`` % utilisation for the whole window, with remedies."""
+        return advise(self.aggregator, self.advice_window if window_s is None else window_s,
+                      self.advice_threshold if threshold is None else threshold, now=self.clock())
+
+    def slow(self) -> dict[str, dict[str, Any]]:
+        """Latest slow-tier data per node (GPU processes, PCIe throughput)."""
+        return {n: dict(s.slow) for n, s in self.aggregator.nodes.items()}
+
+    # -- exports --------------------------------------------------------------------------------------------------
+    def prometheus_text(self) -> str:
+        """Newest samples in Prometheus text exposition format."""
+        return prometheus_text(self.aggregator)
+
+    def to_csv(self, path: str | None = None, window_s: float | None = None, node_column: bool = False) -> str:
+        """History in ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv`` shape.
+
+        Writes it to ``path`` when given; always returns the text.
+        """
+        since = 0.0 if window_s is None else self.clock() - window_s
+        text = nvidia_smi_csv(self.aggregator, since, node_column=node_column)
+        if path:
+            with open(path, "w") as f:
+                f.write(text)
+        return text
+
+    def serve_prometheus(self, port: int = 0, host: str = "127.0.0.1") -> PrometheusServer:
+        """Serve ``/metrics`` (and ``/csv``) over HTTP on ``port`` (0 = a free port) until :meth:`stop`."""
+        srv = PrometheusServer(self.prometheus_text, lambda: self.to_csv(node_column=True), port=port, host=host)
+        self._servers.append(srv)
+        return srv
+
+    # -- display --------------------------------------------------------------------------------------------------
+    def widget(self, **kwargs: Any) -> Any:
+        """A live dashboard widget (see :class:`gpu_notebook.widgets.MonitorWidget`)."""
+        from gpu_notebook.widgets import MonitorWidget
+
+        return MonitorWidget(self, **kwargs)
+
+    def __repr__(self) -> str:
+        state = "running" if self.started else "stopped"
+        return (f"Monitor({self.kind}, {len(self.aggregator.nodes)} nodes, {self.gpu_count} GPUs, "
+                f"every {self.interval:g}s, {state})")
+
+    def snapshot_html(self) -> str:
+        """A static HTML table of the newest reading (what a saved notebook shows)."""
+        return snapshot_table_html(self)
+
+    def _repr_html_(self) -> str:
+        return snapshot_table_html(self)
+
+
+def _fmt(v: float, spec: str = ".0f", unit: str = "") -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{spec}}{unit}"
+
+
+def snapshot_table_html(mon: Monitor) -> str:
+    """Plain HTML (no scripts, no images) of the newest reading and the current advice."""
+    latest = mon.latest()
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mon.clock()))
+    head = (f"<div class='gpu-notebook-monitor-snapshot'><b>GPU monitor</b> snapshot {html.escape(when)} · "
+            f"{len(mon.nodes)} node(s), {mon.gpu_count} GPU(s)")
+    rows = []
+    if latest["gpus"]:
+        rows.append("<tr><th>node</th><th>GPU</th><th>name</th><th>util %</th><th>memory MiB</th>"
+                    "<th>power W</th><th>temp °C</th><th>SM active</th></tr>")
+        for r in latest["gpus"]:
+            rows.append(
+                f"<tr><td>{html.escape(r['node'][:12])}</td><td>{r['index']}</td><td>{html.escape(r['name'])}</td>"
+                f"<td>{_fmt(r['util_gpu'])}</td><td>{_fmt(r['mem_used_mib'])} / {_fmt(r['mem_total_mib'])}</td>"
+                f"<td>{_fmt(r['power_w'])} / {_fmt(r['power_limit_w'])}</td><td>{_fmt(r['temp_c'])}</td>"
+                f"<td>{_fmt(r['sm_active'], '.2f')}</td></tr>")
+    if latest["hosts"]:
+        rows.append("<tr><th>node</th><th colspan=2>host</th><th>CPU %</th><th>memory MiB</th>"
+                    "<th colspan=3>network rx / tx kB/s</th></tr>")
+        for h in latest["hosts"]:
+            rows.append(
+                f"<tr><td>{html.escape(h['node'][:12])}</td><td colspan=2>{'GPU node' if h['has_gpu'] else 'CPU only'}"
+                f"</td><td>{_fmt(h['cpu_percent'])}</td><td>{_fmt(h['mem_used_mib'])} / {_fmt(h['mem_total_mib'])}"
+                f"</td><td colspan=3>{_fmt(h['net_rx_Bps'] / 1e3, '.1f')} / {_fmt(h['net_tx_Bps'] / 1e3, '.1f')}"
+                "</td></tr>")
+    table = f"<table>{''.join(rows)}</table>" if rows else "<p>no samples yet</p>"
+    adv = "".join(f"<li>{html.escape(a.message)}</li>" for a in mon.advice())
+    return head + table + (f"<ul>{adv}</ul>" if adv else "") + "</div>"
+
+
+def _handle_for(s: Any) -> LocalHandle | RayHandle:
+    if isinstance(s, (LocalHandle, RayHandle)):
+        return s
+    if isinstance(s, NodeSampler):
+        return LocalHandle(s)
+    # a Ray actor handle of sampler_actor_class()
+    import ray
+
+    info = ray.get(s.info.remote(), timeout=60)
+    return RayHandle(s, str(info["node"]), info)
+
+
+def utilisation_summary(monitor: Monitor, window_s: float) -> dict[str, Any]:
+    """Mean utilisation per node and GPU over the last ``window_s`` seconds (idle stop reads this).
+
+    Returns
+    -------
+    dict
+        ``{node_id: {"has_gpu": bool, "gpus": {gpu_index: mean_util_percent}, "mean_gpu_util": float,
+        "max_gpu_util": float, "cpu_percent": float, "samples": int, "span_s": float, "up": bool}}``.
+        Values are NaN where there is no data (e.g. ``mean_gpu_util`` on a CPU-only node). ``span_s`` tells how
+        much of the window the samples cover, so callers can wait until a whole window has been seen.
+    """
+    return monitor.utilisation_summary(window_s)
+
+
+_REGISTRY: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_BY_CLUSTER: weakref.WeakKeyDictionary[Any, Monitor] = weakref.WeakKeyDictionary()
+_LOCAL: weakref.WeakValueDictionary[str, Monitor] = weakref.WeakValueDictionary()
+_KEEP: list[Monitor] = []  # the shared monitors handed out by monitor_for stay alive until stopped
+
+
+def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> Monitor:
+    """The shared, started monitor for ``cluster`` (default: the current cluster, else this machine).
+
+    ``%gpu_monitor`` uses this, so repeated calls reuse the same samplers.
+    """
+    if cluster is None and not local:
+        try:
+            from gpu_notebook.cluster import get_manager
+
+            cluster = get_manager().current
+            if cluster is not None and not getattr(cluster, "running", True):
+                cluster = None
+        except Exception:
+            cluster = None
+    if cluster is None:
+        mon = _LOCAL.get("local")
+        if mon is None or not mon.started:
+            mon = Monitor.local(**kwargs).start()
+            _LOCAL["local"] = mon
+            _KEEP.append(mon)
+        return mon
+    mon = _BY_CLUSTER.get(cluster)
+    if mon is None or not mon.started:
+        mon = Monitor(cluster, **kwargs).start()
+        _BY_CLUSTER[cluster] = mon
+        _KEEP.append(mon)
+    return mon
+
+
+@atexit.register
+def _stop_all() -> None:
+    for m in list(_REGISTRY):
+        try:
+            m._stop.set()
+        except Exception:
+            pass

@@ -1,0 +1,109 @@
+"""A bounded ring buffer of timestamped sample rows, readable incrementally by sequence number.
+
+Each row is one tick of one node: a float vector with one column per (device, metric). Readers remember the
+sequence number they got last and ask only for what is new (:meth:`RingBuffer.read_since`); if they fell so far
+behind that rows were overwritten, the reply says how many were dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RingBuffer"]
+
+
+class RingBuffer:
+    """Fixed-capacity storage of ``(time, row)`` pairs; the oldest rows are overwritten.
+
+    Parameters
+    ----------
+    columns
+        Column names; every appended row has this many values (NaN for "not available").
+    capacity
+        Maximum number of rows kept (e.g. ``rate_hz * 3600`` for an hour at full rate).
+    """
+
+    def __init__(self, columns: Sequence[str], capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.columns = list(columns)
+        self.capacity = int(capacity)
+        self._t = np.zeros(self.capacity, dtype=np.float64)
+        self._data = np.full((self.capacity, len(self.columns)), np.nan, dtype=np.float64)
+        self._seq = 0  # total rows ever appended
+        self._lock = threading.Lock()
+
+    @property
+    def seq(self) -> int:
+        """Total number of rows ever appended (the sequence number of the next row)."""
+        return self._seq
+
+    def __len__(self) -> int:
+        return min(self._seq, self.capacity)
+
+    def __repr__(self) -> str:
+        return f"RingBuffer({len(self)}/{self.capacity} rows x {len(self.columns)} columns, seq={self._seq})"
+
+    def append(self, t: float, row: Sequence[float] | np.ndarray) -> None:
+        """Append one row taken at time ``t`` (seconds since the epoch)."""
+        values = np.asarray(row, dtype=np.float64)
+        if values.shape != (len(self.columns),):
+            raise ValueError(f"row has shape {values.shape}, expected ({len(self.columns)},)")
+        with self._lock:
+            i = self._seq % self.capacity
+            self._t[i] = t
+            self._data[i] = values
+            self._seq += 1
+
+    def append_many(self, t: np.ndarray, rows: np.ndarray) -> None:
+        """Append several rows at once (used by the aggregator)."""
+        for ti, row in zip(np.asarray(t), np.asarray(rows), strict=True):
+            self.append(float(ti), row)
+
+    def _slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.arange(start, stop) % self.capacity
+        return self._t[idx].copy(), self._data[idx].copy()
+
+    def read_since(self, seq: int, max_rows: int | None = None) -> dict[str, Any]:
+        """Rows appended since sequence number ``seq``.
+
+        Returns
+        -------
+        dict
+            ``seq`` (pass it next time), ``t`` (n,), ``data`` (n, columns), ``dropped`` (rows lost because
+            they were overwritten before this read).
+        """
+        with self._lock:
+            end = self._seq
+            oldest = max(0, end - self.capacity)
+            start = max(int(seq), oldest)
+            dropped = max(0, oldest - int(seq))
+            if max_rows is not None and end - start > max_rows:
+                dropped += end - max_rows - start
+                start = end - max_rows
+            t, data = self._slice(start, end)
+        return {"seq": end, "t": t, "data": data, "dropped": dropped}
+
+    def window(self, since_t: float) -> tuple[np.ndarray, np.ndarray]:
+        """All kept rows with time >= ``since_t``, oldest first."""
+        with self._lock:
+            end = self._seq
+            t, data = self._slice(max(0, end - self.capacity), end)
+        keep = t >= since_t
+        return t[keep], data[keep]
+
+    def latest(self) -> tuple[float, np.ndarray] | None:
+        """The newest row, or None when empty."""
+        with self._lock:
+            if self._seq == 0:
+                return None
+            i = (self._seq - 1) % self.capacity
+            return float(self._t[i]), self._data[i].copy()
+
+    def nbytes(self) -> int:
+        """Memory held by the buffer."""
+        return int(self._t.nbytes + self._data.nbytes)
