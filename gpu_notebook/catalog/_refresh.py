@@ -147,7 +147,7 @@ def fetch_aws_spot(region: str, instance_types: list[str], client: Any = None) -
         import boto3
 
         client = boto3.client("ec2", region_name=region)
-    now = _dt.datetime.now(_dt.timezone.utc)
+    now = _dt.datetime.now(_dt.UTC)
     records: list[dict[str, Any]] = []
     pages = client.get_paginator("describe_spot_price_history").paginate(
         InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now)
