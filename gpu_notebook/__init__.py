@@ -1,0 +1,50 @@
+"""gpu_notebook: a Jupyter notebook as the control room for distributed GPU training.
+
+``%load_ext gpu_notebook`` registers the magics (they live in :mod:`gpu_notebook.magics`); the widgets live in
+:mod:`gpu_notebook.widgets`. Importing this package is cheap: it imports no ray, torch, boto3 or NVML; the heavy
+parts load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Cluster",
+    "ClusterManager",
+    "get_manager",
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "__version__",
+]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.cluster import Cluster, ClusterManager, get_manager
+
+_LAZY = {
+    "Cluster": "gpu_notebook.cluster",
+    "ClusterManager": "gpu_notebook.cluster",
+    "get_manager": "gpu_notebook.cluster",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_notebook' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the gpu_notebook magics: ``%load_ext gpu_notebook``."""
+    from gpu_notebook.magics import register
+
+    register(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to undo beyond what IPython does; clusters stay until ``%gpu_cluster stop`` or exit."""

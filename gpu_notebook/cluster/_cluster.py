@@ -1,0 +1,492 @@
+"""The Cluster object: one Ray cluster (local, or reached by address) and its persistent worker group."""
+
+from __future__ import annotations
+
+import html
+import os
+import sys
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from gpu_notebook.cluster import _connect
+from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
+
+Progress = Callable[[str], None]
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation could not be done (the message says why and what to do)."""
+
+
+@dataclass
+class WorkerInfo:
+    """One rank worker as ``status`` shows it."""
+
+    rank: int
+    node_id: str
+    node_ip: str
+    pid: int
+    gpu_ids: list[str]
+    num_cpus: float
+    num_gpus: float
+    alive: bool
+    local_rank: int = 0
+
+
+@dataclass
+class NodeInfo:
+    """One Ray node."""
+
+    node_id: str
+    ip: str
+    cpus: float
+    gpus: float
+    alive: bool
+    is_head: bool = False
+
+
+@dataclass
+class ClusterStatus:
+    """A snapshot of a cluster: nodes, workers, uptime. Shows as an HTML table in notebooks."""
+
+    name: str
+    kind: str
+    address: str
+    state: str
+    backend: str | None
+    uptime_s: float
+    nodes: list[NodeInfo] = field(default_factory=list)
+    workers: list[WorkerInfo] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [
+            f"Cluster {self.name!r} ({self.kind}, {self.address}): {self.state}, backend {self.backend or '-'}, "
+            f"up {_fmt_duration(self.uptime_s)}",
+            f"Nodes ({len(self.nodes)}):",
+        ]
+        for n in self.nodes:
+            lines.append(
+                f"  {n.node_id[:12]}  {n.ip:<15} CPUs {n.cpus:g}  GPUs {n.gpus:g}  "
+                f"{'alive' if n.alive else 'dead'}{'  (head)' if n.is_head else ''}"
+            )
+        lines.append(f"Workers ({len(self.workers)}):")
+        lines.append("  rank  node          pid      GPUs  CPUs  state")
+        for w in self.workers:
+            lines.append(
+                f"  {w.rank:<5} {w.node_id[:12]:<13} {w.pid:<8} {','.join(w.gpu_ids) or '-':<5} "
+                f"{w.num_cpus:<5g} {'alive' if w.alive else 'DEAD'}"
+            )
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+    def __repr__(self) -> str:
+        alive = sum(w.alive for w in self.workers)
+        return (
+            f"<ClusterStatus {self.name!r}: {self.state}, {len(self.nodes)} node(s), "
+            f"{alive}/{len(self.workers)} workers alive>"
+        )
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        rows = "".join(
+            f"<tr><td>{w.rank}</td><td><code>{e(w.node_id[:12])}</code></td><td>{e(w.node_ip)}</td>"
+            f"<td>{w.pid}</td><td>{e(','.join(w.gpu_ids) or '-')}</td><td>{w.num_cpus:g}</td>"
+            f"<td style='color:{'green' if w.alive else 'red'}'>{'alive' if w.alive else 'dead'}</td></tr>"
+            for w in self.workers
+        )
+        nodes = "".join(
+            f"<tr><td><code>{e(n.node_id[:12])}</code></td><td>{e(n.ip)}</td><td>{n.cpus:g}</td>"
+            f"<td>{n.gpus:g}</td><td>{'alive' if n.alive else 'dead'}{' (head)' if n.is_head else ''}</td></tr>"
+            for n in self.nodes
+        )
+        return (
+            f"<div class='gpu-notebook-status'><b>Cluster {e(self.name)}</b> ({e(self.kind)}, "
+            f"<code>{e(self.address)}</code>): {e(self.state)}, backend {e(self.backend or '-')}, "
+            f"up {_fmt_duration(self.uptime_s)}"
+            f"<table><thead><tr><th>node</th><th>IP</th><th>CPUs</th><th>GPUs</th><th>state</th></tr></thead>"
+            f"<tbody>{nodes}</tbody></table>"
+            f"<table><thead><tr><th>rank</th><th>node</th><th>IP</th><th>pid</th><th>GPUs</th><th>CPUs</th>"
+            f"<th>state</th></tr></thead><tbody>{rows}</tbody></table></div>"
+        )
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class Cluster:
+    """A Ray cluster and a persistent group of rank workers with torch.distributed initialised.
+
+    Parameters
+    ----------
+    name
+        How ``%gpu_cluster list`` and ``use`` refer to it (default ``local``, ``local-2``, ... or the address).
+    workers
+        Number of rank workers (default: one per GPU of the cluster, or 2 without GPUs).
+    cpus_per_worker
+        CPUs each worker holds; fractions are allowed so several workers fit on a small laptop
+        (default: 1, or less so that the workers fit on this machine).
+    gpus_per_worker
+        GPUs each worker holds (default: 1 when the cluster has GPUs, else 0).
+    address
+        ``None`` starts a local Ray cluster on this machine; ``auto``, ``host:port`` or ``ray://host:port``
+        connects to an existing one.
+    dashboard
+        Start Ray's dashboard with a local cluster (off by default: lighter).
+    backend
+        ``auto`` (NCCL when every worker has a GPU, else gloo), ``gloo`` or ``nccl``.
+    gpu_visibility
+        ``own`` (each worker sees only its GPUs) or ``node`` (each sees the node's GPUs of the group).
+    **options
+        Extras other parts read (``idle_stop``, ``budget``, ``cloud`` ...), kept in :attr:`options`.
+
+    Examples
+    --------
+    >>> with Cluster(workers=2, cpus_per_worker=0.5) as c:          # doctest: +SKIP
+    ...     c.run("import torch.distributed as dist; dist.get_rank()").values
+    [0, 1]
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        workers: int | None = None,
+        cpus_per_worker: float | None = None,
+        gpus_per_worker: float | None = None,
+        address: str | None = None,
+        dashboard: bool = False,
+        backend: str = "auto",
+        gpu_visibility: str = "own",
+        timeouts: GroupTimeouts | None = None,
+        **options: Any,
+    ) -> None:
+        if workers is not None and workers < 1:
+            raise ValueError("--workers must be at least 1")
+        if cpus_per_worker is not None and cpus_per_worker < 0:
+            raise ValueError("--cpus-per-worker must be >= 0")
+        if gpus_per_worker is not None and gpus_per_worker < 0:
+            raise ValueError("--gpus-per-worker must be >= 0")
+        if address is not None:
+            _connect.normalise_address(address)
+        self.name = name or ""
+        self.requested_workers = workers
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = gpus_per_worker
+        self.address = address
+        self.dashboard = dashboard
+        self.backend_request = backend
+        self.gpu_visibility = gpu_visibility
+        self.timeouts = timeouts or GroupTimeouts()
+        self.options: dict[str, Any] = dict(options)
+        self.log = RankLog()
+        self.group: WorkerGroup | None = None
+        self.connection: _connect.RayConnection | None = None
+        self.created_at = time.time()
+        self.started_at: float | None = None
+        self.last_activity = time.time()
+        self.state = "new"
+        self._stop_hooks: list[Callable[[str], None]] = []
+        self._cell_counter = 0
+
+    # ---- identity --------------------------------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        return "local" if self.address is None else "address"
+
+    @property
+    def started_ray(self) -> bool:
+        return bool(self.connection and self.connection.started_here)
+
+    @property
+    def world_size(self) -> int:
+        return self.group.size if self.group else 0
+
+    @property
+    def backend(self) -> str | None:
+        return self.group.backend if self.group else None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.group and self.group.busy)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running" and self.group is not None and bool(self.group.actors)
+
+    def __repr__(self) -> str:
+        size = f"{self.world_size} workers" if self.group else f"{self.requested_workers or 'auto'} workers"
+        return f"<Cluster {self.name or '?'!r} {self.kind} {size}, {self.backend or 'no backend'}, {self.state}>"
+
+    def _repr_html_(self) -> str:
+        if self.running:
+            return self.status()._repr_html_()
+        return f"<code>{html.escape(repr(self))}</code>"
+
+    def __enter__(self) -> "Cluster":
+        if self.state != "running":
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- lifecycle -----------------------------------------------------------------------------------------
+    def start(self, progress: Progress | None = None) -> "Cluster":
+        """Start (or connect to) Ray and the worker group; returns ``self``."""
+        from gpu_notebook.cluster._manager import get_manager
+
+        if self.state == "running":
+            return self
+        say = progress or (lambda msg: None)
+        t0 = time.monotonic()
+        manager = get_manager()
+        if not self.name:
+            self.name = manager.unique_name("local" if self.address is None else _address_name(self.address))
+        elif manager.get(self.name, None) not in (None, self) and manager.get(self.name).running:
+            raise ClusterError(
+                f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
+            )
+        self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
+        try:
+            workers, cpus, gpus = self._size_workers()
+            self.group = WorkerGroup(
+                workers,
+                cpus_per_worker=cpus,
+                gpus_per_worker=gpus,
+                backend=self.backend_request,
+                gpu_visibility=self.gpu_visibility,
+                runtime_env=self.options.get("runtime_env"),
+                timeouts=self.timeouts,
+                log=self.log,
+            )
+            self.group.start(progress=say)
+        except Exception:
+            self.state = "failed"
+            if self.connection.started_here and not manager.others_on_connection(self):
+                _connect.disconnect()
+            raise
+        self.state = "running"
+        self.started_at = self.last_activity = time.time()
+        manager.add(self)
+        nodes = len({p.node_id for p in self.group.plans})
+        say(
+            f"cluster {self.name!r} ready in {time.monotonic() - t0:.1f} s: {workers} worker(s) on {nodes} "
+            f"node(s), {cpus:g} CPU{'' if not gpus else f' + {gpus:g} GPU'} each, torch.distributed "
+            f"{self.group.backend}"
+        )
+        return self
+
+    def _size_workers(self) -> tuple[int, float, float]:
+        import ray
+
+        total = ray.cluster_resources()
+        cluster_gpus = int(total.get("GPU", 0))
+        cluster_cpus = float(total.get("CPU", os.cpu_count() or 1))
+        gpus = self.gpus_per_worker if self.gpus_per_worker is not None else (1 if cluster_gpus else 0)
+        workers = self.requested_workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
+        if self.cpus_per_worker is not None:
+            cpus = self.cpus_per_worker
+        else:
+            cpus = min(1.0, max(0.1, int(cluster_cpus / workers * 10) / 10))
+        return workers, cpus, gpus
+
+    def stop(self, reason: str = "stopped by the user") -> str:
+        """End the workers and, if this cluster started Ray, Ray itself. Returns a one-line summary."""
+        from gpu_notebook.cluster._manager import get_manager
+
+        if self.state in ("stopped", "new"):
+            return f"cluster {self.name!r} is not running"
+        for hook in list(self._stop_hooks):
+            try:
+                hook(reason)
+            except Exception as exc:  # noqa: BLE001 - a hook must not keep workers alive
+                print(f"gpu_notebook: stop hook failed: {exc}", file=sys.stderr)
+        n = self.world_size
+        if self.group is not None:
+            self.group.stop()
+        manager = get_manager()
+        shut_ray = bool(self.connection and self.connection.started_here and not manager.others_on_connection(self))
+        if shut_ray:
+            _connect.disconnect()
+        self.state = "stopped"
+        manager.remove(self)
+        return f"cluster {self.name!r} stopped: {n} worker(s) ended" + (", local Ray shut down" if shut_ray else "")
+
+    def add_stop_hook(self, fn: Callable[[str], None]) -> None:
+        """Call ``fn(reason)`` before the workers are stopped (budget and idle stops use this)."""
+        self._stop_hooks.append(fn)
+
+    def scale(self, workers: int, progress: Progress | None = None) -> str:
+        """Grow or shrink the worker group; the process group is rebuilt and worker state is reset."""
+        self._require_running()
+        if workers < 1:
+            raise ValueError("a cluster needs at least 1 worker")
+        old = self.world_size
+        assert self.group is not None
+        self.group.resize(workers, progress=progress)
+        self.last_activity = time.time()
+        return (
+            f"cluster {self.name!r} scaled from {old} to {workers} worker(s). Worker state was reset: the "
+            f"process group was rebuilt, so variables and models on the workers are gone."
+        )
+
+    def restart(self, progress: Progress | None = None) -> str:
+        """Replace every worker with a fresh one (worker state is reset)."""
+        self._require_running()
+        assert self.group is not None
+        self.group.rebuild(progress=progress)
+        return f"cluster {self.name!r}: {self.world_size} fresh worker(s); worker state was reset."
+
+    def _require_running(self) -> None:
+        if not self.running:
+            raise ClusterError(f"cluster {self.name or '?'!r} is not running: start it with %gpu_cluster start")
+
+    # ---- status ------------------------------------------------------------------------------------------
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        """The alive nodes of the Ray cluster (``ray.nodes()`` entries)."""
+        return _connect.cluster_nodes()
+
+    def status(self) -> ClusterStatus:
+        """Nodes, workers (rank, node, pid, GPUs/CPUs, alive) and uptime."""
+        nodes: list[NodeInfo] = []
+        workers: list[WorkerInfo] = []
+        if self.running:
+            import ray
+
+            for n in ray.nodes():
+                res = n.get("Resources", {})
+                nodes.append(
+                    NodeInfo(
+                        node_id=n["NodeID"],
+                        ip=n.get("NodeManagerAddress", "?"),
+                        cpus=res.get("CPU", 0),
+                        gpus=res.get("GPU", 0),
+                        alive=bool(n.get("Alive")),
+                        is_head="node:__internal_head__" in res,
+                    )
+                )
+            assert self.group is not None
+            alive = self.group.alive()
+            for plan, meta, ok in zip(self.group.plans, self.group.metas, alive):
+                workers.append(
+                    WorkerInfo(
+                        rank=plan.rank,
+                        node_id=plan.node_id,
+                        node_ip=plan.node_ip,
+                        pid=meta["pid"],
+                        gpu_ids=list(plan.gpu_ids),
+                        num_cpus=self.group.cpus_per_worker,
+                        num_gpus=self.group.gpus_per_worker,
+                        alive=ok,
+                        local_rank=plan.local_rank,
+                    )
+                )
+        return ClusterStatus(
+            name=self.name,
+            kind=self.kind,
+            address=self.connection.address if self.connection else (self.address or "local"),
+            state=self.state,
+            backend=self.backend,
+            uptime_s=time.time() - self.started_at if self.started_at else 0.0,
+            nodes=nodes,
+            workers=workers,
+        )
+
+    def logs(self, rank: int | None = None, tail: int | None = 50) -> dict[int, list[str]]:
+        """The recent output of each rank (kept on the driver, so a dead rank's last lines are still there)."""
+        if self.running:
+            assert self.group is not None
+            self.group.drain()
+        ranks = [rank] if rank is not None else (self.log.ranks() or list(range(self.world_size)))
+        return {r: self.log.tail(r, tail) for r in ranks}
+
+    # ---- running code ----------------------------------------------------------------------------------------
+    def run(
+        self,
+        code: str,
+        ranks: str | Sequence[int] | None = None,
+        timeout: float | None = None,
+        stream: bool = True,
+        sink: Callable[[str], None] | None = None,
+        label: str | None = None,
+        progress: Progress | None = None,
+    ) -> CellResult:
+        """Run ``code`` on the selected ranks (all by default): what ``%%distributed`` does.
+
+        Output lines stream to ``sink`` (default: this process's stdout) prefixed ``[rank N]``; with
+        ``stream=False`` they are collected and available in the result only.
+        """
+        self._require_running()
+        assert self.group is not None
+        self._cell_counter += 1
+        if stream and sink is None:
+            sink = _stdout_sink
+        try:
+            return self.group.run(
+                code,
+                ranks=ranks,
+                timeout=timeout,
+                sink=sink if stream else None,
+                label=label or f"distributed-cell-{self._cell_counter}",
+                progress=progress,
+            )
+        finally:
+            self.last_activity = time.time()
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        ranks: str | Sequence[int] | None = None,
+        timeout: float | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` in every selected rank's process; returns the values in rank order.
+
+        Raises
+        ------
+        DistributedError
+            When any rank fails, with each distinct traceback once.
+        """
+        self._require_running()
+        assert self.group is not None
+        try:
+            result = self.group.call(fn, args, kwargs, ranks=ranks, timeout=timeout)
+        finally:
+            self.last_activity = time.time()
+        result.raise_for_failures(self.world_size)
+        return list(result.values)
+
+    def push(self, ranks: str | Sequence[int] | None = None, **values: Any) -> None:
+        """Send values to the workers' namespaces: ``c.push(lr=0.1, data=batch)``."""
+        self._require_running()
+        assert self.group is not None
+        self.group.push(values, ranks=ranks)
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        """Bring a variable back from one rank's namespace."""
+        self._require_running()
+        assert self.group is not None
+        return self.group.pull(name, rank)
+
+
+def _stdout_sink(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _address_name(address: str) -> str:
+    body = address.replace("ray://", "")
+    return "ray" if body == "auto" else body.split(":")[0]
+
+
+_ALL: "weakref.WeakSet[Cluster]" = weakref.WeakSet()

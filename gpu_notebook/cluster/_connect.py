@@ -1,0 +1,148 @@
+"""Connecting this process to Ray: a light local cluster (the embedded default) or an existing one by address."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+Progress = Callable[[str], None]
+
+
+class ConnectError(RuntimeError):
+    """Ray could not be started or reached (the message says what to do)."""
+
+
+@dataclass
+class RayConnection:
+    """What this process is connected to."""
+
+    address: str  # the GCS address, or the ray:// address given
+    started_here: bool  # we started this Ray (and must shut it down)
+    client_mode: bool  # ray:// (Ray Client)
+
+
+_CONNECTION: RayConnection | None = None
+
+
+def current_connection() -> RayConnection | None:
+    import ray
+
+    if _CONNECTION is not None and not ray.is_initialized():
+        return None
+    return _CONNECTION
+
+
+def _quiet_env() -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def normalise_address(address: str) -> str:
+    """Check an address: ``auto``, ``host:port`` or ``ray://host:port``."""
+    address = address.strip()
+    if address in ("auto", "local"):
+        return address
+    body = address[len("ray://") :] if address.startswith("ray://") else address
+    host, sep, port = body.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ConnectError(
+            f"bad Ray address {address!r}: use 'auto' (the cluster this machine belongs to), 'host:port' "
+            f"(the GCS address printed by `ray start --head`) or 'ray://host:port' (Ray Client)"
+        )
+    return address
+
+
+def connect(
+    address: str | None,
+    num_cpus: float | None = None,
+    num_gpus: int | None = None,
+    dashboard: bool = False,
+    progress: Progress | None = None,
+) -> RayConnection:
+    """Start a local Ray (``address=None``) or connect to one; reuse the connection this process already has."""
+    global _CONNECTION
+    say = progress or (lambda msg: None)
+    _quiet_env()
+    import ray
+
+    if address is not None:
+        address = normalise_address(address)
+    if ray.is_initialized():
+        existing = _CONNECTION
+        if address is None or existing is None or address in ("auto", existing.address):
+            if existing is None:
+                ctx = ray.get_runtime_context()
+                gcs = getattr(ctx, "gcs_address", None) or "existing"
+                existing = _CONNECTION = RayConnection(gcs, started_here=False, client_mode=ray.util.client.ray.is_connected())
+            say(f"using the Ray this kernel is already connected to ({existing.address})")
+            return existing
+        raise ConnectError(
+            f"this kernel is already connected to Ray at {existing.address}; a process can hold one Ray "
+            f"connection. Stop the clusters that use it (%gpu_cluster stop --all) before connecting to {address}."
+        )
+    if address is None:
+        cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
+        say(f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
+            f"dashboard {'on' if dashboard else 'off'})")
+        mem = _total_memory()
+        store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
+        try:
+            ctx = ray.init(
+                address="local",
+                num_cpus=int(cpus) if float(cpus).is_integer() else None,
+                num_gpus=num_gpus,
+                include_dashboard=dashboard,
+                object_store_memory=store,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+                configure_logging=True,
+            )
+        except Exception as exc:
+            raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
+        _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
+        return _CONNECTION
+    say(f"connecting to the Ray cluster at {address}")
+    try:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    except Exception as exc:
+        hint = (
+            "is a Ray head running there? (`ray start --head` prints its address)"
+            if address != "auto"
+            else "no running Ray cluster was found on this machine (start one with `ray start --head`)"
+        )
+        raise ConnectError(f"could not connect to Ray at {address}: {_first_line(str(exc))}; {hint}") from exc
+    _CONNECTION = RayConnection(address, False, address.startswith("ray://"))
+    return _CONNECTION
+
+
+def disconnect() -> None:
+    """Shut down Ray in this process (a local Ray we started stops with it)."""
+    global _CONNECTION
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _CONNECTION = None
+
+
+def _total_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _first_line(text: str) -> str:
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip()[:300]
+    return text
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """The alive nodes of the connected Ray cluster."""
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]

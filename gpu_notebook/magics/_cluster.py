@@ -1,0 +1,157 @@
+"""``%gpu_cluster``: start, inspect, resize and stop clusters (thin over :class:`gpu_notebook.Cluster`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import display
+
+from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer
+
+COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart"]
+
+
+@magics_class
+class ClusterMagics(Magics):
+    """The ``%gpu_cluster`` magic."""
+
+    @magic_arguments()
+    @argument("command", choices=COMMANDS, help="what to do")
+    @argument("args", nargs="*", help="scale: N; use: NAME; stop: [NAME]")
+    @argument("--name", help="start: the cluster's name (default local, local-2, ...)")
+    @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
+    @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
+    @argument("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)")
+    @argument("--address", help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port")
+    @argument("--dashboard", action="store_true", help="start: also start Ray's dashboard (local cluster)")
+    @argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend")
+    @argument(
+        "--gpu-visibility",
+        choices=["own", "node"],
+        default="own",
+        help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
+    )
+    @argument("--rank", type=int, help="logs: only this rank")
+    @argument("--tail", type=int, default=50, help="logs: lines per rank (default 50)")
+    @argument("--all", action="store_true", help="stop: every cluster of this kernel")
+    @line_magic
+    def gpu_cluster(self, line: str) -> Any:
+        """Start, inspect, resize and stop the Ray cluster that runs %%distributed cells.
+
+        Examples
+        --------
+        In [1]: %gpu_cluster start --workers 2 --cpus-per-worker 0.5
+        In [2]: %gpu_cluster status
+        In [3]: %gpu_cluster scale 4
+        In [4]: %gpu_cluster logs --rank 1 --tail 20
+        In [5]: %gpu_cluster start --name big --address 10.0.0.5:6379
+        In [6]: %gpu_cluster list
+        In [7]: %gpu_cluster use local
+        In [8]: %gpu_cluster stop
+        """
+        try:
+            args = parse(self.gpu_cluster, line)
+        except BadArguments:
+            return None
+        handler = getattr(self, f"_cmd_{args.command}")
+        try:
+            return handler(args)
+        except BadArguments:
+            return None
+        except (LookupError, ValueError, RuntimeError, TimeoutError) as exc:
+            error(str(exc).strip("'\""))
+            return None
+
+    # ---- subcommands ------------------------------------------------------------------------------------------
+    def _usage(self, msg: str) -> None:
+        parser = self.gpu_cluster.parser
+        import sys
+
+        print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %gpu_cluster? for help.", file=sys.stderr)
+        raise BadArguments(msg)
+
+    def _no_extra(self, args: Any) -> None:
+        if args.args:
+            self._usage(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
+
+    def _cmd_start(self, args: Any) -> None:
+        from gpu_notebook.cluster import Cluster
+
+        self._no_extra(args)
+        cluster = Cluster(
+            name=args.name,
+            workers=args.workers,
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            address=args.address,
+            dashboard=args.dashboard,
+            backend=args.backend,
+            gpu_visibility=args.gpu_visibility,
+        )
+        cluster.start(progress=progress_printer())
+
+    def _cmd_status(self, args: Any) -> None:
+        cluster = self._pick(args)
+        display(cluster.status())
+
+    def _cmd_stop(self, args: Any) -> None:
+        from gpu_notebook.cluster import get_manager
+
+        if args.all:
+            for msg in get_manager().stop_all("stopped by the user"):
+                print(msg)
+            return
+        print(self._pick(args).stop())
+
+    def _cmd_scale(self, args: Any) -> None:
+        if len(args.args) != 1 or not args.args[0].isdigit() or int(args.args[0]) < 1:
+            self._usage("scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4")
+        from gpu_notebook.cluster import get_manager
+
+        print(get_manager().require_current().scale(int(args.args[0]), progress=progress_printer()))
+
+    def _cmd_restart(self, args: Any) -> None:
+        print(self._pick(args).restart(progress=progress_printer()))
+
+    def _cmd_list(self, args: Any) -> None:
+        from gpu_notebook.cluster import get_manager
+
+        self._no_extra(args)
+        manager = get_manager()
+        clusters = manager.list()
+        if not clusters:
+            print("no clusters in this kernel; start one with %gpu_cluster start")
+            return
+        current = manager.current
+        for c in clusters:
+            mark = "*" if c is current else " "
+            print(f"{mark} {c.name:<16} {c.kind:<8} {c.world_size} workers  {c.backend or '-':<5} {c.state}")
+
+    def _cmd_use(self, args: Any) -> None:
+        if len(args.args) != 1:
+            self._usage("use takes one argument: the cluster's name (see %gpu_cluster list)")
+        from gpu_notebook.cluster import get_manager
+
+        c = get_manager().use(args.args[0])
+        print(f"current cluster: {c.name!r} ({c.world_size} workers)")
+
+    def _cmd_logs(self, args: Any) -> None:
+        cluster = self._pick(args)
+        logs = cluster.logs(rank=args.rank, tail=args.tail)
+        if not any(logs.values()):
+            print("no output recorded yet")
+        for rank, lines in logs.items():
+            for line in lines:
+                print(f"[rank {rank}] {line}")
+
+    def _pick(self, args: Any) -> Any:
+        from gpu_notebook.cluster import get_manager
+
+        manager = get_manager()
+        if args.args:
+            if len(args.args) > 1:
+                self._usage(f"{args.command} takes at most one cluster name")
+            return manager.get(args.args[0])
+        return manager.require_current()

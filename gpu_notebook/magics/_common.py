@@ -1,0 +1,39 @@
+"""Helpers shared by the magics: argument parsing that prints usage instead of a traceback, progress lines."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+
+class BadArguments(Exception):
+    """Raised after the usage has been printed; the magic returns quietly."""
+
+
+def parse(magic_func: Callable[..., Any], line: str) -> Any:
+    """Parse a magic's arguments; on a mistake print the error and the usage to stderr and raise BadArguments."""
+    try:
+        return parse_argstring(magic_func, line)
+    except (UsageError, SystemExit) as exc:
+        parser = magic_func.parser
+        msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
+        print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %{parser.prog}? for help.", file=sys.stderr)
+        raise BadArguments(msg) from None
+
+
+def progress_printer() -> Callable[[str], None]:
+    """A progress callback that prints each stage with the elapsed time."""
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
+
+    return say
+
+
+def error(msg: str) -> None:
+    print(f"Error: {msg}", file=sys.stderr)

@@ -1,0 +1,161 @@
+"""``%%distributed``, ``%gpu_push`` and ``%gpu_pull``: run cells on every rank, move variables (thin magics)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer
+
+
+def _show_values(values: Any) -> None:
+    """Print each rank's value like ``%px`` does; identical values from several ranks are shown once."""
+    from gpu_notebook.distributed import format_ranks
+
+    groups: dict[str, list[int]] = {}
+    for rank, value in values.items():
+        if value is None:
+            continue
+        try:
+            text = repr(value)
+        except Exception as exc:  # noqa: BLE001
+            text = f"<repr failed: {exc}>"
+        groups.setdefault(text, []).append(rank)
+    for text, ranks in groups.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+        sep = "\n" if "\n" in text else " "
+        print(f"Out[{who}]:{sep}{text}")
+
+
+@magics_class
+class DistributedMagics(Magics):
+    """``%%distributed`` and the variable-moving magics."""
+
+    @magic_arguments()
+    @argument("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)")
+    @argument("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted")
+    @argument("-o", "--out", help="store the per-rank values of the last expression in this notebook variable")
+    @argument("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank")
+    @argument("--cluster", help="run on this cluster instead of the current one")
+    @no_var_expand
+    @cell_magic
+    def distributed(self, line: str, cell: str) -> None:
+        """Run the cell on every worker as one PyTorch distributed job.
+
+        torch.distributed is initialised (NCCL on GPUs, gloo on CPUs), the torchrun variables (RANK,
+        LOCAL_RANK, WORLD_SIZE, ...) are set, and each worker keeps its namespace from cell to cell.
+
+        Examples
+        --------
+        In [1]: %%distributed
+           ...: import torch, torch.distributed as dist
+           ...: x = torch.ones(1) * dist.get_rank()
+           ...: dist.all_reduce(x)
+           ...: x.item()
+        Out[ranks 0-1]: 1.0
+
+        In [2]: %%distributed --workers 0 -o loss --timeout 60
+           ...: compute_loss()
+        """
+        try:
+            args = parse(self.distributed, line)
+        except BadArguments:
+            return None
+        from gpu_notebook.cluster import get_manager
+
+        manager = get_manager()
+        try:
+            cluster = manager.get(args.cluster) if args.cluster else manager.require_current()
+        except LookupError as exc:
+            error(str(exc).strip("'\""))
+            return None
+        count = getattr(self.shell, "execution_count", None)
+        try:
+            result = cluster.run(
+                cell,
+                ranks=args.workers,
+                timeout=args.timeout,
+                stream=not args.no_stream,
+                label=f"cell In[{count}]" if count is not None else None,
+                progress=progress_printer(),
+            )
+        except ValueError as exc:  # a bad --workers selection
+            print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}", file=sys.stderr)
+            return None
+        except RuntimeError as exc:
+            error(str(exc))
+            return None
+        if args.no_stream:
+            for rank in sorted(result.outputs):
+                for out_line in result.outputs[rank]:
+                    print(f"[rank {rank}] {out_line}")
+        if args.out:
+            self.shell.user_ns[args.out] = result.values
+        if result.ranks and result.values:
+            _show_values(dict(result.values.items()))
+        if result.failures:
+            result.raise_for_failures(cluster.world_size)
+        elif result.note:
+            print(result.note, file=sys.stderr)
+        return None
+
+    @magic_arguments()
+    @argument("names", nargs="+", help="notebook variables to send to every worker")
+    @argument("--workers", "-w", default="all", help="ranks to send to (default all)")
+    @line_magic
+    def gpu_push(self, line: str) -> None:
+        """Send notebook variables to the workers' namespaces.
+
+        Examples
+        --------
+        In [1]: lr, batch = 0.1, 64
+        In [2]: %gpu_push lr batch
+        """
+        try:
+            args = parse(self.gpu_push, line)
+        except BadArguments:
+            return None
+        from gpu_notebook.cluster import get_manager
+
+        missing = [n for n in args.names if n not in self.shell.user_ns]
+        if missing:
+            error(f"not defined in the notebook: {', '.join(missing)}")
+            return None
+        try:
+            cluster = get_manager().require_current()
+            cluster.push(ranks=args.workers, **{n: self.shell.user_ns[n] for n in args.names})
+        except (LookupError, TypeError, ValueError, RuntimeError) as exc:
+            error(str(exc).strip("'\""))
+            return None
+        print(f"pushed {', '.join(args.names)} to ranks {args.workers}")
+
+    @magic_arguments()
+    @argument("name", help="the worker variable to bring back")
+    @argument("--rank", "-r", type=int, default=0, help="from this rank (default 0)")
+    @argument("--as", dest="as_name", help="store it in the notebook under this name (default: the same name)")
+    @line_magic
+    def gpu_pull(self, line: str) -> None:
+        """Bring a variable back from one worker into the notebook's namespace.
+
+        Examples
+        --------
+        In [1]: %gpu_pull model --rank 0
+        In [2]: %gpu_pull losses --rank 1 --as losses_rank1
+        """
+        try:
+            args = parse(self.gpu_pull, line)
+        except BadArguments:
+            return None
+        from gpu_notebook.cluster import get_manager
+
+        try:
+            value = get_manager().require_current().pull(args.name, rank=args.rank)
+        except (LookupError, NameError, TypeError, ValueError, RuntimeError) as exc:
+            error(str(exc).strip("'\""))
+            return None
+        target = args.as_name or args.name
+        self.shell.user_ns[target] = value
+        print(f"pulled {args.name!r} from rank {args.rank} into {target!r} ({type(value).__name__})")

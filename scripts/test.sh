@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Set everything up from scratch (or reuse it) and run the whole test suite.
+# Installs: the .venv with gpu_notebook[dev]; Debian's chromium for the browser test (needs apt, as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup_env.sh dev
+if [ ! -x /usr/bin/chromium ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing Debian's chromium for the browser tests"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+            || echo "!! chromium could not be installed; browser tests will be skipped"
+    else
+        echo "!! /usr/bin/chromium missing and apt-get not usable; browser tests will be skipped"
+    fi
+fi
+export RAY_USAGE_STATS_ENABLED=0
+exec .venv/bin/python -m pytest "$@"
