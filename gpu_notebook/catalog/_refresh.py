@@ -265,7 +265,7 @@ def parse_gcp_skus(skus: Iterable[dict[str, Any]], entries: Iterable[InstanceTyp
     out: dict[tuple[str, str], dict[str, float]] = {}
     for it in entries:
         fam = str(it.extra.get("family", "")).upper()
-        accel = it.extra.get("accelerator_type")
+        accel = str(it.extra.get("accelerator_type") or "")
         n_acc = int(it.extra.get("accelerator_count", it.gpu_count))
         for region in {r for (r, _u, _p) in table}:
             if wanted is not None and region not in wanted:
@@ -353,6 +353,7 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
     only = set(regions) if regions else None
     today = _dt.date.today().isoformat()
 
+    prices: dict[tuple[str, str], dict[str, float]]
     if "aws" in todo:
         items = cat.instances(cloud="aws")
         names = [i.name for i in items]
@@ -386,7 +387,7 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
         for it in cat.instances(cloud="azure"):
             url = azure_url(it.name, urls.get("azure", AZURE_RETAIL_URL))
             try:
-                prices: dict[tuple[str, str], dict[str, float]] = {}
+                prices = {}
                 pages = 0
                 while url and pages < 20:
                     doc = _fetch_json(fetch, url)
