@@ -1,0 +1,253 @@
+"""The only module of gpu_notebook that touches Ray's cluster-launcher internals.
+
+Ray's cluster launcher SDK (``ray.autoscaler.sdk``) is a ``DeveloperAPI`` ("experimental, not stable") and the
+config validation that ``ray up`` runs lives in ``ray.autoscaler._private``. Every use of those names is kept
+here, behind small functions, so a Ray upgrade breaks exactly one file, and ``tests/test_cloud_ray_compat.py``
+(the contract tests) says which name moved.
+
+Nothing here imports Ray at module import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: Ray versions this module was written and contract-tested against: ``[MIN, MAX)``.
+RAY_MIN_VERSION = (2, 50)
+RAY_MAX_VERSION = (2, 70)
+#: Set to ``1`` to use a Ray outside the tested range anyway (at your own risk).
+SKIP_VERSION_CHECK_ENV = "GPU_NOTEBOOK_SKIP_RAY_VERSION_CHECK"
+
+#: Ray's own tag names (``ray.autoscaler.tags``); every node the launcher creates carries them.
+TAG_CLUSTER_NAME = "ray-cluster-name"
+TAG_NODE_KIND = "ray-node-kind"
+TAG_NODE_STATUS = "ray-node-status"
+
+
+class RayVersionError(RuntimeError):
+    """The installed Ray is outside the range the cloud launcher supports."""
+
+
+def _parse_version(text: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def ray_version() -> str:
+    """The installed Ray version (without importing Ray)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError as exc:  # pragma: no cover - depends on the environment
+        raise RayVersionError(
+            'The cloud launcher needs Ray: pip install "gpu_notebook[ray]" (ray[default]).'
+        ) from exc
+
+
+def check_ray_version(version: str | None = None) -> str:
+    """Check that ``version`` (default: the installed Ray) is in the supported range.
+
+    Returns
+    -------
+    str
+        The version checked.
+
+    Raises
+    ------
+    RayVersionError
+        When it is outside ``[RAY_MIN_VERSION, RAY_MAX_VERSION)`` and ``GPU_NOTEBOOK_SKIP_RAY_VERSION_CHECK``
+        is not set to ``1``.
+    """
+    ver = version or ray_version()
+    parsed = _parse_version(ver)[:2]
+    if RAY_MIN_VERSION <= parsed < RAY_MAX_VERSION:
+        return ver
+    if os.environ.get(SKIP_VERSION_CHECK_ENV) == "1":
+        return ver
+    lo = ".".join(map(str, RAY_MIN_VERSION))
+    hi = ".".join(map(str, RAY_MAX_VERSION))
+    raise RayVersionError(
+        f"Ray {ver} is outside the range the gpu_notebook cloud launcher is tested with (>={lo}, <{hi}). "
+        f'Install a supported Ray (pip install "ray[default]>={lo},<{hi}") or set '
+        f"{SKIP_VERSION_CHECK_ENV}=1 to try anyway."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Config validation (what `ray up` runs before touching a cloud)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def prepare_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Merge Ray's provider defaults into ``config`` (``ray.autoscaler._private.util.prepare_config``)."""
+    import copy
+
+    from ray.autoscaler._private.util import prepare_config as _prepare
+
+    return _prepare(copy.deepcopy(config))
+
+
+def validate_config(config: dict[str, Any]) -> None:
+    """Validate a prepared config against Ray's ``ray-schema.json`` and its extra rules.
+
+    Raises ``jsonschema.ValidationError`` or ``ValueError`` exactly as ``ray up`` would.
+    """
+    from ray.autoscaler._private.util import validate_config as _validate
+
+    _validate(config)
+
+
+def prepare_and_validate(config: dict[str, Any]) -> dict[str, Any]:
+    """``prepare_config`` then ``validate_config``; returns the prepared config."""
+    prepared = prepare_config(config)
+    validate_config(prepared)
+    return prepared
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The launcher SDK
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _quiet_launcher() -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from ray.autoscaler import sdk
+
+    sdk.configure_logging(log_style="record", color_mode="false", verbosity=0)
+
+
+def create_or_update_cluster(config: dict[str, Any]) -> dict[str, Any]:
+    """``ray.autoscaler.sdk.create_or_update_cluster`` without the config cache; returns the bootstrapped config."""
+    from ray.autoscaler import sdk
+
+    _quiet_launcher()
+    return sdk.create_or_update_cluster(config, no_config_cache=True)
+
+
+def teardown_cluster(config: dict[str, Any], workers_only: bool = False) -> None:
+    """``ray.autoscaler.sdk.teardown_cluster`` (``ray down -y``)."""
+    from ray.autoscaler import sdk
+
+    _quiet_launcher()
+    sdk.teardown_cluster(config, workers_only=workers_only)
+
+
+def get_head_node_ip(config: dict[str, Any]) -> str:
+    """The head node's IP (external unless ``use_internal_ips``); ``RuntimeError`` when there is none."""
+    from ray.autoscaler import sdk
+
+    _quiet_launcher()
+    return str(sdk.get_head_node_ip(config))
+
+
+def get_worker_node_ips(config: dict[str, Any]) -> list[str]:
+    """IPs of the cluster's worker nodes."""
+    from ray.autoscaler import sdk
+
+    _quiet_launcher()
+    return [str(ip) for ip in sdk.get_worker_node_ips(config)]
+
+
+def launcher_errors() -> tuple[type[BaseException], ...]:
+    """Exception types the launcher raises instead of returning (``cli_logger.abort``, ``sys.exit``)."""
+    import click
+
+    return (click.exceptions.ClickException, SystemExit)
+
+
+def get_node_provider(provider_config: dict[str, Any], cluster_name: str) -> Any:
+    """An (uncached) Ray ``NodeProvider`` for ``provider_config``: ``non_terminated_nodes``, ``node_tags``..."""
+    from ray.autoscaler._private.providers import _get_node_provider
+
+    return _get_node_provider(provider_config, cluster_name, use_cache=False)
+
+
+def clear_provider_cache() -> None:
+    """Forget Ray's per-process cached node providers and (AWS) boto3 resources/clients."""
+    from ray.autoscaler._private.providers import _clear_provider_cache
+
+    _clear_provider_cache()
+    with contextlib.suppress(ImportError):
+        from ray.autoscaler._private.aws import utils as aws_utils
+
+        aws_utils.resource_cache.cache_clear()
+        aws_utils.client_cache.cache_clear()
+
+
+def set_poll_interval(seconds: float) -> float:
+    """Set the launcher's poll interval (5 s in Ray) and return the previous value (tests shorten it)."""
+    from ray.autoscaler._private import commands
+
+    old = float(commands.POLL_INTERVAL)
+    commands.POLL_INTERVAL = seconds
+    return old
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Progress events
+# ---------------------------------------------------------------------------------------------------------
+
+#: Ray's CreateClusterEvent names, mapped to our stage names.
+EVENT_STAGES: dict[str, str] = {
+    "up_started": "validating config",
+    "cluster_booting_started": "checking for an existing head",
+    "acquiring_new_head_node": "launching head",
+    "head_node_acquired": "waiting for SSH",
+    "ssh_control_acquired": "SSH ready",
+    "run_initialization_cmd": "installing",
+    "run_setup_cmd": "installing",
+    "start_ray_runtime": "starting Ray",
+    "start_ray_runtime_completed": "Ray started",
+    "cluster_booting_completed": "head ready",
+}
+
+_listeners: list[Callable[[str, dict[str, Any]], None]] = []
+_listeners_lock = threading.Lock()
+_registered = False
+
+
+def _dispatch(event_data: dict[str, Any]) -> None:
+    event = event_data.get("event_name")
+    name = getattr(event, "name", str(event))
+    with _listeners_lock:
+        listeners = list(_listeners)
+    for fn in listeners:
+        fn(name, event_data)
+
+
+def _register_once() -> None:
+    global _registered
+    if _registered:
+        return
+    from ray.autoscaler import sdk
+
+    for name in EVENT_STAGES:
+        sdk.register_callback_handler(getattr(sdk.CreateClusterEvent, name), _dispatch)
+    _registered = True
+
+
+@contextlib.contextmanager
+def launcher_events(listener: Callable[[str, dict[str, Any]], None]) -> Iterator[None]:
+    """Call ``listener(event_name, event_data)`` for each launcher event while the block runs.
+
+    Ray's event system is global and only grows, so one dispatcher per event is registered once and
+    listeners are added and removed here.
+    """
+    _register_once()
+    with _listeners_lock:
+        _listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _listeners_lock:
+            _listeners.remove(listener)
