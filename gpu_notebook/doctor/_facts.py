@@ -1,0 +1,397 @@
+"""Gather the facts the doctor judges, inside one worker process (or this one).
+
+Everything here only reads: versions, ``torch.cuda``, NVML (``pynvml`` from nvidia-ml-py, when installed),
+environment variables, network interfaces, ``/sys/class/infiniband``, ``fi_info``, disk and ``/dev/shm``.
+Each probe is wrapped: a failing probe records ``"ExcType: message"`` under ``facts["probe_errors"]`` and
+never raises, so a CPU-only node or a broken driver still gives a full set of facts.
+
+The peer reachability test has two halves: :func:`collect_facts` (with ``listen=True``) opens a TCP listener
+in this process and reports its address; :func:`probe_peers` then connects from every rank to one listener
+per node, plus ``MASTER_ADDR:MASTER_PORT``, and closes this process's listener.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["collect_facts", "probe_peers", "probe_tcp", "list_interfaces", "route_interface"]
+
+NCCL_ENV = (
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_DEBUG",
+    "NCCL_IB_DISABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_NET",
+    "GLOO_SOCKET_IFNAME",
+    "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+    "CUDA_VISIBLE_DEVICES",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+_listener: dict[str, Any] = {}
+
+
+def _probe(facts: dict[str, Any], name: str, fn: Callable[[], Any], default: Any = None) -> Any:
+    try:
+        value = fn()
+    except Exception as exc:  # noqa: BLE001 - a probe must never break the doctor
+        facts.setdefault("probe_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+        value = default
+    facts[name] = value
+    return value
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist, key in (("torch", "torch"), ("ray", "ray"), ("gpu_notebook", "gpu_notebook"), ("numpy", "numpy")):
+        try:
+            out[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+def list_interfaces() -> list[dict[str, Any]]:
+    """Network interfaces with their IPv4 address (``None`` when they have none), from the kernel."""
+    out: list[dict[str, Any]] = []
+    try:
+        import psutil
+
+        addrs = psutil.net_if_addrs()
+        stats = psutil.net_if_stats()
+        for name, entries in addrs.items():
+            ipv4 = next((a.address for a in entries if a.family == socket.AF_INET), None)
+            up = stats[name].isup if name in stats else None
+            speed = stats[name].speed if name in stats else None
+            out.append({"name": name, "ipv4": ipv4, "up": up, "speed_mbps": speed or None})
+        return sorted(out, key=lambda i: i["name"])
+    except ImportError:
+        pass
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        ipv4 = None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                ipv4 = socket.inet_ntoa(packed[20:24])
+            except OSError:
+                pass
+        out.append({"name": name, "ipv4": ipv4, "up": None, "speed_mbps": None})
+    return sorted(out, key=lambda i: i["name"])
+
+
+def route_interface(target: str | None, interfaces: list[dict[str, Any]]) -> dict[str, Any]:
+    """The local IP and interface the kernel routes to ``target`` through (a UDP connect sends nothing)."""
+    if not target:
+        return {"ip": None, "interface": None}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((socket.gethostbyname(target), 9))
+        ip = s.getsockname()[0]
+    name = next((i["name"] for i in interfaces if i.get("ipv4") == ip), None)
+    return {"ip": ip, "interface": name}
+
+
+def probe_tcp(host: str, port: int, timeout: float = 3.0) -> dict[str, Any]:
+    """Try a TCP connect; ``{"ok", "ms", "error"}``."""
+    t0 = time.perf_counter()
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+        return {"ok": True, "ms": round((time.perf_counter() - t0) * 1000, 2), "error": None}
+    except OSError as exc:
+        return {"ok": False, "ms": None, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _torch_facts(facts: dict[str, Any]) -> None:
+    import torch
+
+    facts["torch_cuda"] = torch.version.cuda
+    facts["cuda_available"] = bool(torch.cuda.is_available())
+    facts["device_count"] = int(torch.cuda.device_count()) if facts["cuda_available"] else 0
+    facts["torch_arch_list"] = list(torch.cuda.get_arch_list()) if facts["cuda_available"] else []
+    gpus = []
+    for i in range(facts["device_count"]):
+        props = torch.cuda.get_device_properties(i)
+        uuid = getattr(props, "uuid", None)
+        gpus.append(
+            {
+                "index": i,
+                "name": props.name,
+                "cc": [props.major, props.minor],
+                "uuid": str(uuid) if uuid is not None else None,
+                "memory_gib": round(props.total_memory / 2**30, 1),
+            }
+        )
+    facts["gpus"] = gpus
+    facts["current_device"] = None
+    if facts["device_count"]:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+            facts["current_device"] = int(torch.cuda.current_device())
+        else:
+            facts["current_device"] = local_rank % facts["device_count"]
+    nccl = None
+    if facts["cuda_available"]:
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - CPU builds have no NCCL
+            nccl = None
+    facts["nccl_version"] = nccl
+
+
+def _dist_facts() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return {"initialized": False}
+    return {
+        "initialized": True,
+        "backend": str(dist.get_backend()),
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+    }
+
+
+def _nvml_facts() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "pynvml (nvidia-ml-py) is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded on CPU nodes
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+    def _s(x: Any) -> str:
+        return x.decode() if isinstance(x, bytes) else str(x)
+
+    def _try(fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+            return None
+
+    try:
+        out: dict[str, Any] = {"available": True}
+        out["driver"] = _try(lambda: _s(pynvml.nvmlSystemGetDriverVersion()))
+        out["cuda_driver"] = _try(pynvml.nvmlSystemGetCudaDriverVersion_v2) or _try(
+            pynvml.nvmlSystemGetCudaDriverVersion
+        )
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            remap = _try(lambda h=h: pynvml.nvmlDeviceGetRemappedRows(h))
+            throttle_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+                pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
+            )
+            gpus.append(
+                {
+                    "index": i,
+                    "name": _try(lambda h=h: _s(pynvml.nvmlDeviceGetName(h))),
+                    "uuid": _try(lambda h=h: _s(pynvml.nvmlDeviceGetUUID(h))),
+                    "cc": _try(lambda h=h: list(pynvml.nvmlDeviceGetCudaComputeCapability(h))),
+                    "pci_bus_id": _try(lambda h=h: _s(pynvml.nvmlDeviceGetPciInfo(h).busId)),
+                    "ecc_mode": _try(lambda h=h: pynvml.nvmlDeviceGetEccMode(h)[0]),
+                    "ecc_uncorrected_volatile": _try(
+                        lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
+                            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                        )
+                    ),
+                    "ecc_uncorrected_aggregate": _try(
+                        lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
+                            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC
+                        )
+                    ),
+                    "remap_pending": bool(remap[2]) if remap else None,
+                    "remap_failure": bool(remap[3]) if remap else None,
+                    "throttle_mask": _try(lambda h=h, f=throttle_fn: int(f(h))),
+                    "persistence": _try(lambda h=h: int(pynvml.nvmlDeviceGetPersistenceMode(h))),
+                    "temperature_c": _try(lambda h=h: pynvml.nvmlDeviceGetTemperature(h, 0)),
+                }
+            )
+        out["gpus"] = gpus
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _infiniband() -> list[str]:
+    path = "/sys/class/infiniband"
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def _fi_info() -> dict[str, Any]:
+    exe = shutil.which("fi_info") or next(
+        (p for p in ("/opt/amazon/efa/bin/fi_info",) if os.path.exists(p)), None
+    )
+    if exe is None:
+        return {"found": False, "efa": False}
+    proc = subprocess.run([exe, "-p", "efa", "-t", "FI_EP_RDM"], capture_output=True, text=True, timeout=10)
+    efa = proc.returncode == 0 and "provider: efa" in proc.stdout
+    return {"found": True, "efa": efa, "output": (proc.stdout or proc.stderr)[:300]}
+
+
+def _storage() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in dict.fromkeys([os.getcwd(), "/tmp", os.path.expanduser("~")]):
+        try:
+            usage = shutil.disk_usage(path)
+            out[path] = {"free": usage.free, "total": usage.total}
+        except OSError:
+            continue
+    return out
+
+
+def _shm() -> dict[str, Any] | None:
+    if not os.path.isdir("/dev/shm"):
+        return None
+    st = os.statvfs("/dev/shm")
+    return {"total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+
+
+def _node_ip(route: dict[str, Any] | None) -> str | None:
+    if "ray" in sys.modules:
+        try:
+            import ray
+
+            if ray.is_initialized():
+                return str(ray.util.get_node_ip_address())
+        except Exception:  # noqa: BLE001
+            pass
+    if route and route.get("ip") and not str(route["ip"]).startswith("127."):
+        return str(route["ip"])
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
+def _start_listener(host: str = "0.0.0.0") -> dict[str, Any]:
+    """Open a TCP listener on an ephemeral port in this process (accepts and closes connections)."""
+    _stop_listener()
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, 0))
+    server.listen(64)
+    server.settimeout(0.5)
+    stop = threading.Event()
+    deadline = time.time() + 120  # never outlive a forgotten probe by long
+
+    def serve() -> None:
+        while not stop.is_set() and time.time() < deadline:
+            try:
+                conn, _ = server.accept()
+                conn.close()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        server.close()
+
+    thread = threading.Thread(target=serve, name="gnb-doctor-listener", daemon=True)
+    thread.start()
+    _listener.update(server=server, stop=stop, thread=thread)
+    return {"port": server.getsockname()[1]}
+
+
+def _stop_listener() -> None:
+    stop = _listener.pop("stop", None)
+    thread = _listener.pop("thread", None)
+    _listener.pop("server", None)
+    if stop is not None:
+        stop.set()
+    if thread is not None:
+        thread.join(timeout=2)
+
+
+def collect_facts(listen: bool = False) -> dict[str, Any]:
+    """Everything the doctor needs to know about this process and its node; never raises.
+
+    Parameters
+    ----------
+    listen
+        Also open a TCP listener on an ephemeral port for :func:`probe_peers` (its port is in
+        ``facts["listen_port"]``).
+    """
+    facts: dict[str, Any] = {"probe_errors": {}}
+    env = os.environ
+    facts["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else None
+    facts["local_rank"] = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None
+    facts["world_size"] = int(env["WORLD_SIZE"]) if env.get("WORLD_SIZE", "").isdigit() else None
+    facts["hostname"] = socket.gethostname()
+    facts["pid"] = os.getpid()
+    facts["platform"] = platform.platform()
+    facts["env"] = {k: env.get(k) for k in NCCL_ENV}
+    _probe(facts, "versions", _versions, {})
+    _probe(facts, "dist", _dist_facts, {"initialized": False})
+    dist_info = facts["dist"] or {}
+    if dist_info.get("initialized"):
+        facts["rank"] = dist_info["rank"]
+        facts["world_size"] = dist_info["world_size"]
+    try:
+        _torch_facts(facts)
+    except Exception as exc:  # noqa: BLE001
+        facts["probe_errors"]["torch"] = f"{type(exc).__name__}: {exc}"[:300]
+        for key, default in (
+            ("torch_cuda", None),
+            ("cuda_available", False),
+            ("device_count", 0),
+            ("torch_arch_list", []),
+            ("gpus", []),
+            ("current_device", None),
+            ("nccl_version", None),
+        ):
+            facts.setdefault(key, default)
+    _probe(facts, "nvml", _nvml_facts, {"available": False, "reason": "probe failed"})
+    interfaces = _probe(facts, "interfaces", list_interfaces, [])
+    _probe(facts, "route", lambda: route_interface(env.get("MASTER_ADDR"), interfaces or []), None)
+    facts["node_ip"] = _node_ip(facts.get("route"))
+    _probe(facts, "infiniband", _infiniband, [])
+    _probe(facts, "fi_info", _fi_info, {"found": False, "efa": False})
+    _probe(facts, "storage", _storage, {})
+    _probe(facts, "shm", _shm, None)
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT", "").isdigit():
+        _probe(facts, "master_probe", lambda: probe_tcp(env["MASTER_ADDR"], int(env["MASTER_PORT"])), None)
+    else:
+        facts["master_probe"] = None
+    facts["listen_port"] = None
+    if listen:
+        started = _probe(facts, "listener", _start_listener, None)
+        facts["listen_port"] = started["port"] if started else None
+    return facts
+
+
+def probe_peers(endpoints: list[dict[str, Any]], timeout: float = 3.0) -> dict[str, Any]:
+    """Connect to each ``{"node", "ip", "port"}`` endpoint; then close this process's listener.
+
+    Returns ``{"rank", "node_ip", "hostname", "results": [{"node", "ip", "port", "ok", "ms", "error"}]}``.
+    """
+    results = []
+    try:
+        for ep in endpoints:
+            results.append({**ep, **probe_tcp(ep["ip"], ep["port"], timeout=timeout)})
+    finally:
+        _stop_listener()
+    rank = os.environ.get("RANK")
+    return {"rank": int(rank) if rank and rank.isdigit() else None, "results": results}

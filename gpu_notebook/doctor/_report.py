@@ -1,0 +1,180 @@
+"""Findings and the doctor's report: data, an HTML table with level colours, and a plain-text fallback."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["OK", "WARNING", "ERROR", "LEVELS", "Finding", "DoctorReport"]
+
+OK = "OK"
+WARNING = "warning"
+ERROR = "error"
+LEVELS = (OK, WARNING, ERROR)
+_ORDER = {ERROR: 0, WARNING: 1, OK: 2}
+_COLOURS = {OK: "#1a7f37", WARNING: "#9a6700", ERROR: "#cf222e"}
+_BACKGROUNDS = {OK: "#dafbe1", WARNING: "#fff8c5", ERROR: "#ffebe9"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result of one check.
+
+    Attributes
+    ----------
+    check
+        Short name of the check, e.g. ``"cuda-driver"``, ``"gpu-arch"``, ``"versions"``.
+    level
+        ``"OK"``, ``"warning"`` or ``"error"``.
+    node
+        Node label (host name or IP); ``"*"`` for cross-node findings.
+    rank
+        Global rank the finding is about, or ``None`` for a node-wide or cluster-wide finding.
+    message
+        What was found, one line.
+    fix
+        One-line fix; empty when nothing needs doing.
+    """
+
+    check: str
+    level: str
+    node: str
+    rank: int | None
+    message: str
+    fix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, not {self.level!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The finding as a plain dict."""
+        return asdict(self)
+
+
+def _rank_label(ranks: Sequence[int | None]) -> str:
+    real = sorted({r for r in ranks if r is not None})
+    if not real:
+        return "-"
+    parts: list[str] = []
+    start = prev = real[0]
+    for r in real[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
+
+
+@dataclass
+class DoctorReport:
+    """What ``diagnose`` found: ``.findings`` as data, shown as a coloured table in a notebook.
+
+    Identical findings of several ranks on one node are shown as one row naming the ranks; ``.findings``
+    keeps them all.
+    """
+
+    findings: list[Finding]
+    facts: list[dict[str, Any]] = field(default_factory=list)
+    title: str = "gpu_notebook doctor"
+
+    @property
+    def errors(self) -> list[Finding]:
+        """Findings of level error."""
+        return [f for f in self.findings if f.level == ERROR]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        """Findings of level warning."""
+        return [f for f in self.findings if f.level == WARNING]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is an error."""
+        return not self.errors
+
+    def by_check(self, check: str) -> list[Finding]:
+        """All findings of one check."""
+        return [f for f in self.findings if f.check == check]
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """The findings as a list of plain dicts (e.g. for ``pandas.DataFrame``)."""
+        return [f.to_dict() for f in self.findings]
+
+    def rows(self) -> list[tuple[str, str, str, str, str, str]]:
+        """Display rows ``(level, check, node, ranks, message, fix)``, merged across ranks, errors first."""
+        merged: dict[tuple[str, str, str, str, str], list[int | None]] = {}
+        for f in self.findings:
+            key = (f.level, f.check, f.node, f.message, f.fix)
+            merged.setdefault(key, []).append(f.rank)
+        out = [
+            (level, check, node, _rank_label(ranks), message, fix)
+            for (level, check, node, message, fix), ranks in merged.items()
+        ]
+        order = {k: i for i, k in enumerate(dict.fromkeys(f.check for f in self.findings))}
+        out.sort(key=lambda r: (_ORDER[r[0]], order[r[1]]))
+        return out
+
+    def summary(self) -> str:
+        """``"2 errors, 1 warning, 14 OK"``."""
+        n_err, n_warn = len(self.errors), len(self.warnings)
+        n_ok = len(self.findings) - n_err - n_warn
+        return (
+            f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}, {n_ok} OK"
+        )
+
+    def text(self) -> str:
+        """Plain-text table."""
+        rows = self.rows()
+        header = ("level", "check", "node", "ranks", "message")
+        widths = [max([len(header[i])] + [len(r[i]) for r in rows]) for i in range(4)]
+        lines = [f"{self.title}: {self.summary()}"]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header[:4], widths, strict=True)) + "  message")
+        for level, check, node, ranks, message, fix in rows:
+            cells = (level.upper() if level != OK else OK, check, node, ranks)
+            lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + "  " + message)
+            if fix:
+                lines.append(" " * (sum(widths) + 8) + "  fix: " + fix)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def __repr__(self) -> str:
+        return f"<DoctorReport {self.summary()}>"
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+        cell = "padding:2px 8px;text-align:left;vertical-align:top;border-bottom:1px solid #ddd"
+        head = "".join(
+            f"<th style='{cell}'>{h}</th>" for h in ("level", "check", "node", "ranks", "message", "fix")
+        )
+        body = []
+        for level, check, node, ranks, message, fix in self.rows():
+            badge = (
+                f"<span style='color:{_COLOURS[level]};background:{_BACKGROUNDS[level]};"
+                f"padding:0 6px;border-radius:4px;font-weight:600'>{esc(level)}</span>"
+            )
+            body.append(
+                f"<tr class='gnb-doctor-{level.lower()}'><td style='{cell}'>{badge}</td>"
+                f"<td style='{cell}'><code>{esc(check)}</code></td><td style='{cell}'>{esc(node)}</td>"
+                f"<td style='{cell}'>{esc(ranks)}</td><td style='{cell}'>{esc(message)}</td>"
+                f"<td style='{cell}'>{esc(fix)}</td></tr>"
+            )
+        return (
+            f"<div class='gnb-doctor'><b>{esc(self.title)}</b>: {esc(self.summary())}"
+            f"<table style='border-collapse:collapse;font-size:90%'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(body)}</tbody></table></div>"
+        )
+
+    @classmethod
+    def merge(cls, reports: Iterable[DoctorReport], title: str | None = None) -> DoctorReport:
+        """One report from several."""
+        reports = list(reports)
+        findings = [f for r in reports for f in r.findings]
+        facts = [x for r in reports for x in r.facts]
+        return cls(findings, facts, title or (reports[0].title if reports else "gpu_notebook doctor"))
