@@ -1,0 +1,97 @@
+"""``%gpu_monitor``: the live GPU dashboard and its exports (thin over :mod:`gpu_notebook.monitor`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import HTML, display
+
+from gpu_notebook.magics._common import BadArguments, error, parse
+
+COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
+
+
+@magics_class
+class MonitorMagics(Magics):
+    """The ``%gpu_monitor`` magic."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self._widgets: list[Any] = []
+
+    @magic_arguments()
+    @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
+    @argument("--local", action="store_true", help="watch only this machine, even when a cluster is running")
+    @argument("--interval", type=float, default=0.5, help="sampling period on each node, seconds (default 0.5)")
+    @argument("--refresh", type=float, default=1.0, help="show: dashboard refresh period, seconds (default 1)")
+    @argument("--window", type=float, default=300.0, help="show: seconds of history on the charts (default 300)")
+    @argument("--advice-window", type=float, help="advice: seconds a GPU must stay under the threshold")
+    @argument("--threshold", type=float, help="advice: utilisation %% below which a GPU is under-used (70)")
+    @argument("--port", type=int, default=0, help="prometheus: TCP port (default: a free one)")
+    @argument("--host", default="127.0.0.1", help="prometheus: address to bind (default 127.0.0.1)")
+    @argument("--path", help="csv: write to this file instead of printing")
+    @line_magic
+    def gpu_monitor(self, line: str) -> Any:
+        """Live dashboard of every GPU on every node (CPU/memory/network where there is no GPU).
+
+        Examples
+        --------
+        In [1]: %gpu_monitor
+        In [2]: %gpu_monitor show --refresh 2 --window 600
+        In [3]: %gpu_monitor advice --advice-window 120
+        In [4]: %gpu_monitor prometheus --port 9400
+        In [5]: %gpu_monitor csv --path gpu.csv
+        In [6]: %gpu_monitor stop
+        """
+        try:
+            args = parse(self.gpu_monitor, line)
+        except BadArguments:
+            return None
+        try:
+            return getattr(self, f"_cmd_{args.command}")(args)
+        except (LookupError, ValueError, RuntimeError, TimeoutError, OSError) as exc:
+            error(str(exc))
+            return None
+
+    @staticmethod
+    def _monitor(args: Any) -> Any:
+        from gpu_notebook.monitor import monitor_for
+
+        return monitor_for(local=args.local, interval=args.interval)
+
+    def _cmd_show(self, args: Any) -> Any:
+        w = self._monitor(args).widget(interval=args.refresh, window_s=args.window)
+        self._widgets.append(w)
+        w.show()
+        return None
+
+    def _cmd_stop(self, args: Any) -> None:
+        for w in self._widgets:
+            w.stop()
+        self._widgets.clear()
+        self._monitor(args).stop()
+        print("GPU monitor stopped.")
+
+    def _cmd_status(self, args: Any) -> None:
+        print(repr(self._monitor(args)))
+
+    def _cmd_snapshot(self, args: Any) -> None:
+        display(HTML(self._monitor(args).snapshot_html()))
+
+    def _cmd_advice(self, args: Any) -> None:
+        items = self._monitor(args).advice(args.advice_window, args.threshold)
+        print("\n".join(a.message for a in items) if items else
+              "No under-used GPU (or not enough history yet for the advice window).")
+
+    def _cmd_csv(self, args: Any) -> None:
+        text = self._monitor(args).to_csv(args.path)
+        print(f"wrote {args.path}" if args.path else text, end="\n" if args.path else "")
+
+    def _cmd_prometheus(self, args: Any) -> None:
+        srv = self._monitor(args).serve_prometheus(port=args.port, host=args.host)
+        print(f"Prometheus metrics at {srv.url}")
+
+
+__all__ = ["MonitorMagics"]

@@ -1,0 +1,29 @@
+"""Notebook views of gpu_notebook objects: ipywidgets + plotly ``FigureWidget`` dashboards.
+
+Importing this package is cheap: ipywidgets and plotly load when a widget class is first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["MonitorWidget"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.widgets._monitor import MonitorWidget
+
+_LAZY = {
+    "MonitorWidget": "gpu_notebook.widgets._monitor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_notebook.widgets' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

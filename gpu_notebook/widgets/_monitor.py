@@ -1,0 +1,430 @@
+"""The live GPU dashboard: a header row of numbers, plotly charts, under-use advice; throttled updates.
+
+:class:`MonitorWidget` is a cached view of a :class:`~gpu_notebook.monitor.Monitor`: stock ipywidgets (``HTML``,
+``VBox``) and one plotly ``FigureWidget`` with stacked subplots (utilisation and memory per GPU over time,
+power, and a node x GPU heat map when there are many GPUs; CPU, memory and network on nodes without GPUs).
+A daemon thread refreshes it on a timer, so the kernel stays free for cells.
+
+Message budget: every comm message our widgets send is counted, and a refresh is skipped (its data simply
+arrives with the next one) when it would push the last second over ``max_msgs_per_s`` (default 5), whatever
+the number of GPUs. Plots send at most ``max_points`` points per trace and at most ``max_traces`` lines per
+chart (per GPU, else per node means, else cluster mean/min/max). The mime bundle carries a static
+``text/html`` table so a saved notebook shows a snapshot instead of an empty box, and :meth:`stop` replaces a
+displayed dashboard by that snapshot.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MonitorWidget", "RateCap"]
+
+
+class RateCap:
+    """Sliding-window message counter: at most ``max_per_s`` messages in any ``window_s`` seconds."""
+
+    def __init__(self, max_per_s: float, clock: Callable[[], float], window_s: float = 1.0) -> None:
+        self.max = float(max_per_s) * window_s
+        self.window = float(window_s)
+        self.clock = clock
+        self.events: deque[float] = deque()
+        self.total = 0
+
+    def record(self, n: int = 1) -> None:
+        now = self.clock()
+        for _ in range(n):
+            self.events.append(now)
+        self.total += n
+
+    def recent(self) -> int:
+        cutoff = self.clock() - self.window
+        while self.events and self.events[0] <= cutoff:
+            self.events.popleft()
+        return len(self.events)
+
+    def allows(self, cost: int) -> bool:
+        """Whether ``cost`` more messages fit (an empty window always admits one refresh)."""
+        recent = self.recent()
+        return recent == 0 or recent + cost <= self.max
+
+
+def _decimate(t: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(t) <= max_points:
+        return t, y
+    step = int(math.ceil(len(t) / max_points))
+    return t[-1::-step][::-1], y[-1::-step][::-1]
+
+
+def _binned(parts: list[tuple[np.ndarray, np.ndarray]], since: float, now: float, nbins: int,
+            how: str) -> tuple[np.ndarray, np.ndarray]:
+    """Combine many series onto a common time grid: mean/min/max of all values in each bin."""
+    if not parts:
+        return np.zeros(0), np.zeros(0)
+    t = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    ok = np.isfinite(y)
+    t, y = t[ok], y[ok]
+    if len(t) == 0:
+        return np.zeros(0), np.zeros(0)
+    width = max((now - since) / nbins, 1e-9)
+    idx = np.clip(((t - since) / width).astype(np.int64), 0, nbins - 1)
+    order = np.argsort(idx, kind="stable")
+    idx, y = idx[order], y[order]
+    uniq, starts = np.unique(idx, return_index=True)
+    if how == "mean":
+        vals = np.add.reduceat(y, starts) / np.diff(np.append(starts, len(y)))
+    elif how == "min":
+        vals = np.minimum.reduceat(y, starts)
+    else:
+        vals = np.maximum.reduceat(y, starts)
+    return since + (uniq + 0.5) * width, vals
+
+
+def _to_dt(t: np.ndarray) -> np.ndarray:
+    return (np.asarray(t) * 1000).astype("datetime64[ms]")
+
+
+class MonitorWidget:
+    """Live dashboard of a :class:`~gpu_notebook.monitor.Monitor`.
+
+    Parameters
+    ----------
+    monitor
+        The monitor to show (started if it is not).
+    interval
+        Seconds between refreshes (default 1 s).
+    window_s
+        Seconds of history on the charts (default 300).
+    max_points
+        Points per trace sent to the browser (default 300).
+    max_msgs_per_s
+        Cap on widget messages per second, whatever the GPU count (default 5).
+    max_traces
+        Most lines per chart before falling back to per-node means, then cluster mean/min/max (default 16).
+    heatmap_min_gpus
+        Show the node x GPU heat map from this many GPUs on (default 9).
+    autostart
+        Start the refresh thread now (default True).
+    clock
+        Seconds; inject a simulated clock in tests (then call :meth:`refresh` yourself).
+
+    Examples
+    --------
+    In [1]: from gpu_notebook.monitor import Monitor
+    In [2]: Monitor.local().start().widget()
+    """
+
+    def __init__(
+        self,
+        monitor: Any,
+        *,
+        interval: float = 1.0,
+        window_s: float = 300.0,
+        max_points: int = 300,
+        max_msgs_per_s: float = 5.0,
+        max_traces: int = 16,
+        heatmap_min_gpus: int = 9,
+        autostart: bool = True,
+        clock: Callable[[], float] | None = None,
+        height: int | None = None,
+    ) -> None:
+        import ipywidgets as W
+
+        self.monitor = monitor
+        if not getattr(monitor, "started", True):
+            monitor.start()
+        self.interval = max(0.1, float(interval))
+        self.window_s = float(window_s)
+        self.max_points = int(max_points)
+        self.max_traces = int(max_traces)
+        self.heatmap_min_gpus = int(heatmap_min_gpus)
+        self.clock = clock or getattr(monitor, "clock", time.time)
+        self.height = height
+        self.rate = RateCap(max_msgs_per_s, self.clock)
+        self.refreshes = 0
+        self.skipped = 0
+        self._last_cost = 3
+        self._structure: tuple[Any, ...] | None = None
+        self._traces: list[tuple[str, str, Any]] = []
+        self._advice_at = -math.inf
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: Any = None
+        self.header = W.HTML(value=self._header_html())
+        self.advice_box = W.HTML(value="")
+        self.fig = self._build_figure()
+        self.box = W.VBox([self.header, self.fig, self.advice_box])
+        self.box.add_class("gpu-notebook-monitor")
+        for w in (self.header, self.advice_box, self.box, self.fig):
+            self._count(w)
+        self.refresh(force=True)
+        if autostart:
+            self.start()
+
+    # -- message counting -----------------------------------------------------------------------------------------
+    def _count(self, widget: Any) -> None:
+        comm = getattr(widget, "comm", None)
+        if comm is None or getattr(comm, "_gnb_counted", False):
+            return
+        orig = comm.send
+        rate = self.rate
+
+        def send(*args: Any, **kwargs: Any) -> Any:
+            rate.record()
+            return orig(*args, **kwargs)
+
+        comm.send = send
+        comm._gnb_counted = True
+
+    @property
+    def messages_sent(self) -> int:
+        """Total comm messages sent by this dashboard's widgets since creation."""
+        return self.rate.total
+
+    # -- figure structure -----------------------------------------------------------------------------------------
+    def _plan(self) -> tuple[Any, ...]:
+        agg = self.monitor.aggregator
+        gpus = agg.gpu_list()
+        nodes = [n for n, s in agg.nodes.items() if s.gpus] if gpus else list(agg.nodes)
+        if gpus:
+            mode = "gpu"
+            if len(gpus) <= self.max_traces:
+                keys = tuple(("gpu", n, g["index"]) for n, g in gpus)
+            elif len(nodes) <= self.max_traces:
+                keys = tuple(("node", n, None) for n in nodes)
+            else:
+                keys = (("all", "mean", None), ("all", "min", None), ("all", "max", None))
+            heat = len(gpus) >= self.heatmap_min_gpus
+        else:
+            mode = "host"
+            keys = (tuple(("node", n, None) for n in nodes) if len(nodes) <= self.max_traces
+                    else (("all", "mean", None), ("all", "min", None), ("all", "max", None)))
+            heat = False
+        return (mode, keys, heat)
+
+    @staticmethod
+    def _label(key: tuple[str, str, Any]) -> str:
+        kind, node, idx = key
+        if kind == "gpu":
+            return f"{node[:8]}/gpu{idx}"
+        if kind == "node":
+            return f"{node[:8]} (mean)" if idx is None else node[:8]
+        return f"cluster {node}"
+
+    def _rows(self, plan: tuple[Any, ...]) -> list[tuple[str, str]]:
+        mode, _, heat = plan
+        if mode == "gpu":
+            rows = [("util_gpu", "GPU utilisation %"), ("mem_used_mib", "GPU memory used GiB"),
+                    ("power_w", "power W")]
+            if heat:
+                rows.append(("heat", "utilisation now: node x GPU"))
+            return rows
+        return [("cpu_percent", "host CPU %"), ("mem_used_mib", "host memory used GiB"),
+                ("net_rx_Bps", "network receive MB/s")]
+
+    def _build_figure(self) -> Any:
+        import plotly.graph_objects as go
+        from plotly.subplots import make_subplots
+
+        plan = self._plan()
+        rows = self._rows(plan)
+        fig = make_subplots(rows=len(rows), cols=1, subplot_titles=[r[1] for r in rows],
+                            vertical_spacing=0.22 / len(rows) + 0.03)
+        self._traces = []
+        _, keys, _ = plan
+        for r, (metric, _title) in enumerate(rows, start=1):
+            if metric == "heat":
+                fig.add_trace(go.Heatmap(z=[[0.0]], zmin=0, zmax=100, colorscale="Viridis", showscale=True,
+                                         colorbar={"len": 1.0 / len(rows), "y": 0.5 / len(rows)}), row=r, col=1)
+                self._traces.append(("heat", "", None))
+                continue
+            for i, key in enumerate(keys):
+                fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=self._label(key), legendgroup=str(i),
+                                         showlegend=(r == 1), line={"width": 1.5}), row=r, col=1)
+                self._traces.append((metric, "series", key))
+        fig.update_layout(height=self.height or 210 * len(rows) + 40, margin={"l": 50, "r": 20, "t": 30, "b": 20},
+                          uirevision="gpu-notebook-monitor", template="plotly_white",
+                          legend={"orientation": "h", "y": -0.05})
+        fig.update_yaxes(rangemode="tozero")
+        if plan[0] == "gpu" or plan[0] == "host":
+            fig.update_yaxes(range=[0, 100], row=1, col=1)
+        self._structure = plan
+        return go.FigureWidget(fig)
+
+    # -- data -----------------------------------------------------------------------------------------------------
+    def _series(self, metric: str, key: tuple[str, str, Any], since: float, now: float,
+                cache: dict[str, list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray]:
+        mode = self._structure[0] if self._structure else "gpu"
+        if metric not in cache:
+            agg = self.monitor.aggregator
+            cache[metric] = agg.gpu_series(metric, since) if mode == "gpu" else agg.host_series(metric, since)
+        series = cache[metric]
+        kind, node, idx = key
+        scale = 1 / 1024 if metric == "mem_used_mib" else (1e-6 if metric == "net_rx_Bps" else 1.0)
+        if kind == "gpu":
+            for s in series:
+                if s["node"] == node and s["index"] == idx:
+                    t, y = _decimate(s["t"], s["y"], self.max_points)
+                    return t, y * scale
+            return np.zeros(0), np.zeros(0)
+        if kind == "node":
+            parts = [(s["t"], s["y"]) for s in series if s["node"] == node]
+            if mode == "host" and parts:
+                t, y = _decimate(parts[0][0], parts[0][1], self.max_points)
+                return t, y * scale
+            t, y = _binned(parts, since, now, self.max_points, "mean")
+            return t, y * scale
+        t, y = _binned([(s["t"], s["y"]) for s in series], since, now, self.max_points, node)
+        return t, y * scale
+
+    def _heat(self) -> tuple[list[list[float]], list[str], list[str]]:
+        latest = self.monitor.aggregator.latest()["gpus"]
+        nodes: list[str] = []
+        for r in latest:
+            if r["node"] not in nodes:
+                nodes.append(r["node"])
+        width = max((r["index"] for r in latest), default=-1) + 1
+        z = np.full((len(nodes), max(width, 1)), np.nan)
+        pos = {n: i for i, n in enumerate(nodes)}
+        for r in latest:
+            z[pos[r["node"]], r["index"]] = r["util_gpu"]
+        return z.round(1).tolist(), [f"gpu{i}" for i in range(max(width, 1))], [n[:8] for n in nodes]
+
+    def _header_html(self) -> str:
+        mon = self.monitor
+        latest = mon.aggregator.latest()
+        nodes = mon.aggregator.nodes
+        up = sum(1 for s in nodes.values() if s.up)
+        cells: list[tuple[str, str]] = [("nodes", f"{up}/{len(nodes)}")]
+        g = latest["gpus"]
+        if g:
+            def mean(k: str) -> float:
+                v = [r[k] for r in g if not math.isnan(r[k])]
+                return float(np.mean(v)) if v else math.nan
+
+            used = sum(r["mem_used_mib"] for r in g if not math.isnan(r["mem_used_mib"])) / 1024
+            total = sum(r["mem_total_mib"] for r in g if not math.isnan(r["mem_total_mib"])) / 1024
+            power = sum(r["power_w"] for r in g if not math.isnan(r["power_w"]))
+            cells += [("GPUs", str(len(g))), ("mean util", f"{mean('util_gpu'):.0f}%"),
+                      ("memory", f"{used:.1f}/{total:.0f} GiB"), ("power", f"{power:.0f} W")]
+            sm = mean("sm_active")
+            if not math.isnan(sm):
+                cells.append(("SM active", f"{sm:.2f}"))
+            temp = max((r["temp_c"] for r in g if not math.isnan(r["temp_c"])), default=math.nan)
+            if not math.isnan(temp):
+                cells.append(("max temp", f"{temp:.0f} °C"))
+        else:
+            h = latest["hosts"]
+            cpu = [r["cpu_percent"] for r in h if not math.isnan(r["cpu_percent"])]
+            mem = sum(r["mem_used_mib"] for r in h if not math.isnan(r["mem_used_mib"])) / 1024
+            cells += [("GPUs", "none (host metrics)"), ("mean CPU", f"{np.mean(cpu):.0f}%" if cpu else "–"),
+                      ("memory", f"{mem:.1f} GiB")]
+        body = "".join(
+            f"<div style='display:inline-block;margin-right:1.6em'><div style='font-size:0.8em;color:#666'>"
+            f"{html.escape(k)}</div><div style='font-size:1.3em;font-weight:600'>{html.escape(v)}</div></div>"
+            for k, v in cells)
+        return f"<div class='gpu-notebook-monitor-header'>{body}</div>"
+
+    def _advice_html(self) -> str:
+        items = self.monitor.advice()
+        if not items:
+            return ""
+        shown = items[:8]
+        more = f"<li>… and {len(items) - 8} more</li>" if len(items) > 8 else ""
+        lis = "".join(f"<li>{html.escape(a.message)}</li>" for a in shown)
+        return f"<div style='color:#8a5a00'><b>Under-used GPUs</b><ul>{lis}{more}</ul></div>"
+
+    # -- refresh --------------------------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> bool:
+        """Push new data to the browser unless the message cap says wait; returns whether it updated."""
+        with self._lock:
+            if not force and not self.rate.allows(self._last_cost):
+                self.skipped += 1
+                return False
+            before = self.rate.total
+            now = self.clock()
+            if self._plan() != self._structure:
+                self.fig = self._build_figure()
+                self._count(self.fig)
+                self.box.children = (self.header, self.fig, self.advice_box)
+            since = now - self.window_s
+            cache: dict[str, list[dict[str, Any]]] = {}
+            with self.fig.batch_update():
+                for trace, (metric, _kind, key) in zip(self.fig.data, self._traces, strict=True):
+                    if metric == "heat":
+                        z, xs, ys = self._heat()
+                        trace.z, trace.x, trace.y = z, xs, ys
+                        continue
+                    t, y = self._series(metric, key, since, now, cache)
+                    trace.x = _to_dt(t)
+                    trace.y = np.where(np.isfinite(y), np.round(y, 2), None)
+            header = self._header_html()
+            if header != self.header.value:
+                self.header.value = header
+            if now - self._advice_at >= 10.0:
+                self._advice_at = now
+                adv = self._advice_html()
+                if adv != self.advice_box.value:
+                    self.advice_box.value = adv
+            self.refreshes += 1
+            self._last_cost = max(1, self.rate.total - before)
+            return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception:
+                pass
+
+    def start(self) -> MonitorWidget:
+        """Start the background refresh thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-monitor-widget")
+            self._thread.start()
+        return self
+
+    def stop(self, snapshot: bool = True) -> None:
+        """Stop refreshing; a dashboard shown with :meth:`show` is replaced by a static snapshot table."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if snapshot and self._handle is not None:
+            from IPython.display import HTML
+
+            self._handle.update(HTML(self.snapshot_html()))
+
+    # -- display --------------------------------------------------------------------------------------------------
+    def snapshot_html(self) -> str:
+        """The static HTML table fallback (no scripts, no images)."""
+        return self.monitor.snapshot_html()
+
+    def show(self) -> Any:
+        """Display the dashboard and keep a handle so :meth:`stop` can leave a static snapshot behind."""
+        from IPython.display import display
+
+        self._handle = display(self, display_id=True)
+        return self._handle
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
+        bundle = dict(bundle)
+        bundle["text/html"] = self.snapshot_html()
+        bundle["text/plain"] = repr(self)
+        return bundle
+
+    def __repr__(self) -> str:
+        state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
+        return (f"MonitorWidget({len(self.monitor.aggregator.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
+                f"every {self.interval:g}s, {state})")
