@@ -16,6 +16,7 @@ from gpu_notebook.doctor._compat import (
     arch_support,
     cuda_from_nvml,
     driver_runs_cuda,
+    format_driver,
     format_version,
     gpu_arch_name,
     min_cuda_for_cc,
@@ -189,7 +190,7 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 f"driver {driver or '?'} supports up to CUDA {shown_max}; PyTorch built with CUDA {torch_cuda}",
             )
         ]
-    needed = format_version(compat.needed_driver)
+    needed = format_driver(compat.needed_driver)
     if compat.status == "minor_compat":
         return [
             Finding(
@@ -542,14 +543,14 @@ def check_network(facts: dict[str, Any], node: str, multi_node: bool) -> list[Fi
     how = f"NCCL_SOCKET_IFNAME={spec}" if spec else "NCCL's default choice"
     first = chosen[0] if chosen else None
     route_txt = f"; traffic to MASTER_ADDR leaves through {route_if}" if route_if else ""
-    if multi_node and route_if and route_if != "lo" and first and route_if not in chosen:
+    if multi_node and route_if and route_if != "lo" and first and first != route_if:
         out.append(
             Finding(
                 check,
                 WARNING if relevant else OK,
                 node,
                 None,
-                f"{how} is {', '.join(chosen)}{route_txt}: NCCL may bind an interface that cannot reach "
+                f"{how} is {', '.join(chosen)}{route_txt}: NCCL bootstraps on {first}, which may not reach "
                 f"the other nodes (training stalls at the first collective){suffix}",
                 f"export NCCL_SOCKET_IFNAME={route_if}",
             )
@@ -649,7 +650,7 @@ def check_reachability(
         if mp is None:
             continue
         if mp.get("ok"):
-            out.append(Finding("master-port", OK, labels[i], f.get("rank"), f"reaches {target} ({mp['ms']} ms)"))
+            out.append(Finding("master-port", OK, labels[i], f.get("rank"), f"reaches {target}"))
         else:
             out.append(
                 Finding(

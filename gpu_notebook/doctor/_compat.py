@@ -29,6 +29,7 @@ __all__ = [
     "DriverCompat",
     "parse_version",
     "format_version",
+    "format_driver",
     "parse_cuda_version",
     "cuda_from_nvml",
     "max_cuda_for_driver",
@@ -145,6 +146,13 @@ def parse_version(text: str | int | float | tuple[int, ...] | None) -> Version |
 def format_version(version: Version | None) -> str:
     """``(12, 4)`` -> ``"12.4"``; ``None`` -> ``"unknown"``."""
     return "unknown" if version is None else ".".join(str(x) for x in version)
+
+
+def format_driver(version: Version | None) -> str:
+    """NVIDIA's spelling of a driver version: ``(530, 30, 2)`` -> ``"530.30.02"``."""
+    if version is None:
+        return "unknown"
+    return ".".join([str(version[0])] + [f"{x:02d}" for x in version[1:]])
 
 
 def parse_cuda_version(text: str | tuple[int, ...] | None) -> tuple[int, int] | None:
@@ -336,7 +344,7 @@ def recommend_wheel(
             need = min_driver_for_cuda(fits[0])
             tag = f"cu{fits[0][0]}{fits[0][1]}"
             return None, (
-                f"upgrade the NVIDIA driver to >= {format_version(need)} (CUDA {fits[0][0]}.{fits[0][1]}), "
+                f"upgrade the NVIDIA driver to >= {format_driver(need)} (CUDA {fits[0][0]}.{fits[0][1]}), "
                 f"then pip install torch --index-url https://download.pytorch.org/whl/{tag}"
             )
         chosen = usable[-1]
