@@ -33,6 +33,7 @@ import numpy as np
 from ._errors import (
     CheckpointError,
     CheckpointSaveError,
+    FormatVersionError,
     IntegrityError,
     NoCheckpointError,
     ObjectMissingError,
@@ -697,6 +698,7 @@ class Checkpointer:
     def list(self) -> CheckpointList:
         """All committed checkpoints, oldest first (by step, then commit time)."""
         out = CheckpointList()
+        self.unreadable: list[tuple[str, CheckpointError]] = []
         for o in self.store.list(MANIFEST_PREFIX):
             cid = id_from_key(o.key)
             if cid is None:
@@ -705,6 +707,7 @@ class Checkpointer:
                 out.append(CheckpointInfo.from_manifest(read_manifest(self.store, cid)))
             except CheckpointError as e:
                 log.warning("skipping unreadable manifest %s: %s", o.key, e)
+                self.unreadable.append((cid, e))
         out.sort(key=lambda c: (c.step, c.created_at, c.id))
         return out
 
@@ -727,6 +730,10 @@ class Checkpointer:
             lst = CheckpointList(c for c in lst if c.step == step)
             if not lst:
                 raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
+        newest = lst[-1].id if lst else ""
+        for cid, err in self.unreadable:  # a newer checkpoint we cannot read must not be skipped silently
+            if isinstance(err, FormatVersionError) and cid > newest and (step is None or cid.startswith(f"{step:012d}-")):
+                raise err
         if not lst:
             raise NoCheckpointError(f"no checkpoint in {self.store.url}")
         return read_manifest(self.store, lst[-1].id)

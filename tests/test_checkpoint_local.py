@@ -1,0 +1,542 @@
+"""Tests of the Checkpointer on the local folder store: bit-exact round trips, deltas, dedup, safety, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_notebook import checkpoint
+from gpu_notebook.checkpoint import (
+    CheckpointSaveError,
+    Checkpointer,
+    FormatVersionError,
+    IntegrityError,
+    LocalStore,
+    NoCheckpointError,
+    ObjectMissingError,
+    ShapeMismatchError,
+    UnsafeValueError,
+)
+
+
+def _model(seed: int = 0, width: int = 64) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, width), torch.nn.Tanh(), torch.nn.Linear(width, 8))
+
+
+def _train(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        x = torch.randn(16, 32)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _same_state(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+            assert _bits(a[k]) == _bits(b[k]), k
+        elif isinstance(a[k], dict):
+            _same_state(a[k], b[k])
+        else:
+            assert a[k] == b[k], k
+
+
+def test_import_is_cheap() -> None:
+    code = (
+        "import sys; from gpu_notebook import checkpoint; checkpoint.Checkpointer; "
+        "print(sorted(m for m in ('torch', 'boto3', 'zstandard', 'botocore') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_module_and_optimizer_restore_bit_exact(tmp_path: Path) -> None:
+    m, m2 = _model(0), _model(1)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=5e-2)
+    _train(m, opt, 3)
+    ckpt = Checkpointer(tmp_path)
+    info = ckpt.save({"model": m, "optim": opt, "step": 3}).result()
+    assert info is not None and info.step == 3
+    _train(m2, opt2, 1)
+    state = Checkpointer(tmp_path).restore(into={"model": m2, "optim": opt2})
+    assert state["step"] == 3
+    _same_state(m.state_dict(), m2.state_dict())
+    _same_state(opt.state_dict()["state"], opt2.state_dict()["state"])
+    assert opt2.param_groups[0]["lr"] == 1e-3
+    # training continues identically
+    torch.manual_seed(7)
+    _train(m, opt, 2)
+    torch.manual_seed(7)
+    _train(m2, opt2, 2)
+    _same_state(m.state_dict(), m2.state_dict())
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+     torch.uint8, torch.bool, torch.complex64],
+    ids=str,
+)  # fmt: skip
+def test_every_dtype_bit_exact_through_deltas(tmp_path: Path, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    if dtype.is_floating_point or dtype.is_complex:
+        t = (torch.randn(70_000, generator=g) * 0.02).to(dtype)
+        t[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-39]).to(dtype)
+    elif dtype == torch.bool:
+        t = torch.rand(70_000, generator=g) > 0.5
+    else:
+        t = torch.randint(-100 if dtype != torch.uint8 else 0, 100, (70_000,), generator=g).to(dtype)
+    ckpt = Checkpointer(tmp_path, chunk_mb=0.05, full_every=4)  # many chunks, deltas
+    saved = []
+    for step in range(5):
+        if dtype.is_floating_point or dtype.is_complex:
+            t = (t.to(torch.complex128 if dtype.is_complex else torch.float64) * 1.001).to(dtype)
+        elif dtype == torch.bool:
+            t = t.clone()
+            t[step::5] = ~t[step::5]
+        else:
+            t = t.clone()
+            t[step::3] += 1
+        saved.append(t.clone())
+        ckpt.save({"t": t, "scalar": t[:1].clone().reshape(()), "step": step})
+    ckpt.wait()
+    lst = ckpt.list()
+    assert [c.step for c in lst] == list(range(5))
+    assert not lst[1].is_base  # deltas were used
+    for c in lst:
+        got = ckpt.restore(c.id)
+        assert got["t"].dtype == dtype
+        assert _bits(got["t"]) == _bits(saved[c.step])
+        assert got["scalar"].shape == ()
+
+
+def test_plain_values_round_trip_safely(tmp_path: Path) -> None:
+    state = {
+        "step": 12,
+        "loss": float("nan"),
+        "best": float("-inf"),
+        "name": "run/1",
+        "flags": [True, False, None],
+        "betas": (0.9, 0.999),
+        "ids": {0: "a", 1: "b", (2, 3): "c"},
+        "blob": b"\x00\xff",
+        "$weird": 1,
+        "dtype": torch.bfloat16,
+        "size": torch.Size([2, 3]),
+        "np": np.arange(5, dtype=np.int16),
+        "npscalar": np.float32(1.5),
+    }
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(state, block=True)
+    got = ckpt.restore()
+    assert got["step"] == 12 and np.isnan(got["loss"]) and got["best"] == float("-inf")
+    assert got["betas"] == (0.9, 0.999) and isinstance(got["betas"], tuple)
+    assert got["ids"] == {0: "a", 1: "b", (2, 3): "c"}
+    assert got["blob"] == b"\x00\xff" and got["$weird"] == 1
+    assert got["dtype"] is torch.bfloat16 and got["size"] == torch.Size([2, 3])
+    assert got["np"].dtype == np.int16 and got["np"].tolist() == [0, 1, 2, 3, 4]
+    assert got["npscalar"] == 1.5
+    # the manifest is JSON, with no pickle anywhere
+    man = ckpt.manifest()
+    assert all(lf["kind"] != "pickle" for lf in man["shards"][0]["leaves"].values())
+
+
+class _Opaque:
+    def __init__(self) -> None:
+        self.x = 1
+
+
+def test_unsafe_values_refused_unless_pickle_allowed(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path / "a")
+    with pytest.raises(UnsafeValueError, match="extra/obj"):
+        ckpt.save({"extra": {"obj": _Opaque()}, "step": 1})
+    ck2 = Checkpointer(tmp_path / "b", allow_pickle=True)
+    ck2.save({"obj": _Opaque(), "step": 1}, block=True)
+    reader = Checkpointer(tmp_path / "b")
+    with pytest.raises(UnsafeValueError, match="can run code"):
+        reader.restore()
+    assert reader.restore(allow_pickle=True)["obj"].x == 1
+
+
+def test_rng_state_round_trip(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    np.random.seed(3)
+    random.seed(3)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"rng": checkpoint.rng_state(), "step": 0}, block=True)
+    expect = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(99)
+    np.random.seed(99)
+    random.seed(99)
+    checkpoint.set_rng_state(ckpt.restore()["rng"])
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expect[0], got[0]) and (expect[1] == got[1]).all() and expect[2] == got[2]
+
+
+def test_deltas_are_smaller_and_full_base_every_n(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    w = (torch.randn(300_000) * 0.02).to(torch.bfloat16)
+    ckpt = Checkpointer(tmp_path, full_every=3)
+    for step in range(7):
+        w = (w.float() + 1e-5 * torch.randn_like(w.float())).to(torch.bfloat16)
+        ckpt.save({"w": w, "step": step})
+    ckpt.wait()
+    lst = ckpt.list()
+    assert [c.is_base for c in lst] == [True, False, False, True, False, False, True]
+    for c in lst:
+        if not c.is_base:
+            assert c.new_bytes < 0.5 * [b for b in lst if b.is_base][0].new_bytes
+    man = ckpt.manifest(lst[5].id)
+    depths = [ch["depth"] for ch in man["shards"][0]["leaves"]["w"]["chunks"]]
+    assert max(depths) == 2  # chains never longer than full_every - 1
+
+
+def test_unchanged_tensors_are_never_written_twice(tmp_path: Path) -> None:
+    frozen = torch.randn(500_000)
+    head = torch.randn(1000)
+    ckpt = Checkpointer(tmp_path)
+    first = ckpt.save({"frozen": frozen, "head": head, "step": 0}).result()
+    head += 1
+    second = ckpt.save({"frozen": frozen, "head": head, "tied": frozen, "step": 1}).result()
+    assert first is not None and second is not None
+    assert second.new_bytes < 10_000 < first.new_bytes  # only the head (and a manifest) is new
+    man = ckpt.manifest(second.id)
+    lv = man["shards"][0]["leaves"]
+    assert lv["frozen"]["chunks"] == lv["tied"]["chunks"]  # tied tensors share their objects
+    got = ckpt.restore()
+    assert torch.equal(got["tied"], frozen) and torch.equal(got["head"], head)
+
+
+def test_small_tensors_are_packed(tmp_path: Path) -> None:
+    state = {f"b{i}": torch.full((100,), float(i)) + torch.randn(100) for i in range(50)}
+    ckpt = Checkpointer(tmp_path)
+    info = ckpt.save(state, step=0).result()
+    assert info is not None and info.extra["stats"]["new_objects"] == 1
+    got = ckpt.restore()
+    for k, v in state.items():
+        assert torch.equal(got[k], v)
+
+
+def test_restore_by_step_and_id_and_prefix(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    for step in (10, 20, 30):
+        ckpt.save({"x": torch.tensor([float(step)]), "step": step})
+    ckpt.wait()
+    ids = [c.id for c in ckpt.list()]
+    assert ckpt.restore()["step"] == 30
+    assert ckpt.restore(step=20)["x"].item() == 20.0
+    assert ckpt.restore(ids[0])["step"] == 10
+    assert ckpt.restore(ids[0][:14])["step"] == 10  # a unique prefix
+    with pytest.raises(NoCheckpointError, match="step 25"):
+        ckpt.restore(step=25)
+    assert Checkpointer(tmp_path / "empty").restore(missing_ok=True) is None
+    with pytest.raises(NoCheckpointError):
+        Checkpointer(tmp_path / "empty").restore()
+
+
+def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"big": torch.randn(200_000), "small": torch.randn(10), "step": 0}, block=True)
+    man = ckpt.manifest()
+    obj = man["shards"][0]["leaves"]["big"]["chunks"][0]["obj"]
+    path = tmp_path / obj
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"tensor 'big' chunk 0 \(object objects/"):
+        ckpt.restore()
+    path.unlink()
+    with pytest.raises(ObjectMissingError, match=r"needed by tensor 'big' chunk 0"):
+        ckpt.restore()
+
+
+def test_newer_format_version_is_refused(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"x": torch.ones(3), "step": 0}, block=True)
+    key = next((tmp_path / "manifests").iterdir())
+    doc = json.loads(key.read_text())
+    doc["version"] = 99
+    key.write_text(json.dumps(doc))
+    with pytest.raises(FormatVersionError, match="version 99"):
+        ckpt.restore()
+    (tmp_path / "FORMAT").write_text(json.dumps({"format": "gpu_notebook.checkpoint", "version": 7}))
+    with pytest.raises(FormatVersionError, match="version 7"):
+        Checkpointer(tmp_path)
+
+
+def test_shape_mismatch_names_tensors(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    m = _model(0, width=64)
+    ckpt.save({"model": m, "step": 0}, block=True)
+    other = _model(0, width=48)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ShapeMismatchError) as ei:
+        ckpt.restore(into={"model": other})
+    msg = str(ei.value)
+    assert "model/0.weight" in msg and "[64, 32]" in msg and "[48, 32]" in msg and "model/2.weight" in msg
+    _same_state(before, other.state_dict())  # nothing was half-loaded
+
+
+def test_restore_into_plain_dict_of_tensors(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    src = {"a": torch.randn(5), "b": {"c": torch.arange(4)}}
+    ckpt.save({"state": src, "step": 1}, block=True)
+    dst = {"a": torch.zeros(5), "b": {"c": torch.zeros(4, dtype=torch.int64)}}
+    ckpt.restore(into={"state": dst})
+    assert torch.equal(dst["a"], src["a"]) and torch.equal(dst["b"]["c"], src["b"]["c"])
+    with pytest.raises(ShapeMismatchError, match="state/a"):
+        ckpt.restore(into={"state": {"a": torch.zeros(6)}})
+
+
+def test_policy_every_steps_and_minutes(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path / "s", every_steps=5)
+    saved = [s for s in range(12) if ckpt.maybe_save({"x": torch.tensor([s]), "step": s}, s) is not None]
+    assert saved == [0, 5, 10]
+    ck2 = Checkpointer(tmp_path / "m", every_minutes=60)
+    assert ck2.maybe_save({"step": 0}, 0) is None  # nothing due yet: the clock starts at the first call
+    assert ck2.maybe_save({"step": 1}, 1, force=True) is not None
+    ck2._last_save_time = time.time() - 3601
+    assert ck2.maybe_save({"step": 2}, 2) is not None
+    ckpt.wait()
+    ck2.wait()
+    assert [c.step for c in ck2.list()] == [1, 2]
+
+
+class _SlowStore(LocalStore):
+    def __init__(self, root: Path, delay: float) -> None:
+        super().__init__(root)
+        self.delay = delay
+        self.release = threading.Event()
+
+    def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]
+        if key.startswith("manifests/"):
+            self.release.wait(self.delay)
+        return super().put(key, data, create_only)
+
+
+def test_one_save_in_flight_wait_or_skip(tmp_path: Path) -> None:
+    store = _SlowStore(tmp_path / "skip", delay=30)
+    ckpt = Checkpointer(store, on_busy="skip")
+    h1 = ckpt.save({"x": torch.ones(3), "step": 1})
+    h2 = ckpt.save({"x": torch.ones(3), "step": 2})
+    assert h2.skipped and not h1.done()
+    store.release.set()
+    assert h1.result(30) is not None
+    assert [c.step for c in ckpt.list()] == [1]
+
+    store = _SlowStore(tmp_path / "wait", delay=0.3)
+    ckpt = Checkpointer(store, on_busy="wait")
+    h1 = ckpt.save({"x": torch.ones(3), "step": 1})
+    h2 = ckpt.save({"x": torch.ones(3) * 2, "step": 2})
+    assert h1.done()  # the second save waited for the first
+    ckpt.wait()
+    assert h2.done() and [c.step for c in ckpt.list()] == [1, 2]
+
+
+class _FlakyStore(LocalStore):
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+        self.calls = 0
+
+    def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]
+        if key.startswith("objects/"):
+            self.calls += 1
+            if self.failures > 0:
+                self.failures -= 1
+                raise OSError("injected write failure")
+        return super().put(key, data, create_only)
+
+
+def test_failed_upload_is_retried(tmp_path: Path) -> None:
+    store = _FlakyStore(tmp_path, failures=2)
+    ckpt = Checkpointer(store, retries=3, retry_backoff_s=0.01)
+    info = ckpt.save({"x": torch.randn(1000), "step": 1}).result()
+    assert info is not None and store.calls >= 3
+    assert ckpt.restore()["step"] == 1
+
+
+def test_failed_upload_is_reported_never_dropped(tmp_path: Path) -> None:
+    store = _FlakyStore(tmp_path, failures=10**6)
+    ckpt = Checkpointer(store, retries=1, retry_backoff_s=0.01)
+    with pytest.warns(RuntimeWarning, match="NOT saved"):
+        h = ckpt.save({"x": torch.randn(1000), "step": 5})
+        with pytest.raises(CheckpointSaveError, match="injected write failure"):
+            ckpt.wait()
+    assert isinstance(h.exception(), CheckpointSaveError)
+    assert ckpt.failures and "step 5" in ckpt.failures[0][1]
+    assert ckpt.list() == []
+
+
+def test_gc_keeps_delta_chain_bases(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, full_every=4)
+    w = torch.randn(100_000)
+    for step in range(6):  # bases at 0 and 4
+        w = w + 1e-3
+        ckpt.save({"w": w, "step": step})
+    ckpt.wait()
+    before = {c.step: ckpt.restore(c.id)["w"] for c in ckpt.list()}
+    res = ckpt.gc(keep=2, grace_s=0)  # keeps steps 4 and 5; 5 is a delta on 4
+    assert [c.step for c in ckpt.list()] == [4, 5]
+    assert len(res["manifests"]) == 4 and res["objects"]
+    for c in ckpt.list():
+        assert torch.equal(ckpt.restore(c.id)["w"], before[c.step])
+    res = ckpt.gc(keep=1, grace_s=0)  # keep step 5 only: its base (step 4's chunks) must survive
+    assert [c.step for c in ckpt.list()] == [5]
+    assert torch.equal(ckpt.restore()["w"], before[5])
+    # nothing unreferenced is left
+    needed = {e["obj"] for ch in ckpt.manifest()["shards"][0]["leaves"]["w"]["chunks"] for e in _chain(ch)}
+    assert {o.key for o in ckpt.store.list("objects/")} == needed
+
+
+def _chain(e):  # type: ignore[no-untyped-def]
+    while e:
+        yield e
+        e = e.get("base")
+
+
+def test_gc_grace_window_protects_new_objects(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"w": torch.randn(1000), "step": 0}, block=True)
+    ckpt.store.put("objects/ff/ff" + "0" * 62, b"in-flight upload")
+    assert ckpt.gc(keep=1, grace_s=3600)["objects"] == []
+    assert ckpt.gc(keep=1, grace_s=0)["objects"] == ["objects/ff/ff" + "0" * 62]
+
+
+_KILL_CHILD = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from gpu_notebook.checkpoint import Checkpointer, LocalStore
+
+    class Store(LocalStore):
+        puts = 0
+        def put(self, key, data, create_only=True):
+            r = super().put(key, data, create_only)
+            if key.startswith("objects/") and ARMED:
+                Store.puts += 1
+                if Store.puts == 2:
+                    print("MIDDLE", flush=True)
+                    time.sleep(60)
+            return r
+
+    ARMED = False
+    ck = Checkpointer(Store(sys.argv[1]), chunk_mb=0.25, pack_kb=1, threads=1)
+    torch.manual_seed(0)
+    w = torch.randn(400_000)
+    ck.save({"w": w, "step": 1}, block=True)
+    print("COMMITTED", flush=True)
+    ARMED = True
+    ck.save({"w": torch.randn(400_000), "step": 2}, block=True)
+    print("SHOULD NOT GET HERE", flush=True)
+    """
+)
+
+
+def test_killed_in_the_middle_of_a_save_leaves_previous_checkpoints_loadable(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILL_CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if line.strip() == "MIDDLE":
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    proc.stdout.close()
+    assert lines == ["COMMITTED", "MIDDLE"]
+    ckpt = Checkpointer(tmp_path)
+    assert [c.step for c in ckpt.list()] == [1]  # the half-written save is invisible
+    torch.manual_seed(0)
+    assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
+    orphans = ckpt.gc(keep=1, grace_s=0)["objects"]
+    assert orphans  # the killed save's objects were there, unreferenced
+    torch.manual_seed(0)
+    assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
+
+
+def test_partial_manifest_temp_file_is_ignored(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"x": torch.ones(2), "step": 1}, block=True)
+    (tmp_path / "manifests" / ".tmp-abc").write_bytes(b'{"format": "gpu_notebook.checkpoint", "ver')
+    assert [c.step for c in ckpt.list()] == [1]
+    assert ckpt.restore()["step"] == 1
+
+
+def test_two_writers_on_one_prefix(tmp_path: Path) -> None:
+    results: dict[str, list] = {"a": [], "b": []}
+
+    def writer(name: str, seed: int) -> None:
+        ck = Checkpointer(tmp_path, full_every=3, chunk_mb=0.1)
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randn(100_000, generator=g)
+        shared = torch.ones(50_000)  # identical bytes in both writers: same objects, written once
+        for step in range(6):
+            w = w + 1e-3 * torch.randn(100_000, generator=g)
+            h = ck.save({"w": w, "shared": shared, "writer": name, "step": step})
+            results[name].append((h.id, w.clone()))
+        ck.wait()
+
+    threads = [threading.Thread(target=writer, args=("a", 1)), threading.Thread(target=writer, args=("b", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reader = Checkpointer(tmp_path)
+    lst = reader.list()
+    assert len(lst) == 12 and len({c.id for c in lst}) == 12
+    for name, saved in results.items():
+        for ckpt_id, w in saved:
+            got = reader.restore(ckpt_id)
+            assert got["writer"] == name
+            assert torch.equal(got["w"], w)
+            assert torch.equal(got["shared"], torch.ones(50_000))
+
+
+def test_save_continues_delta_chain_after_restore(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, full_every=5)
+    w = torch.randn(200_000)
+    ck.save({"w": w, "step": 0}, block=True)
+    ck2 = Checkpointer(tmp_path, full_every=5)  # a new process after preemption
+    got = ck2.restore()
+    info = ck2.save({"w": got["w"] + 1e-4, "step": 1}).result()
+    assert info is not None and not info.is_base and info.parent == ck.list()[0].id
+    assert torch.equal(ck2.restore()["w"], got["w"] + 1e-4)
+
+
+def test_list_show_diff_displays(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path)
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    ck.save({"model": m, "step": 0, "lr": 0.1}, block=True)
+    _train(m, opt, 1)
+    ck.save({"model": m, "step": 1, "lr": 0.05}, block=True)
+    lst = ck.list()
+    assert "step" in repr(lst) and "<table>" in lst._repr_html_()
+    shown = ck.show(lst[1].id)
+    assert "model/0.weight" in shown["tensors"] and "model/0.weight" in repr(shown)
+    d = ck.diff(lst[0].id, lst[1].id)
+    assert "model/0.weight" in d["changed"] and d["values"]["lr"] == (0.1, 0.05) and d["values"]["step"] == (0, 1)
+    assert "model/0.weight" in repr(d)
