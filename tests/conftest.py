@@ -44,3 +44,39 @@ def ray_session():
 @pytest.fixture(scope="session")
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython InteractiveShell with ``%load_ext gpu_notebook`` done."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "gpu_notebook")
+    return shell
+
+
+@pytest.fixture(scope="session")
+def cluster(ray_session, ip):
+    """A 2-worker gloo cluster on the session's Ray, started through the magic (so magic and API agree).
+
+    Tests may rebuild its workers (state is then reset) but must leave it running with 2 workers.
+    """
+    from gpu_notebook import get_manager
+
+    ip.run_line_magic("gpu_cluster", "start --name shared --workers 2 --cpus-per-worker 0.5")
+    c = get_manager().get("shared")
+    assert c.running and c.world_size == 2
+    yield c
+    c.stop()
+
+
+@pytest.fixture()
+def shared(cluster, ip):
+    """The shared cluster made current again (another test may have switched to its own)."""
+    from gpu_notebook import get_manager
+
+    get_manager().use(cluster.name)
+    if cluster.world_size != 2:
+        cluster.scale(2)
+    return cluster

@@ -419,6 +419,7 @@ class Cluster:
         sink: Callable[[str], None] | None = None,
         label: str | None = None,
         progress: Progress | None = None,
+        header: str | None = None,
     ) -> CellResult:
         """Run ``code`` on the selected ranks (all by default): what ``%%distributed`` does.
 
@@ -438,6 +439,7 @@ class Cluster:
                 sink=sink if stream else None,
                 label=label or f"distributed-cell-{self._cell_counter}",
                 progress=progress,
+                header=header,
             )
         finally:
             self.last_activity = time.time()

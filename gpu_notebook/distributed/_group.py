@@ -277,10 +277,14 @@ class WorkerGroup:
         sink: Callable[[str], None] | None = None,
         label: str = "distributed-cell",
         progress: Progress | None = None,
+        header: str | None = None,
     ) -> CellResult:
-        """Run ``code`` on the selected ranks, streaming output lines to ``sink``."""
+        """Run ``code`` on the selected ranks, streaming output lines to ``sink``.
+
+        ``header``: the notebook cell's first line (``%%distributed ...``), so traceback line numbers match.
+        """
         selected = parse_ranks(ranks, self.size)
-        return self._execute(lambda a: a.run_cell.remote(code, label), selected, timeout, sink, progress)
+        return self._execute(lambda a: a.run_cell.remote(code, label, header), selected, timeout, sink, progress)
 
     def call(
         self,

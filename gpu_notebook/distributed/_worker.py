@@ -281,10 +281,19 @@ class RankWorker:
         self.ns.update(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
         return {"rank": rank, "backend": dist.get_backend(), "device": str(device)}
 
-    def run_cell(self, code: str, label: str) -> dict[str, Any]:
-        """Run a cell in the persistent namespace; returns the last expression's value (like a REPL)."""
+    def run_cell(self, code: str, label: str, header: str | None = None) -> dict[str, Any]:
+        """Run a cell in the persistent namespace; returns the last expression's value (like a REPL).
+
+        ``header`` is the cell's first line in the notebook (the ``%%distributed`` line): line numbers in
+        tracebacks then match the notebook cell's.
+        """
         filename = f"<{label}>"
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        if header is not None:
+            code = "\n" + code
+        lines = code.splitlines(True)
+        if header is not None:
+            lines[0] = header.rstrip("\n") + "\n"
+        linecache.cache[filename] = (len(code), None, lines, filename)
         self._exec_tid = threading.get_ident()
         self._cell_started = time.time()
         try:

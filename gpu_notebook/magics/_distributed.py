@@ -81,6 +81,7 @@ class DistributedMagics(Magics):
                 stream=not args.no_stream,
                 label=f"cell In[{count}]" if count is not None else None,
                 progress=progress_printer(),
+                header=f"%%distributed {line}".rstrip(),
             )
         except ValueError as exc:  # a bad --workers selection
             print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}", file=sys.stderr)
