@@ -1,0 +1,88 @@
+"""``%gpu_checkpoint`` through a real IPython InteractiveShell, against a real local store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gpu_notebook.checkpoint import Checkpointer
+
+
+@pytest.fixture(scope="module")
+def ip() -> Any:
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    from gpu_notebook.magics._checkpoint import CheckpointMagics
+
+    shell = start_ipython() or InteractiveShell.instance()
+    shell.register_magics(CheckpointMagics)
+    return shell
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> tuple[Checkpointer, list[str]]:
+    ck = Checkpointer(tmp_path / "run", full_every=2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        ck.save({"model": model, "optim": opt, "step": step, "lr": 0.1 / (step + 1)})
+    ck.wait()
+    return ck, [c.id for c in ck.list()]
+
+
+def test_list_show_diff(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ck, ids = store
+    ip.run_line_magic("gpu_checkpoint", f"use {ck.store.url}")
+    assert ck.store.url in capsys.readouterr().out
+    ip.run_line_magic("gpu_checkpoint", "list")
+    out = capsys.readouterr().out
+    assert all(i in out for i in ids) and "delta" in out and "base" in out
+    ip.run_line_magic("gpu_checkpoint", f"show {ids[1]}")
+    out = capsys.readouterr().out
+    assert "model/weight" in out and f"step=1" in out
+    ip.run_line_magic("gpu_checkpoint", f"diff {ids[0]} {ids[3]}")
+    out = capsys.readouterr().out
+    assert "model/weight" in out and "step: 0 -> 3" in out and "lr: 0.1 -> 0.025" in out
+
+
+def test_restore_into_notebook_variables(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ck, ids = store
+    torch.manual_seed(1)
+    m = torch.nn.Linear(8, 4)
+    ip.user_ns["net"] = m
+    ip.run_line_magic("gpu_checkpoint", f"restore {ids[2]} --store {ck.store.url} --into model=net -o st")
+    out = capsys.readouterr().out
+    assert f"restored {ids[2]} (step 2)" in out
+    assert ip.user_ns["st"]["step"] == 2
+    assert torch.equal(m.weight, ip.user_ns["st"]["model"]["weight"])
+    ip.run_line_magic("gpu_checkpoint", f"restore --step 1 --store {ck.store.url}")
+    assert ip.user_ns["ckpt_state"]["step"] == 1
+
+
+def test_gc(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ck, ids = store
+    ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --dry-run --store {ck.store.url}")
+    assert "(dry run)" in capsys.readouterr().out and len(ck.list()) == 4
+    ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --store {ck.store.url}")
+    assert "deleted 3 checkpoint(s)" in capsys.readouterr().out
+    assert [c.id for c in ck.list()] == ids[-1:]
+
+
+def test_bad_arguments_print_usage_not_traceback(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ck, ids = store
+    assert ip.run_line_magic("gpu_checkpoint", "explode") is None
+    err = capsys.readouterr().err
+    assert "usage" in err.lower() and "Traceback" not in err
+    ip.run_line_magic("gpu_checkpoint", f"show no-such-id --store {ck.store.url}")
+    assert "no checkpoint 'no-such-id'" in capsys.readouterr().err
+    ip.run_line_magic("gpu_checkpoint", f"diff {ids[0]} --store {ck.store.url}")
+    assert "two checkpoint ids" in capsys.readouterr().err
+    ip.run_line_magic("gpu_checkpoint", f"restore --into nosuchvar --store {ck.store.url}")
+    assert "no variable 'nosuchvar'" in capsys.readouterr().err
