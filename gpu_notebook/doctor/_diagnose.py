@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_notebook.doctor._checks import analyze, node_labels
-from gpu_notebook.doctor._facts import collect_facts, probe_peers
+from gpu_notebook.doctor._facts import collect_facts, probe_peers, stop_listener
 from gpu_notebook.doctor._report import DoctorReport
 
 __all__ = ["diagnose", "diagnose_local", "diagnose_facts"]
@@ -25,8 +25,8 @@ def diagnose_facts(
 def diagnose(cluster: Any, timeout: float | None = 120.0) -> DoctorReport:
     """Check every rank of a cluster and return the findings.
 
-    Runs two calls through ``cluster.call``: each rank gathers its facts and opens a test TCP listener; then
-    each rank connects to one listener per node (and ``MASTER_ADDR:MASTER_PORT``) and closes its listener.
+    Runs three calls through ``cluster.call``: each rank gathers its facts and opens a test TCP listener;
+    each rank connects to one listener per node; every rank closes its listener.
 
     Parameters
     ----------
@@ -50,7 +50,10 @@ def diagnose(cluster: Any, timeout: float | None = 120.0) -> DoctorReport:
             continue
         seen.add(labels[i])
         endpoints.append({"node": labels[i], "ip": f["node_ip"], "port": f["listen_port"]})
-    probes = list(cluster.call(probe_peers, endpoints, timeout=timeout))
+    try:
+        probes = list(cluster.call(probe_peers, endpoints, timeout=timeout))
+    finally:
+        cluster.call(stop_listener, timeout=timeout)
     name = getattr(cluster, "name", None)
     return diagnose_facts(facts, probes, f"gpu_notebook doctor: {name}" if name else "gpu_notebook doctor")
 

@@ -7,7 +7,8 @@ never raises, so a CPU-only node or a broken driver still gives a full set of fa
 
 The peer reachability test has two halves: :func:`collect_facts` (with ``listen=True``) opens a TCP listener
 in this process and reports its address; :func:`probe_peers` then connects from every rank to one listener
-per node, plus ``MASTER_ADDR:MASTER_PORT``, and closes this process's listener.
+per node, plus ``MASTER_ADDR:MASTER_PORT``; :func:`stop_listener` closes the listeners afterwards (they
+also close by themselves after two minutes).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["collect_facts", "probe_peers", "probe_tcp", "list_interfaces", "route_interface"]
+__all__ = ["collect_facts", "probe_peers", "stop_listener", "probe_tcp", "list_interfaces", "route_interface"]
 
 NCCL_ENV = (
     "NCCL_SOCKET_IFNAME",
@@ -315,6 +316,13 @@ def _start_listener(host: str = "0.0.0.0") -> dict[str, Any]:
     return {"port": server.getsockname()[1]}
 
 
+def stop_listener() -> bool:
+    """Close this process's test listener, once every rank has probed it; True if one was open."""
+    was_open = "stop" in _listener
+    _stop_listener()
+    return was_open
+
+
 def _stop_listener() -> None:
     stop = _listener.pop("stop", None)
     thread = _listener.pop("thread", None)
@@ -383,15 +391,10 @@ def collect_facts(listen: bool = False) -> dict[str, Any]:
 
 
 def probe_peers(endpoints: list[dict[str, Any]], timeout: float = 3.0) -> dict[str, Any]:
-    """Connect to each ``{"node", "ip", "port"}`` endpoint; then close this process's listener.
+    """Connect to each ``{"node", "ip", "port"}`` endpoint (listeners stay open: see :func:`stop_listener`).
 
-    Returns ``{"rank", "node_ip", "hostname", "results": [{"node", "ip", "port", "ok", "ms", "error"}]}``.
+    Returns ``{"rank", "results": [{"node", "ip", "port", "ok", "ms", "error"}]}``.
     """
-    results = []
-    try:
-        for ep in endpoints:
-            results.append({**ep, **probe_tcp(ep["ip"], ep["port"], timeout=timeout)})
-    finally:
-        _stop_listener()
+    results = [{**ep, **probe_tcp(ep["ip"], ep["port"], timeout=timeout)} for ep in endpoints]
     rank = os.environ.get("RANK")
     return {"rank": int(rank) if rank and rank.isdigit() else None, "results": results}
