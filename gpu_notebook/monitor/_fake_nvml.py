@@ -322,6 +322,14 @@ class FakeNVML:
             if k.startswith(("NVML_", "nvmlClocksThrottleReason")):
                 setattr(self, k, v)
 
+    @classmethod
+    def from_specs(cls, specs: Sequence[dict[str, Any]], **kwargs: Any) -> FakeNVML:
+        """Build from plain dicts of :class:`FakeGPU` fields: ``FakeNVML.from_specs([{"util": 80}] * 8)``.
+
+        ``functools.partial(FakeNVML.from_specs, specs)`` is a picklable factory for Ray sampler actors.
+        """
+        return cls([FakeGPU(**spec) for spec in specs], **kwargs)
+
     def __getstate__(self) -> dict[str, Any]:
         # picklable (cloudpickle) so fake samplers can run in Ray actors
         return dict(self.__dict__)

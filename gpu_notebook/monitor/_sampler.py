@@ -227,6 +227,7 @@ class HostSource:
             except ImportError:
                 self._psutil = None
         self._last_cpu: tuple[float, float] | None = None
+        self._cpu_value = math.nan
         self._last_net: tuple[float, float, float] | None = None
         self.cpu_count = os.cpu_count() or 1
         self._cpu()
@@ -244,10 +245,14 @@ class HostSource:
             total = sum(ct)
         else:
             return math.nan
-        last, self._last_cpu = self._last_cpu, (idle, total)
-        if last is None or total <= last[1]:
-            return math.nan
-        return 100.0 * (1.0 - (idle - last[0]) / (total - last[1]))
+        last = self._last_cpu
+        if last is None or total <= last[1]:  # no clock tick since the last reading: keep the last value
+            if last is None:
+                self._last_cpu = (idle, total)
+            return self._cpu_value
+        self._last_cpu = (idle, total)
+        self._cpu_value = 100.0 * (1.0 - (idle - last[0]) / (total - last[1]))
+        return self._cpu_value
 
     def _mem(self) -> tuple[float, float]:
         if self._proc:
@@ -386,9 +391,10 @@ class NodeSampler:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        n = self.gpu.count if self.gpu else 0
-        state = "running" if self.running else "stopped"
-        return f"NodeSampler({self.node_id!r}, gpus={n}, nvml={self.nvml_kind}, every {self.interval:g}s, {state})"
+        gpu = getattr(self, "gpu", None)
+        n = gpu.count if gpu else 0
+        state = "running" if getattr(self, "_threads", None) and self.running else "stopped"
+        return f"NodeSampler({getattr(self, 'node_id', '?')!r}, gpus={n}, nvml={getattr(self, 'nvml_kind', '?')}, every {getattr(self, 'interval', 0):g}s, {state})"
 
     # -- description ----------------------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -518,7 +524,7 @@ def sampler_actor_class() -> Any:
                 if autostart:
                     self.start()
 
-        _ACTOR_CLS = ray.remote(num_cpus=0.01, num_gpus=0, max_restarts=-1, max_concurrency=4)(_RaySampler)
+        _ACTOR_CLS = ray.remote(num_cpus=0.01, num_gpus=0, max_restarts=3, max_concurrency=4)(_RaySampler)
     return _ACTOR_CLS
 
 

@@ -3,7 +3,8 @@
 :class:`MonitorWidget` is a cached view of a :class:`~gpu_notebook.monitor.Monitor`: stock ipywidgets (``HTML``,
 ``VBox``) and one plotly ``FigureWidget`` with stacked subplots (utilisation and memory per GPU over time,
 power, and a node x GPU heat map when there are many GPUs; CPU, memory and network on nodes without GPUs).
-A daemon thread refreshes it on a timer, so the kernel stays free for cells.
+A daemon thread refreshes it on a timer, so the kernel stays free for cells. The header row holds the
+numbers and, when a GPU stays under 70%, the advice naming it.
 
 Message budget: every comm message our widgets send is counted, and a refresh is skipped (its data simply
 arrives with the next one) when it would push the last second over ``max_msgs_per_s`` (default 5), whatever
@@ -106,7 +107,8 @@ class MonitorWidget:
     max_points
         Points per trace sent to the browser (default 300).
     max_msgs_per_s
-        Cap on widget messages per second, whatever the GPU count (default 5).
+        Cap on widget messages per second, whatever the GPU count (default 5, the least that fits one refresh:
+        plotly's FigureWidget spends 4 messages per update, the header 1).
     max_traces
         Most lines per chart before falling back to per-node means, then cluster mean/min/max (default 16).
     heatmap_min_gpus
@@ -148,10 +150,11 @@ class MonitorWidget:
         self.heatmap_min_gpus = int(heatmap_min_gpus)
         self.clock = clock or getattr(monitor, "clock", time.time)
         self.height = height
-        self.rate = RateCap(max_msgs_per_s, self.clock)
+        self.rate = RateCap(max(5.0, float(max_msgs_per_s)), self.clock)
         self.refreshes = 0
         self.skipped = 0
-        self._last_cost = 3
+        self._fig_cost = 4
+        self._advice = ""
         self._structure: tuple[Any, ...] | None = None
         self._traces: list[tuple[str, str, Any]] = []
         self._advice_at = -math.inf
@@ -160,11 +163,10 @@ class MonitorWidget:
         self._thread: threading.Thread | None = None
         self._handle: Any = None
         self.header = W.HTML(value=self._header_html())
-        self.advice_box = W.HTML(value="")
         self.fig = self._build_figure()
-        self.box = W.VBox([self.header, self.fig, self.advice_box])
+        self.box = W.VBox([self.header, self.fig])
         self.box.add_class("gpu-notebook-monitor")
-        for w in (self.header, self.advice_box, self.box, self.fig):
+        for w in (self.header, self.box, self.fig):
             self._count(w)
         self.refresh(force=True)
         if autostart:
@@ -345,17 +347,21 @@ class MonitorWidget:
 
     # -- refresh --------------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
-        """Push new data to the browser unless the message cap says wait; returns whether it updated."""
+        """Push new data to the browser unless the message cap says wait; returns whether it updated.
+
+        The figure update costs a fixed number of messages (4 with plotly's FigureWidget); the header (numbers
+        and advice, one message) is sent only when it changed and only if it still fits in the budget.
+        """
         with self._lock:
-            if not force and not self.rate.allows(self._last_cost):
+            if not force and not self.rate.allows(self._fig_cost + 1):
                 self.skipped += 1
                 return False
-            before = self.rate.total
             now = self.clock()
             if self._plan() != self._structure:
                 self.fig = self._build_figure()
                 self._count(self.fig)
-                self.box.children = (self.header, self.fig, self.advice_box)
+                self.box.children = (self.header, self.fig)
+            before = self.rate.total
             since = now - self.window_s
             cache: dict[str, list[dict[str, Any]]] = {}
             with self.fig.batch_update():
@@ -367,16 +373,14 @@ class MonitorWidget:
                     t, y = self._series(metric, key, since, now, cache)
                     trace.x = _to_dt(t)
                     trace.y = np.where(np.isfinite(y), np.round(y, 2), None)
-            header = self._header_html()
-            if header != self.header.value:
-                self.header.value = header
+            self._fig_cost = max(1, self.rate.total - before)
             if now - self._advice_at >= 10.0:
                 self._advice_at = now
-                adv = self._advice_html()
-                if adv != self.advice_box.value:
-                    self.advice_box.value = adv
+                self._advice = self._advice_html()
+            header = self._header_html() + self._advice
+            if header != self.header.value and (force or self.rate.recent() + 1 <= self.rate.max):
+                self.header.value = header
             self.refreshes += 1
-            self._last_cost = max(1, self.rate.total - before)
             return True
 
     def _run(self) -> None:
