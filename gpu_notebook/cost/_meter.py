@@ -82,7 +82,7 @@ class Interval:
     end: float | None = None
 
     def hours(self, now: float) -> float:
-        end = self.end if self.end is not None else now
+        end = now if self.end is None else min(self.end, now)
         return max(0.0, end - self.start) / 3600.0
 
     def cost(self, now: float, market: str | None = None) -> float:

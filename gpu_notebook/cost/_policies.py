@@ -263,7 +263,8 @@ class IdleStopPolicy:
         self._stop = stop
         self.notify = notify or _default_notify
         self.idle_since: float | None = None
-        self._touched = -math.inf
+        self._touched: bool | float | None = None
+        self._seen_activity: Any = None
         self._last_check: float | None = None
         self.last_utilisation: float | None = None
         self.state = "active"  # active | idle | countdown | stopped
@@ -281,11 +282,15 @@ class IdleStopPolicy:
         return 10.0 if getattr(self.utilisation, "kind", "gpu") == "cpu" else 5.0
 
     def touch(self, at: float | None = None) -> None:
-        """Activity now (a cell ran, a widget was used): restart the idle window."""
-        self._touched = time.time() if at is None else at
+        """Activity now (a cell ran, a widget was used): restart the idle window at ``at`` (default: next check)."""
+        self._touched = True if at is None else float(at)
 
     def check(self, at: float) -> str | None:
-        """Evaluate at time ``at`` (epoch seconds); returns the message of an action taken, else None."""
+        """Evaluate at time ``at``; returns the message of an action taken, else None.
+
+        ``cluster.last_activity`` is compared with its previous value rather than with ``at``, so a change
+        seen at a check counts as activity at that check (the policy's clock may be simulated).
+        """
         if self.state == "stopped":
             return None
         c = self.cluster
@@ -300,10 +305,16 @@ class IdleStopPolicy:
         except Exception as e:  # noqa: BLE001 - unknown utilisation does not count as busy
             log.debug("utilisation failed: %s", e)
         self.last_utilisation = util
-        if busy or (util is not None and util >= self.threshold):
+        last = getattr(c, "last_activity", None) if c is not None else None
+        cell_ran = last is not None and self._seen_activity is not None and last != self._seen_activity
+        self._seen_activity = last
+        if busy or cell_ran or (util is not None and util >= self.threshold):
             self.idle_since = at
-        last = float(getattr(c, "last_activity", -math.inf) or -math.inf) if c is not None else -math.inf
-        self.idle_since = max(self.idle_since, min(at, max(last, self._touched)))
+        if self._touched is True:
+            self.idle_since = at
+        elif isinstance(self._touched, float):
+            self.idle_since = max(self.idle_since, min(at, self._touched))
+        self._touched = None
         idle_for = at - self.idle_since
         remaining = self.window_s - idle_for
         self.remaining_s = max(0.0, remaining)
