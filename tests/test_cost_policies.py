@@ -227,24 +227,38 @@ def test_cpu_fallback_and_monitor_adapter() -> None:
     assert MonitorUtilisation(FakeMonitor({"n": {"has_gpu": False, "cpu_percent": nan, "samples": 0}}))(60) is None
 
 
-def test_real_monitor_feeds_idle_stop() -> None:
-    """The monitoring package's own utilisation_summary, on its fake NVML, drives the adapter."""
-    mon = pytest.importorskip("gpu_notebook.monitor")
-    if not hasattr(mon, "utilisation_summary") or not hasattr(mon, "Monitor"):
-        pytest.skip("monitor API not there yet")
+def test_the_monitor_feeds_idle_stop() -> None:
+    """The monitoring package's own sampler, aggregator and utilisation_summary (fake NVML) drive idle stop."""
+    from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+
+    clock = Clock()
+    t0 = clock.t
+    nv = FakeNVML([FakeGPU(util=lambda t: 90.0 if t < 120 else 1.0), FakeGPU(util=0.0)], clock=clock)
+    sampler = NodeSampler("node-a", nvml=nv, clock=clock, host=False, interval=0.5)
+    mon = Monitor(samplers=[sampler], clock=clock, autopull=False).start()
+    stopped: list[float] = []
+    pol = IdleStopPolicy(5, None, utilisation=MonitorUtilisation(mon), stop=lambda reason: stopped.append(clock.t),
+                         notify=lambda m: None)
+
+    def run_for(seconds: float) -> None:
+        end = clock.t + seconds
+        while clock.t < end:
+            for _ in range(20):              # 10 s of samples at 2 Hz
+                clock.t += 0.5
+                sampler.tick()
+            mon.pull()
+            pol.check(clock())
+
     try:
-        fake = mon.FakeNVML([mon.FakeGPU(util=2.0), mon.FakeGPU(util=3.0)])
-        monitor = mon.Monitor.local(nvml=fake)
-    except TypeError as e:
-        pytest.skip(f"monitor constructor differs: {e}")
-    try:
-        for _ in range(3):
-            monitor.tick() if hasattr(monitor, "tick") else None
-        val = MonitorUtilisation(monitor)(3600)
-        assert val is None or 0.0 <= val <= 100.0
+        run_for(110)
+        assert pol.state == "active" and pol.last_utilisation == pytest.approx(90.0)
+        run_for(60)                           # GPU 0 drops to 1% at 120 s
+        assert pol.state == "idle" and pol.last_utilisation == pytest.approx(1.0)
+        run_for(300)
+        assert pol.state == "stopped"
+        assert stopped == [t0 + 120 + 300]    # five idle minutes after the GPU went quiet (checks every 10 s)
     finally:
-        if hasattr(monitor, "stop"):
-            monitor.stop()
+        mon.stop()
 
 
 # -- on a real local cluster -------------------------------------------------------------------------------------
