@@ -174,7 +174,10 @@ def test_scaling_helpers() -> None:
     assert scaling_sizes(12) == [1, 2, 4, 8, 12]
     rows = scaling_rows(
         [
-            [{"workers": 1, "elapsed": 1.0, "samples": 100, "steps": 10}, {"workers": 2, "elapsed": 1.0, "samples": 100, "steps": 10}],
+            [
+                {"workers": 1, "elapsed": 1.0, "samples": 100, "steps": 10},
+                {"workers": 2, "elapsed": 1.0, "samples": 100, "steps": 10},
+            ],
             [{"workers": 2, "elapsed": 1.25, "samples": 100, "steps": 10}],
         ]
     )

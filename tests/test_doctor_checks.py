@@ -52,13 +52,24 @@ def fake_gpu_facts(
         "pid": 1000 + rank,
         "platform": "Linux",
         "env": {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "CUDA_VISIBLE_DEVICES": None},
-        "versions": {"python": "3.11.7", "torch": torch_version, "ray": "2.60.0", "gpu_notebook": "0.1.0", "numpy": "1.26.4"},
+        "versions": {
+            "python": "3.11.7",
+            "torch": torch_version,
+            "ray": "2.60.0",
+            "gpu_notebook": "0.1.0",
+            "numpy": "1.26.4",
+        },
         "dist": {"initialized": True, "backend": "nccl", "rank": rank, "world_size": 16},
         "torch_cuda": torch_cuda,
         "cuda_available": True,
         "device_count": n_gpus,
-        "torch_arch_list": arch_list if arch_list is not None else ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
-        "gpus": [{"index": i, "name": gpu, "cc": list(cc), "uuid": uuids[i][4:], "memory_gib": 79.1} for i in range(n_gpus)],
+        "torch_arch_list": arch_list
+        if arch_list is not None
+        else ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"],
+        "gpus": [
+            {"index": i, "name": gpu, "cc": list(cc), "uuid": uuids[i][4:], "memory_gib": 79.1}
+            for i in range(n_gpus)
+        ],
         "current_device": rank % n_gpus,
         "nccl_version": "2.20.5",
         "nvml": {
@@ -102,7 +113,9 @@ def cluster_facts(n_nodes: int = 2, per_node: int = 2, **kw: Any) -> list[dict[s
     out = []
     for node in range(n_nodes):
         for local in range(per_node):
-            f = fake_gpu_facts(node * per_node + local, f"node-{node}", f"10.0.0.{node + 1}", n_gpus=per_node, **kw)
+            f = fake_gpu_facts(
+                node * per_node + local, f"node-{node}", f"10.0.0.{node + 1}", n_gpus=per_node, **kw
+            )
             f["local_rank"] = local
             f["current_device"] = local
             out.append(f)
@@ -118,7 +131,8 @@ def test_fake_facts_have_every_key_of_real_facts() -> None:
     fake = fake_gpu_facts()
     missing = set(real) - set(fake) - {"listener"}
     assert not missing
-    assert set(real["nvml"]) <= {"available", "reason"}  # CPU machine: NVML reports unavailable
+    # this CPU machine: no NVML and no driver
+    assert real["nvml"]["available"] is False and real["nvml"]["driver"] is None
 
 
 def test_healthy_gpu_cluster_has_no_errors() -> None:
@@ -129,7 +143,11 @@ def test_healthy_gpu_cluster_has_no_errors() -> None:
 
 
 def test_cu102_wheel_on_h100_reports_no_kernel_image_and_the_wheel_to_install() -> None:
-    facts = [fake_gpu_facts(torch_cuda="10.2", arch_list=["sm_37", "sm_50", "sm_60", "sm_70"], torch_version="1.12.1+cu102")]
+    facts = [
+        fake_gpu_facts(
+            torch_cuda="10.2", arch_list=["sm_37", "sm_50", "sm_60", "sm_70"], torch_version="1.12.1+cu102"
+        )
+    ]
     arch = [f for f in analyze(facts) if f.check == "gpu-arch"]
     assert len(arch) == 1 and arch[0].level == ERROR
     assert NO_KERNEL_IMAGE in arch[0].message
@@ -197,10 +215,33 @@ def test_decode_throttle() -> None:
 
 def test_nvml_missing_on_gpu_node_is_a_warning() -> None:
     f = fake_gpu_facts()
-    f["nvml"] = {"available": False, "reason": "NVMLError_LibraryNotFound"}
+    f["nvml"] = {"available": False, "reason": "NVMLError_LibraryNotFound", "driver": None}
     findings = analyze([f])
     assert levels(findings, "gpu-health") == {WARNING}
     assert levels(findings, "cuda-driver") == {OK}  # torch sees the GPU; version unknown
+    # the driver version from /proc still drives the CUDA check
+    f["nvml"]["driver"] = "470.42.01"
+    assert levels(analyze([f]), "cuda-driver") == {ERROR}
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n",
+            "550.54.15",
+        ),
+        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build\n", "570.86.15"),
+        ("garbage", None),
+    ],
+)
+def test_proc_driver_version(tmp_path, text: str, version: str | None) -> None:
+    from gpu_notebook.doctor._facts import _proc_driver_version
+
+    path = tmp_path / "version"
+    path.write_text(text)
+    assert _proc_driver_version(str(path)) == version
+    assert _proc_driver_version(str(tmp_path / "missing")) is None
 
 
 def test_nccl_select_interfaces_rules() -> None:
@@ -278,8 +319,25 @@ def test_reachability_failures() -> None:
     facts = cluster_facts(2, 1)
     facts[1]["master_probe"] = {"ok": False, "ms": None, "error": "TimeoutError: timed out"}
     probes = [
-        {"rank": 0, "results": [{"node": "node-1", "ip": "10.0.0.2", "port": 40001, "ok": False, "ms": None, "error": "refused"}]},
-        {"rank": 1, "results": [{"node": "node-0", "ip": "10.0.0.1", "port": 40000, "ok": True, "ms": 0.2, "error": None}]},
+        {
+            "rank": 0,
+            "results": [
+                {
+                    "node": "node-1",
+                    "ip": "10.0.0.2",
+                    "port": 40001,
+                    "ok": False,
+                    "ms": None,
+                    "error": "refused",
+                }
+            ],
+        },
+        {
+            "rank": 1,
+            "results": [
+                {"node": "node-0", "ip": "10.0.0.1", "port": 40000, "ok": True, "ms": 0.2, "error": None}
+            ],
+        },
     ]
     findings = analyze(facts, probes)
     master = [f for f in findings if f.check == "master-port"]
@@ -341,3 +399,15 @@ def test_synthetic_facts_not_mutated_by_analyze() -> None:
     before = copy.deepcopy(facts)
     analyze(facts)
     assert facts == before
+
+
+def test_import_is_cheap(python_exe: str) -> None:
+    import subprocess
+
+    code = (
+        "import sys, gpu_notebook.doctor; "
+        "heavy = [m for m in ('torch', 'ray', 'pynvml', 'plotly', 'psutil') if m in sys.modules]; "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    proc = subprocess.run([python_exe, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -55,7 +55,9 @@ def busbw_gbps(algbw: float, world_size: int) -> float:
     return algbw * 2 * (world_size - 1) / world_size if world_size > 0 else 0.0
 
 
-def message_sizes(min_bytes: int, max_bytes: int, factor: int = 2, elem_size: int = 4) -> list[tuple[int, int]]:
+def message_sizes(
+    min_bytes: int, max_bytes: int, factor: int = 2, elem_size: int = 4
+) -> list[tuple[int, int]]:
     """``(bytes, count)`` per step from ``min_bytes`` to ``max_bytes``, multiplying by ``factor``.
 
     Like ``all_reduce_perf -b MIN -e MAX -f FACTOR``: the element count is ``bytes // elem_size`` (at least 1)
@@ -151,7 +153,9 @@ def allreduce_bench(
     }
 
 
-def pair_bench(pairs: list[list[int]], nbytes: int = 4 * 2**20, iters: int = 10, warmup: int = 3) -> list[dict[str, Any]]:
+def pair_bench(
+    pairs: list[list[int]], nbytes: int = 4 * 2**20, iters: int = 10, warmup: int = 3
+) -> list[dict[str, Any]]:
     """Time a 2-rank all-reduce for each pair of ranks in turn (all ranks must call this, with equal pairs).
 
     Every rank creates every pair's sub-group (``dist.new_group`` is collective); only the pair's members
@@ -176,7 +180,9 @@ def pair_bench(pairs: list[list[int]], nbytes: int = 4 * 2**20, iters: int = 10,
             for _ in range(iters):
                 dist.all_reduce(buf, group=group)
             sync()
-            out.append({"pair": list(pair), "bytes": count * 4, "time_us": (time.perf_counter() - t0) / iters * 1e6})
+            out.append(
+                {"pair": list(pair), "bytes": count * 4, "time_us": (time.perf_counter() - t0) / iters * 1e6}
+            )
         dist.barrier()
         try:
             dist.destroy_process_group(group)
@@ -270,7 +276,9 @@ class BenchResult:
             out.append(f"{self.wrong} wrong result elements: all-reduce returned incorrect sums")
         kind = "node" if self.pair_mode == "node" else "rank"
         for name in self.slow:
-            out.append(f"{kind} {name}: its links are much slower than the others (under half the median busbw)")
+            out.append(
+                f"{kind} {name}: its links are much slower than the others (under half the median busbw)"
+            )
         return out
 
     def table(self) -> str:
@@ -455,7 +463,14 @@ def bench_allreduce(
                 names = [rank_nodes[r] if mode == "node" else str(r) for r in pair]
                 bus = busbw_gbps(alg, 2)
                 result.pairs.append(
-                    {"ranks": list(pair), "names": names, "bytes": ts[0]["bytes"], "time_us": t_us, "algbw": alg, "busbw": bus}
+                    {
+                        "ranks": list(pair),
+                        "names": names,
+                        "bytes": ts[0]["bytes"],
+                        "time_us": t_us,
+                        "algbw": alg,
+                        "busbw": bus,
+                    }
                 )
                 pair_bw[(names[0], names[1])] = bus
             result.pair_mode = mode

@@ -62,7 +62,8 @@ VERSION_KEYS = ("python", "torch", "ray", "gpu_notebook", "numpy")
 
 def decode_throttle(mask: int) -> tuple[list[str], list[str]]:
     """Split an NVML throttle bitmask into ``(harmless reasons, problem reasons)``."""
-    harmless, bad = [], []
+    harmless: list[str] = []
+    bad: list[str] = []
     for bit, (name, problem) in THROTTLE_REASONS.items():
         if mask & bit:
             (bad if problem else harmless).append(name)
@@ -217,7 +218,11 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 fix,
             )
         ]
-    return [Finding(check, OK, node, rank, f"driver {driver or '?'}; PyTorch CUDA {torch_cuda}; compatibility unknown")]
+    return [
+        Finding(
+            check, OK, node, rank, f"driver {driver or '?'}; PyTorch CUDA {torch_cuda}; compatibility unknown"
+        )
+    ]
 
 
 def check_gpu_arch(facts: dict[str, Any], node: str, rank: int | None = None) -> list[Finding]:
@@ -261,7 +266,9 @@ def check_gpu_arch(facts: dict[str, Any], node: str, rank: int | None = None) ->
         built = parse_cuda_version(torch_cuda)
         why = ""
         if low and built and built < low:
-            why = f" (CUDA {torch_cuda} predates {arch.split()[0]}, which needs CUDA >= {format_version(low)})"
+            why = (
+                f" (CUDA {torch_cuda} predates {arch.split()[0]}, which needs CUDA >= {format_version(low)})"
+            )
         findings.append(
             Finding(
                 check,
@@ -280,7 +287,9 @@ def check_gpu_health(facts: dict[str, Any], node: str) -> list[Finding]:
     """ECC errors, row remapping, throttling and persistence mode of every GPU (NVML)."""
     nvml = facts.get("nvml") or {}
     if not _has_gpu(facts):
-        return [Finding("gpu-health", OK, node, None, "no GPU on this node; ECC/throttle/persistence skipped")]
+        return [
+            Finding("gpu-health", OK, node, None, "no GPU on this node; ECC/throttle/persistence skipped")
+        ]
     if not nvml.get("available"):
         return [
             Finding(
@@ -319,7 +328,9 @@ def check_gpu_health(facts: dict[str, Any], node: str) -> list[Finding]:
                 )
             )
         elif g.get("remap_failure"):
-            out.append(Finding("ecc", ERROR, node, None, f"{label}: row remapping failed", "replace the instance"))
+            out.append(
+                Finding("ecc", ERROR, node, None, f"{label}: row remapping failed", "replace the instance")
+            )
         elif g.get("remap_pending"):
             out.append(
                 Finding(
@@ -616,12 +627,20 @@ def check_storage(facts: dict[str, Any], node: str) -> list[Finding]:
         path, info = min(storage.items(), key=lambda kv: kv[1]["free"])
         free = info["free"] / GiB
         level = ERROR if free < 5 else WARNING if free < 20 else OK
-        fix = "" if level == OK else "free space or attach a bigger volume; keep checkpoints in object storage"
-        out.append(Finding("disk", level, node, None, f"{free:.1f} GiB free on {path} (least of the checked paths)", fix))
+        fix = (
+            "" if level == OK else "free space or attach a bigger volume; keep checkpoints in object storage"
+        )
+        out.append(
+            Finding(
+                "disk", level, node, None, f"{free:.1f} GiB free on {path} (least of the checked paths)", fix
+            )
+        )
     shm = facts.get("shm")
     if shm is None:
         out.append(
-            Finding("shm", WARNING, node, None, "/dev/shm is missing", "mount a tmpfs at /dev/shm (or --ipc=host)")
+            Finding(
+                "shm", WARNING, node, None, "/dev/shm is missing", "mount a tmpfs at /dev/shm (or --ipc=host)"
+            )
         )
     else:
         total = shm["total"] / GiB
@@ -718,18 +737,21 @@ def compare_versions(facts: list[dict[str, Any]], labels: dict[int, str] | None 
             continue
         majority = max(seen.items(), key=lambda kv: sum(len(r) for r in kv[1].values()))[0]
         described = "; ".join(
-            f"{value or 'missing'} on " + ", ".join(f"{n} (ranks {','.join(map(str, sorted(r)))})" for n, r in where.items())
+            f"{value or 'missing'} on "
+            + ", ".join(f"{n} (ranks {','.join(map(str, sorted(r)))})" for n, r in where.items())
             for value, where in seen.items()
         )
         pkg = {"python": None, "torch CUDA": "torch", "NCCL": "torch"}.get(key, key)
         fix = (
             f"install the same {key} everywhere"
-            + (f": pip install {pkg}=={majority}" if pkg and majority and key not in ("torch CUDA", "NCCL") else "")
+            + (
+                f": pip install {pkg}=={majority}"
+                if pkg and majority and key not in ("torch CUDA", "NCCL")
+                else ""
+            )
             + (" (same torch wheel index on every node)" if key in ("torch CUDA", "NCCL") else "")
         )
-        out.append(
-            Finding("versions", ERROR, "*", None, f"{key} differs between ranks: {described}", fix)
-        )
+        out.append(Finding("versions", ERROR, "*", None, f"{key} differs between ranks: {described}", fix))
     drivers = {(f.get("nvml") or {}).get("driver") for f in facts if _nvml_gpus(f)}
     if len(drivers) > 1:
         out.append(

@@ -16,7 +16,9 @@ def _collect_and_listen() -> dict[str, Any]:
 
 
 def diagnose_facts(
-    facts: list[dict[str, Any]], probes: list[dict[str, Any]] | None = None, title: str = "gpu_notebook doctor"
+    facts: list[dict[str, Any]],
+    probes: list[dict[str, Any]] | None = None,
+    title: str = "gpu_notebook doctor",
 ) -> DoctorReport:
     """Build a report from already gathered per-rank facts (e.g. synthetic ones, or saved ones)."""
     return DoctorReport(analyze(facts, probes), list(facts), title)

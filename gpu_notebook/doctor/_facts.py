@@ -57,7 +57,12 @@ def _versions() -> dict[str, str | None]:
     from importlib import metadata
 
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for dist, key in (("torch", "torch"), ("ray", "ray"), ("gpu_notebook", "gpu_notebook"), ("numpy", "numpy")):
+    for dist, key in (
+        ("torch", "torch"),
+        ("ray", "ray"),
+        ("gpu_notebook", "gpu_notebook"),
+        ("numpy", "numpy"),
+    ):
         try:
             out[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -88,7 +93,8 @@ def list_interfaces() -> list[dict[str, Any]]:
         ipv4 = None
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             try:
-                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+                siocgifaddr = 0x8915
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
                 ipv4 = socket.inet_ntoa(packed[20:24])
             except OSError:
                 pass
@@ -171,61 +177,85 @@ def _dist_facts() -> dict[str, Any]:
     }
 
 
+def _proc_driver_version(path: str = "/proc/driver/nvidia/version") -> str | None:
+    """The kernel module's version from ``/proc/driver/nvidia/version`` (no NVML needed)."""
+    import re
+
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    match = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else None
+
+
 def _nvml_facts() -> dict[str, Any]:
     try:
         import pynvml
     except ImportError:
-        return {"available": False, "reason": "pynvml (nvidia-ml-py) is not installed"}
+        return {
+            "available": False,
+            "reason": "pynvml (nvidia-ml-py) is not installed",
+            "driver": _proc_driver_version(),
+        }
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded on CPU nodes
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+        return {
+            "available": False,
+            "reason": f"{type(exc).__name__}: {exc}",
+            "driver": _proc_driver_version(),
+        }
 
     def _s(x: Any) -> str:
         return x.decode() if isinstance(x, bytes) else str(x)
 
-    def _try(fn: Callable[[], Any]) -> Any:
+    def _try(fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return fn()
+            value = fn(*args)
         except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
             return None
+        return value.decode() if isinstance(value, bytes) else value
 
     try:
         out: dict[str, Any] = {"available": True}
-        out["driver"] = _try(lambda: _s(pynvml.nvmlSystemGetDriverVersion()))
+        out["driver"] = _try(pynvml.nvmlSystemGetDriverVersion)
         out["cuda_driver"] = _try(pynvml.nvmlSystemGetCudaDriverVersion_v2) or _try(
             pynvml.nvmlSystemGetCudaDriverVersion
         )
+        throttle_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+        )
+        uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            remap = _try(lambda h=h: pynvml.nvmlDeviceGetRemappedRows(h))
-            throttle_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-                pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons"
-            )
+            remap = _try(pynvml.nvmlDeviceGetRemappedRows, h)
+            pci = _try(pynvml.nvmlDeviceGetPciInfo, h)
+            ecc_mode = _try(pynvml.nvmlDeviceGetEccMode, h)
+            cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
+            throttle = _try(throttle_fn, h) if throttle_fn else None
+            persistence = _try(pynvml.nvmlDeviceGetPersistenceMode, h)
             gpus.append(
                 {
                     "index": i,
-                    "name": _try(lambda h=h: _s(pynvml.nvmlDeviceGetName(h))),
-                    "uuid": _try(lambda h=h: _s(pynvml.nvmlDeviceGetUUID(h))),
-                    "cc": _try(lambda h=h: list(pynvml.nvmlDeviceGetCudaComputeCapability(h))),
-                    "pci_bus_id": _try(lambda h=h: _s(pynvml.nvmlDeviceGetPciInfo(h).busId)),
-                    "ecc_mode": _try(lambda h=h: pynvml.nvmlDeviceGetEccMode(h)[0]),
+                    "name": _try(pynvml.nvmlDeviceGetName, h),
+                    "uuid": _try(pynvml.nvmlDeviceGetUUID, h),
+                    "cc": list(cc) if cc else None,
+                    "pci_bus_id": _s(pci.busId) if pci is not None else None,
+                    "ecc_mode": ecc_mode[0] if ecc_mode else None,
                     "ecc_uncorrected_volatile": _try(
-                        lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
-                            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
-                        )
+                        pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_VOLATILE_ECC
                     ),
                     "ecc_uncorrected_aggregate": _try(
-                        lambda h=h: pynvml.nvmlDeviceGetTotalEccErrors(
-                            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_AGGREGATE_ECC
-                        )
+                        pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_AGGREGATE_ECC
                     ),
                     "remap_pending": bool(remap[2]) if remap else None,
                     "remap_failure": bool(remap[3]) if remap else None,
-                    "throttle_mask": _try(lambda h=h, f=throttle_fn: int(f(h))),
-                    "persistence": _try(lambda h=h: int(pynvml.nvmlDeviceGetPersistenceMode(h))),
-                    "temperature_c": _try(lambda h=h: pynvml.nvmlDeviceGetTemperature(h, 0)),
+                    "throttle_mask": int(throttle) if throttle is not None else None,
+                    "persistence": int(persistence) if persistence is not None else None,
+                    "temperature_c": _try(pynvml.nvmlDeviceGetTemperature, h, 0),
                 }
             )
         out["gpus"] = gpus

@@ -137,7 +137,9 @@ class LocalGroup:
         failed = {r: e for r, (_, e) in errors.items() if e}
         if failed:
             self.stop()
-            raise RuntimeError("LocalGroup start failed:\n" + "\n".join(f"rank {r}:\n{e}" for r, e in failed.items()))
+            raise RuntimeError(
+                "LocalGroup start failed:\n" + "\n".join(f"rank {r}:\n{e}" for r, e in failed.items())
+            )
         return self
 
     def _collect(self, call_id: Any, timeout: float | None) -> dict[int, tuple[Any, str | None]]:
@@ -155,7 +157,9 @@ class LocalGroup:
                 results[rank] = (value, err)
         return results
 
-    def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = 600.0, **kwargs: Any) -> list[Any]:
+    def call(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = 600.0, **kwargs: Any
+    ) -> list[Any]:
         """Run picklable ``fn(*args, **kwargs)`` in every rank; the per-rank return values, rank order.
 
         Raises ``RuntimeError`` with every failing rank's traceback when any rank raised.

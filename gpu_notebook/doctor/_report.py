@@ -123,9 +123,7 @@ class DoctorReport:
         """``"2 errors, 1 warning, 14 OK"``."""
         n_err, n_warn = len(self.errors), len(self.warnings)
         n_ok = len(self.findings) - n_err - n_warn
-        return (
-            f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}, {n_ok} OK"
-        )
+        return f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}, {n_ok} OK"
 
     def text(self) -> str:
         """Plain-text table."""

@@ -75,22 +75,21 @@ def scaling_train(
                 x = torch.randn(batch, hidden, generator=gen).to(device)
                 y = torch.randint(0, 10, (batch,), generator=gen).to(device)
                 loss_fn = torch.nn.CrossEntropyLoss()
-
-                def step() -> None:
-                    opt.zero_grad(set_to_none=True)
-                    loss_fn(ddp(x), y).backward()
-                    opt.step()
-
                 for _ in range(warmup_steps):
-                    step()
+                    _train_step(ddp, opt, loss_fn, x, y)
                 sync()
                 dist.barrier(group=group)
                 t0 = time.perf_counter()
                 for _ in range(steps):
-                    step()
+                    _train_step(ddp, opt, loss_fn, x, y)
                 sync()
                 out.append(
-                    {"workers": k, "elapsed": time.perf_counter() - t0, "samples": batch * steps, "steps": steps}
+                    {
+                        "workers": k,
+                        "elapsed": time.perf_counter() - t0,
+                        "samples": batch * steps,
+                        "steps": steps,
+                    }
                 )
                 del ddp, model, opt
             dist.barrier()
@@ -101,6 +100,12 @@ def scaling_train(
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss_fn(model(x), y).backward()
+    opt.step()
 
 
 def scaling_rows(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -172,10 +177,14 @@ class ScalingResult:
 
         ks = [r["workers"] for r in self.rows]
         fig = go.Figure()
-        fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in self.rows], name="measured", mode="lines+markers"))
+        fig.add_trace(
+            go.Scatter(x=ks, y=[r["speedup"] for r in self.rows], name="measured", mode="lines+markers")
+        )
         fig.add_trace(go.Scatter(x=ks, y=ks, name="ideal", mode="lines", line={"dash": "dot"}))
         fig.add_trace(
-            go.Scatter(x=[self.reference[0]], y=[self.reference[1]], name="8 x A100 reference", mode="markers")
+            go.Scatter(
+                x=[self.reference[0]], y=[self.reference[1]], name="8 x A100 reference", mode="markers"
+            )
         )
         fig.update_layout(
             title=f"scaling ({self.backend})",
@@ -229,7 +238,13 @@ def bench_scaling(
     if 1 not in sizes:
         sizes = [1] + sizes
     per_rank = cluster.call(
-        scaling_train, sizes, steps=steps, warmup_steps=warmup_steps, batch=batch, hidden=hidden, timeout=timeout
+        scaling_train,
+        sizes,
+        steps=steps,
+        warmup_steps=warmup_steps,
+        batch=batch,
+        hidden=hidden,
+        timeout=timeout,
     )
     backend = cluster.call(_backend, timeout=timeout)[0]
     return ScalingResult(str(backend), scaling_rows(per_rank), steps)
