@@ -314,12 +314,18 @@ class Cluster:
         if self.group is not None:
             self.group.stop()
         manager = get_manager()
-        shut_ray = bool(self.connection and self.connection.started_here and not manager.others_on_connection(self))
-        if shut_ray:
+        last_user = bool(self.connection and self.connection.owned and not manager.others_on_connection(self))
+        shut_ray = bool(last_user and self.connection and self.connection.started_here)
+        if last_user:  # a local Ray we started shuts down; a remote one is only disconnected from
             _connect.disconnect()
         self.state = "stopped"
         manager.remove(self)
-        return f"cluster {self.name!r} stopped: {n} worker(s) ended" + (", local Ray shut down" if shut_ray else "")
+        msg = f"cluster {self.name!r} stopped: {n} worker(s) ended"
+        if shut_ray:
+            msg += ", local Ray shut down"
+        elif last_user:
+            msg += f", disconnected from the Ray cluster at {self.connection.address if self.connection else '?'} (left running)"
+        return msg
 
     def add_stop_hook(self, fn: Callable[[str], None]) -> None:
         """Call ``fn(reason)`` before the workers are stopped (budget and idle stops use this)."""

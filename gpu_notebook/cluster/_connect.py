@@ -21,6 +21,7 @@ class RayConnection:
     address: str  # the GCS address, or the ray:// address given
     started_here: bool  # we started this Ray (and must shut it down)
     client_mode: bool  # ray:// (Ray Client)
+    owned: bool = True  # we called ray.init (else someone else did and we only borrow the connection)
 
 
 _CONNECTION: RayConnection | None = None
@@ -75,7 +76,9 @@ def connect(
             if existing is None:
                 ctx = ray.get_runtime_context()
                 gcs = getattr(ctx, "gcs_address", None) or "existing"
-                existing = _CONNECTION = RayConnection(gcs, started_here=False, client_mode=ray.util.client.ray.is_connected())
+                existing = _CONNECTION = RayConnection(
+                    gcs, started_here=False, client_mode=ray.util.client.ray.is_connected(), owned=False
+                )
             say(f"using the Ray this kernel is already connected to ({existing.address})")
             return existing
         raise ConnectError(

@@ -1,0 +1,235 @@
+"""%gpu_cluster and the Cluster object: start/status/stop/scale/list/use/logs, bad arguments, import cost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gpu_notebook import Cluster, get_manager
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_import_is_cheap():
+    code = (
+        "import sys, gpu_notebook, gpu_notebook.cluster, gpu_notebook.distributed, gpu_notebook.magics\n"
+        "from gpu_notebook import Cluster, get_manager\n"
+        "heavy = [m for m in ('ray', 'torch', 'boto3', 'pynvml', 'plotly', 'ipywidgets', 'zstandard') "
+        "if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_status_shows_nodes_and_workers_as_html_and_text(ip, shared):
+    st = shared.status()
+    assert st.state == "running" and st.backend == "gloo" and len(st.workers) == 2
+    assert [w.rank for w in st.workers] == [0, 1] and all(w.alive for w in st.workers)
+    assert all(w.num_cpus == 0.5 for w in st.workers)
+    assert len({w.pid for w in st.workers}) == 2
+    assert len(st.nodes) >= 1 and st.nodes[0].cpus > 0
+    html = st._repr_html_()
+    assert "<table" in html and str(st.workers[1].pid) in html
+    text = str(st)
+    assert "rank" in text and str(st.workers[0].pid) in text and "alive" in text
+    bundle = ip.display_formatter.format(st)[0]
+    assert str(st.workers[0].pid) in bundle["text/plain"]  # the terminal shell only renders text
+
+
+def test_status_reports_a_dead_worker(ip, shared):
+    import os
+    import signal
+    import time
+
+    pid = shared.status().workers[1].pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        st = shared.status()
+        if not st.workers[1].alive:
+            break
+        time.sleep(0.5)
+    assert not st.workers[1].alive and st.workers[0].alive
+    msg = shared.restart()
+    assert "reset" in msg and all(w.alive for w in shared.status().workers)
+
+
+def test_scale_rebuilds_the_group_and_says_state_was_reset(ip, shared, capsys):
+    ip.run_cell("%%distributed\nmarker = 1\n")
+    ip.run_cell("%gpu_cluster scale 3")
+    out = capsys.readouterr().out
+    assert "scaled from 2 to 3" in out and "reset" in out
+    assert shared.world_size == 3
+    res = ip.run_cell("%%distributed -o w\nimport torch.distributed as dist\n(dist.get_world_size(), 'marker' in dir())\n")
+    assert res.success and list(ip.user_ns["w"]) == [(3, False)] * 3
+    ip.run_cell("%gpu_cluster scale 2")
+    assert shared.world_size == 2
+
+
+def test_two_clusters_list_and_use(ip, shared, capsys):
+    ip.run_cell("%gpu_cluster start --name solo --workers 1 --cpus-per-worker 0.25")
+    solo = get_manager().get("solo")
+    try:
+        assert get_manager().current is solo and solo.world_size == 1
+        ip.run_cell("%gpu_cluster list")
+        out = capsys.readouterr().out
+        assert "* solo" in out and "  shared" in out
+        res = ip.run_cell("%%distributed -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n")
+        assert list(ip.user_ns["ws"]) == [1]
+        ip.run_cell("%gpu_cluster use shared")
+        assert get_manager().current is shared
+        res = ip.run_cell("%%distributed -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n")
+        assert res.success and list(ip.user_ns["ws"]) == [2, 2]
+        ip.run_cell("%%distributed --cluster solo -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n")
+        assert list(ip.user_ns["ws"]) == [1]
+    finally:
+        ip.run_cell("%gpu_cluster stop solo")
+    out = capsys.readouterr().out
+    assert "cluster 'solo' stopped" in out
+    assert get_manager().get("solo", None) is None
+    assert shared.running  # stopping one cluster leaves the shared Ray and the other cluster alone
+
+
+def test_logs_keep_recent_output_per_rank(ip, shared, capsys):
+    ip.run_cell("%%distributed\nfor i in range(5): print('log line', rank, i)\n")
+    capsys.readouterr()
+    ip.run_cell("%gpu_cluster logs --rank 1 --tail 2")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["[rank 1] log line 1 3", "[rank 1] log line 1 4"]
+    assert shared.logs(tail=1)[0] == ["log line 0 4"]
+
+
+def test_output_printed_between_cells_by_a_background_thread_reaches_logs(ip, shared):
+    import time
+
+    ip.run_cell("%%distributed\nimport threading, time\n"
+                "threading.Thread(target=lambda: (time.sleep(0.3), print('late', rank)), daemon=True).start()\n")
+    time.sleep(1.0)
+    assert "late 0" in shared.logs(rank=0, tail=5)[0]
+
+
+@pytest.mark.parametrize(
+    "line,expect",
+    [
+        ("", "the following arguments are required"),
+        ("frobnicate", "invalid choice"),
+        ("start --workers two", "invalid int value"),
+        ("start --workers 0", "at least 1"),
+        ("scale", "scale takes one argument"),
+        ("scale -3", "scale takes one argument"),
+        ("use", "use takes one argument"),
+        ("use nosuch", "no cluster named 'nosuch'"),
+        ("start --address not-an-address", "bad Ray address"),
+        ("list extra", "list takes no positional arguments"),
+    ],
+)
+def test_bad_gpu_cluster_arguments_print_usage_not_a_traceback(ip, shared, capsys, line, expect):
+    res = ip.run_cell(f"%gpu_cluster {line}")
+    assert res.success and res.error_in_exec is None
+    captured = capsys.readouterr()
+    assert expect in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.parametrize(
+    "cell,expect",
+    [
+        ("%%distributed --workers 7\n1\n", "out of range"),
+        ("%%distributed --workers x\n1\n", "bad rank selection"),
+        ("%%distributed --timeout soon\n1\n", "invalid float value"),
+        ("%%distributed --bogus\n1\n", "unrecognized arguments"),
+        ("%gpu_push", "the following arguments are required"),
+        ("%gpu_push not_defined_anywhere", "not defined in the notebook"),
+        ("%gpu_pull x --rank 9", "out of range"),
+        ("%gpu_pull", "the following arguments are required"),
+    ],
+)
+def test_bad_distributed_arguments_print_usage_not_a_traceback(ip, shared, capsys, cell, expect):
+    res = ip.run_cell(cell)
+    assert res.error_in_exec is None
+    captured = capsys.readouterr()
+    assert expect in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_help_is_generated_from_the_arguments(ip):
+    doc = ip.find_line_magic("gpu_cluster").__doc__
+    assert "--cpus-per-worker" in doc and "start,status,stop,scale,list,use" in doc
+    assert "In [1]: %gpu_cluster start" in doc
+    assert "--no-stream" in ip.find_cell_magic("distributed").__doc__
+
+
+def test_no_cluster_gives_a_clear_message(ip, capsys):
+    from gpu_notebook.cluster import ClusterManager
+    import gpu_notebook.cluster._manager as m
+
+    saved = m._MANAGER
+    m._MANAGER = ClusterManager()
+    try:
+        res = ip.run_cell("%%distributed\n1\n")
+        assert res.error_in_exec is None
+        assert "no cluster is running" in capsys.readouterr().err
+    finally:
+        m._MANAGER = saved
+
+
+def test_unplaceable_workers_fail_with_advice(ray_session):
+    from gpu_notebook.distributed import GroupTimeouts
+
+    c = Cluster(name="toobig", workers=2, cpus_per_worker=64, timeouts=GroupTimeouts(placement=3))
+    with pytest.raises(Exception, match="fractions such as --cpus-per-worker 0.5"):
+        c.start()
+    assert get_manager().get("toobig", None) is None
+
+
+def test_the_cluster_is_a_context_manager(ray_session):
+    with Cluster(name="ctx", workers=1, cpus_per_worker=0.25) as c:
+        assert c.running and c.call(lambda: 40 + 2) == [42]
+        assert "ctx" in repr(c)
+    assert c.state == "stopped" and get_manager().get("ctx", None) is None
+
+
+SCRIPT_EXIT = textwrap.dedent(
+    """
+    import json, logging, sys
+    from gpu_notebook import Cluster
+    c = Cluster(workers=2, cpus_per_worker=0.5).start()
+    import ray
+    print(json.dumps({"pids": [w.pid for w in c.status().workers], "started": c.started_ray}), flush=True)
+    # no stop(): the process exits and must take the workers and its local Ray with it
+    """
+)
+
+
+def test_a_cluster_we_started_is_stopped_when_the_kernel_exits(tmp_path):
+    import json
+    import os
+    import time
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_EXIT], capture_output=True, text=True, env=env, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["started"] is True and len(info["pids"]) == 2
+    deadline = time.time() + 30
+    while time.time() < deadline and any(_alive(p) for p in info["pids"]):
+        time.sleep(0.5)
+    assert not any(_alive(p) for p in info["pids"])
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
