@@ -127,7 +127,7 @@ def allreduce_bench(
         view = buf[:count]
         wrong = 0
         if check:
-            pattern = (torch.arange(count, device=device) % 13).to(tdtype)
+            pattern = (torch.arange(count, device=device, dtype=torch.int32) % 13).to(tdtype)
             view.copy_(pattern + (rank + 1))
             dist.all_reduce(view)
             expected = pattern * n + n * (n + 1) // 2
