@@ -16,6 +16,7 @@ from gpu_notebook.doctor import (
     busbw_gbps,
     diagnose,
     message_sizes,
+    parse_size,
 )
 from gpu_notebook.doctor._bench import choose_pairs, combine, find_slow_links
 from gpu_notebook.doctor._scaling import scaling_rows, scaling_sizes
@@ -183,3 +184,13 @@ def test_scaling_helpers() -> None:
     )
     assert rows[0]["throughput"] == 100 and rows[1]["throughput"] == pytest.approx(160)
     assert rows[1]["speedup"] == pytest.approx(1.6) and rows[1]["efficiency"] == pytest.approx(0.8)
+
+
+def test_parse_size() -> None:
+    assert parse_size("128M") == 128 * 2**20
+    assert parse_size("8") == 8 and parse_size(8) == 8
+    assert parse_size("64k") == 65536 and parse_size("1G") == 2**30 and parse_size("4MB") == 4 * 2**20
+    with pytest.raises(ValueError):
+        parse_size("lots")
+    with pytest.raises(ValueError):
+        parse_size("0")

@@ -18,6 +18,7 @@ from gpu_notebook.doctor._bench import (
     bench_allreduce,
     busbw_gbps,
     message_sizes,
+    parse_size,
 )
 from gpu_notebook.doctor._checks import analyze, compare_versions, nccl_select_interfaces
 from gpu_notebook.doctor._compat import (
@@ -59,6 +60,7 @@ __all__ = [
     "algbw_gbps",
     "busbw_gbps",
     "message_sizes",
+    "parse_size",
     "bench_scaling",
     "ScalingResult",
     "LocalGroup",

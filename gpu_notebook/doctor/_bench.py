@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "parse_size",
     "algbw_gbps",
     "busbw_gbps",
     "message_sizes",
@@ -43,6 +44,25 @@ _DTYPE_NAMES = {
     "int32": "int32",
     "int64": "int64",
 }
+
+
+def parse_size(text: str | int) -> int:
+    """``"128M"`` -> 134217728, like nccl-tests' ``-b``/``-e`` (K, M, G are powers of 1024); ints pass through.
+
+    Usable as an argparse ``type=`` for ``--max-bytes``.
+    """
+    if isinstance(text, int):
+        return text
+    t = str(text).strip().upper().removesuffix("B")
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
+    number = t[:-1] if mult > 1 else t
+    try:
+        value = int(float(number) * mult)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 8, 64K, 128M, 1G)") from None
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
 
 
 def algbw_gbps(nbytes: int, seconds: float) -> float:
