@@ -32,7 +32,14 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.cost._meter import LOCAL_PRICE, CostMeter, CostSnapshot, NodePrice, cost_meter_for, resolve_price
+    from gpu_notebook.cost._meter import (
+        LOCAL_PRICE,
+        CostMeter,
+        CostSnapshot,
+        NodePrice,
+        cost_meter_for,
+        resolve_price,
+    )
     from gpu_notebook.cost._policies import (
         BudgetPolicy,
         CpuUtilisation,

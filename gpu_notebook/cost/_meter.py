@@ -51,12 +51,14 @@ class NodePrice:
 LOCAL_PRICE = NodePrice(LOCAL, LOCAL, LOCAL, "on_demand", 0.0, {m: 0.0 for m in MARKETS}, "local cluster", "")
 
 
-def resolve_price(spec: NodeSpec | str | None, catalog: Any = None) -> NodePrice:
+def resolve_price(spec: NodePrice | NodeSpec | str | None, catalog: Any = None) -> NodePrice:
     """Turn a node spec into a :class:`NodePrice` using the catalog (overrides apply)."""
     if spec is None or spec == LOCAL or (isinstance(spec, tuple) and spec and spec[0] == LOCAL):
         return LOCAL_PRICE
     if isinstance(spec, NodePrice):
         return spec
+    if isinstance(spec, str):
+        raise ValueError(f"a node price is 'local' or (cloud, instance_type, region, market), not {spec!r}")
     cloud, instance_type, region, market = spec
     from gpu_notebook.catalog import get_catalog, normalize_market
 

@@ -19,7 +19,6 @@ import math
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -402,6 +401,7 @@ class PolicyWatcher:
                     out.append(msg)
                     self.messages.append((at, msg))
                     del self.messages[:-50]
+            self.meter.snapshot(at)  # records the $ history the widget plots
         return out
 
     def touch(self, at: float | None = None) -> None:

@@ -8,12 +8,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["MonitorWidget"]
+__all__ = ["CostWidget", "MonitorWidget", "cost_view"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.widgets._cost import CostWidget, cost_view
     from gpu_notebook.widgets._monitor import MonitorWidget
 
 _LAZY = {
+    "CostWidget": "gpu_notebook.widgets._cost",
+    "cost_view": "gpu_notebook.widgets._cost",
     "MonitorWidget": "gpu_notebook.widgets._monitor",
 }
 

@@ -1,0 +1,131 @@
+"""``%gpu_cost``: live cost of the current cluster, budget and idle-stop policies, the price catalog (thin over
+:mod:`gpu_notebook.cost` and :mod:`gpu_notebook.catalog`)."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.display import HTML, display
+
+from gpu_notebook.magics._common import BadArguments, error, parse
+
+COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
+
+
+@magics_class
+class CostMagics(Magics):
+    """The ``%gpu_cost`` magic."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self._widgets: list[Any] = []
+
+    @magic_arguments()
+    @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
+    @argument("--budget", type=float, metavar="USD", help="policies: stop the workers when the estimate reaches USD")
+    @argument("--idle-stop", type=float, metavar="MINUTES", help="policies: stop the workers after MINUTES idle")
+    @argument("--refresh", type=float, default=2.0, help="show: seconds between updates (default 2)")
+    @argument("--text", action="store_true", help="show: print the numbers once instead of a live view")
+    @argument("--cloud", help="catalog/refresh: aws, gcp or azure")
+    @argument("--gpu", help="catalog: GPU type, e.g. A100 or A100-80GB")
+    @argument("--region", help="catalog/refresh: region, e.g. us-east-1")
+    @line_magic
+    def gpu_cost(self, line: str) -> Any:
+        """Live cost of the current cluster: $/hour now, $ so far, next hour, on-demand vs spot vs reserved.
+
+        Prices are list-price estimates from the catalog (source and date shown); a local cluster costs $0.
+
+        Examples
+        --------
+        In [1]: %gpu_cost
+        In [2]: %gpu_cost status
+        In [3]: %gpu_cost policies --budget 25 --idle-stop 60
+        In [4]: %gpu_cost catalog --cloud aws --gpu A100
+        In [5]: %gpu_cost refresh --cloud azure
+        In [6]: %gpu_cost stop
+        """
+        try:
+            args = parse(self.gpu_cost, line)
+        except BadArguments:
+            return None
+        try:
+            return getattr(self, f"_cmd_{args.command}")(args)
+        except (LookupError, ValueError, RuntimeError, OSError) as exc:
+            error(str(exc))
+            return None
+
+    @staticmethod
+    def _meter() -> Any:
+        from gpu_notebook.cost import cost_meter_for
+
+        return cost_meter_for()
+
+    def _cmd_show(self, args: Any) -> None:
+        meter = self._meter()
+        if args.text:
+            print(meter.snapshot())
+            return
+        from gpu_notebook.widgets import cost_view
+
+        view = cost_view(meter, interval=args.refresh)
+        if hasattr(view, "show"):
+            self._widgets.append(view)
+            view.show()
+        else:
+            display(view)
+
+    def _cmd_status(self, args: Any) -> None:
+        print(self._meter().snapshot())
+
+    def _cmd_policies(self, args: Any) -> None:
+        from gpu_notebook.cluster import get_manager
+        from gpu_notebook.cost import attach_policies, watcher_for
+
+        cluster = get_manager().current
+        if cluster is None:
+            raise RuntimeError("no cluster: start one with %gpu_cluster start")
+        if args.budget is None and args.idle_stop is None:
+            w = watcher_for(cluster)
+            print("\n".join(f"{s['name']}: {s['state']} {s['message']}" for s in w.status()) if w and w.policies
+                  else "No cost policies; add them with %gpu_cost policies --budget USD --idle-stop MINUTES")
+            return
+        w = attach_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
+        print(f"cluster {cluster.name!r}: " + "; ".join(
+            f"budget ${p.usd:,.2f} (warns at 80%)" if p.name == "budget" else f"idle stop after {p.window_s / 60:g} min"
+            for p in w.policies))
+
+    def _cmd_catalog(self, args: Any) -> None:
+        from gpu_notebook.catalog import get_catalog
+
+        cat = get_catalog()
+        rows = cat.table(cloud=args.cloud, gpu=args.gpu, region=args.region)
+        if not rows:
+            print("No instance types match.")
+            return
+        cols = ["cloud", "instance_type", "gpu", "vcpus", "memory_gb", "region", "on_demand", "spot", "reserved_1y"]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        body = "".join("<tr>" + "".join(
+            f"<td>{r.get(c, ''):.3f}</td>" if isinstance(r.get(c), float) and c in cols[6:] else
+            f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
+        display(HTML(f"<div><b>USD per hour, estimates</b> &mdash; {html.escape(cat.source)}, as of "
+                     f"{html.escape(cat.date)}<table><tr>{head}</tr>{body}</table></div>"))
+
+    def _cmd_refresh(self, args: Any) -> None:
+        from gpu_notebook.catalog import get_catalog
+
+        clouds = [args.cloud] if args.cloud else None
+        regions = [args.region] if args.region else None
+        print(get_catalog().refresh(clouds=clouds, regions=regions))
+
+    def _cmd_stop(self, args: Any) -> None:
+        for w in self._widgets:
+            w.stop()
+        n = len(self._widgets)
+        self._widgets.clear()
+        print(f"{n} cost view(s) stopped." if n else "No live cost view.")
+
+
+__all__ = ["CostMagics"]

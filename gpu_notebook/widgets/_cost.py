@@ -1,0 +1,213 @@
+"""The live cost view: $/hour now, $ so far, next-hour projection, market comparison, budget and idle countdown.
+
+:class:`CostWidget` is a cached view of a :class:`~gpu_notebook.cost.CostMeter`: a stock ipywidgets ``HTML``
+header (the numbers, the budget bar, the idle-stop countdown, the estimate label) above one plotly
+``FigureWidget`` (dollars accrued over time, and what the same node-hours cost on-demand / spot / 1-year
+reserved). A daemon thread refreshes it every few seconds and sends only what changed, at most
+``max_msgs_per_s`` messages per second. The mime bundle carries a static ``text/html`` card, so a saved
+notebook shows the last numbers, and :meth:`stop` replaces a displayed view by that card.
+Without ipywidgets/plotly, :func:`cost_view` returns the meter's static snapshot instead.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["CostWidget", "cost_view"]
+
+_MARKET_LABELS = {"on_demand": "on-demand", "spot": "spot", "reserved_1y": "1-year reserved"}
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = max(0, int(s))
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def header_html(snap: Any) -> str:
+    """The header card: numbers, budget bar, policy lines and the estimate label."""
+    from gpu_notebook.cost._meter import snapshot_html
+
+    parts = [snapshot_html(snap)]
+    for p in snap.policies:
+        if p.get("name") == "idle stop" and p.get("state") == "countdown":
+            parts.insert(0, "<div style='background:#fdebd0;padding:4px;border-left:4px solid #e67e22'>"
+                            f"<b>Idle stop in {_fmt_s(p.get('remaining_s'))}</b>: run any cell to keep the "
+                            "workers</div>")
+        if p.get("state") == "stopped":
+            parts.insert(0, "<div style='background:#fadbd8;padding:4px;border-left:4px solid #c0392b'>"
+                            f"<b>Workers stopped</b>: {html.escape(str(p.get('message', '')))}</div>")
+    return "".join(parts)
+
+
+class CostWidget:
+    """Live view of a :class:`~gpu_notebook.cost.CostMeter`.
+
+    Parameters
+    ----------
+    meter
+        The cost meter to show.
+    interval
+        Seconds between refreshes (default 2).
+    max_points
+        Points kept on the $ over time chart (default 300).
+    max_msgs_per_s
+        Cap on widget messages per second (default 5).
+    autostart
+        Start the refresh thread now (default True).
+    clock
+        Seconds; defaults to the meter's clock (inject a simulated one in tests and call :meth:`refresh`).
+
+    Examples
+    --------
+    In [1]: from gpu_notebook.cost import cost_meter_for
+    In [2]: CostWidget(cost_meter_for(cluster)).show()
+    """
+
+    def __init__(self, meter: Any, *, interval: float = 2.0, max_points: int = 300, max_msgs_per_s: float = 5.0,
+                 autostart: bool = True, clock: Callable[[], float] | None = None) -> None:
+        import ipywidgets as W
+        import plotly.graph_objects as go
+
+        self.meter = meter
+        self.interval = max(0.2, float(interval))
+        self.max_points = int(max_points)
+        self.max_msgs_per_s = float(max_msgs_per_s)
+        self.clock: Callable[[], float] = clock or getattr(meter, "clock", None) or time.time
+        self._sent: list[float] = []
+        self.messages_sent = 0
+        self.refreshes = 0
+        self.skipped = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._handle: Any = None
+        self._last: tuple[Any, ...] | None = None
+        snap = meter.snapshot(self.clock())
+        self.header = W.HTML(value=header_html(snap))
+        fig = go.FigureWidget(layout=dict(
+            height=260, margin=dict(l=50, r=10, t=30, b=30), showlegend=False,
+            xaxis=dict(domain=[0, 0.62], title=None), yaxis=dict(title="USD so far", rangemode="tozero"),
+            xaxis2=dict(domain=[0.72, 1.0]), yaxis2=dict(anchor="x2", title="same node-hours, USD", rangemode="tozero"),
+            title=dict(text="cost (estimate)", font=dict(size=12))))
+        fig.add_scatter(x=[], y=[], mode="lines", name="USD so far", line=dict(shape="hv"))
+        fig.add_bar(x=[_MARKET_LABELS[m] for m in ("on_demand", "spot", "reserved_1y")], y=[0, 0, 0],
+                    xaxis="x2", yaxis="y2", name="markets")
+        self.fig = fig
+        self.box = W.VBox([self.header, self.fig])
+        self.box.add_class("gpu-notebook-cost")
+        for w in (self.header, self.fig, self.box):
+            self._count(w)
+        self.refresh(force=True)
+        if autostart:
+            self.start()
+
+    # -- message budget ----------------------------------------------------------------------------------------
+    def _count(self, widget: Any) -> None:
+        comm = getattr(widget, "comm", None)
+        if comm is None or getattr(comm, "_gnb_cost_counted", False):
+            return
+        orig = comm.send
+
+        def send(*args: Any, **kwargs: Any) -> Any:
+            self._sent.append(time.monotonic())
+            self.messages_sent += 1
+            return orig(*args, **kwargs)
+
+        comm.send = send
+        comm._gnb_cost_counted = True
+
+    def _recent(self) -> int:
+        cutoff = time.monotonic() - 1.0
+        self._sent = [t for t in self._sent if t > cutoff]
+        return len(self._sent)
+
+    # -- refresh -----------------------------------------------------------------------------------------------
+    def refresh(self, force: bool = False) -> bool:
+        """Send new numbers if they changed and the message cap allows; returns whether anything was sent."""
+        with self._lock:
+            if not force and self._recent() + 5 > self.max_msgs_per_s:
+                self.skipped += 1
+                return False
+            snap = self.meter.snapshot(self.clock())
+            hist = self.meter.history[-self.max_points:]
+            key = (round(snap.spent_usd, 2), round(snap.usd_per_hour, 2), snap.nodes_running,
+                   tuple((p.get("state"), p.get("message")) for p in snap.policies), len(hist))
+            if key == self._last and not force:
+                return False
+            self._last = key
+            head = header_html(snap)
+            if head != self.header.value:
+                self.header.value = head
+            xs = [_dt.datetime.fromtimestamp(t) for t, _s, _r in hist]
+            with self.fig.batch_update():
+                self.fig.data[0].x = xs
+                self.fig.data[0].y = [round(s, 4) for _t, s, _r in hist]
+                self.fig.data[1].y = [round(snap.by_market[m], 4) for m in ("on_demand", "spot", "reserved_1y")]
+                self.fig.layout.title.text = ("local cluster: $0" if snap.is_local else
+                                              f"${snap.spent_usd:,.2f} so far (estimate, prices as of {snap.date})")
+            self.refreshes += 1
+            return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
+                pass
+
+    def start(self) -> CostWidget:
+        """Start the background refresh thread (idempotent)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-cost-widget")
+            self._thread.start()
+        return self
+
+    def stop(self, snapshot: bool = True) -> None:
+        """Stop refreshing; a view shown with :meth:`show` is replaced by a static card."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        if snapshot and self._handle is not None:
+            from IPython.display import HTML
+
+            self._handle.update(HTML(self.snapshot_html()))
+
+    # -- display -----------------------------------------------------------------------------------------------
+    def snapshot_html(self) -> str:
+        return header_html(self.meter.snapshot(self.clock()))
+
+    def show(self) -> Any:
+        """Display the view and keep a handle so :meth:`stop` can leave a static card behind."""
+        from IPython.display import display
+
+        self._handle = display(self, display_id=True)
+        return self._handle
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle = dict(self.box._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/html"] = self.snapshot_html()
+        bundle["text/plain"] = str(self.meter.snapshot(self.clock()))
+        return bundle
+
+    def __repr__(self) -> str:
+        state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
+        return f"CostWidget({self.meter!r}, every {self.interval:g}s, {state})"
+
+
+def cost_view(meter: Any, **kwargs: Any) -> Any:
+    """A live :class:`CostWidget`, or the meter's static snapshot where ipywidgets/plotly are missing."""
+    try:
+        import ipywidgets  # noqa: F401
+        import plotly  # noqa: F401
+    except ImportError:
+        return meter.snapshot()
+    return CostWidget(meter, **kwargs)
