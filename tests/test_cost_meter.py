@@ -156,3 +156,24 @@ def test_cost_meter_for_polls_cluster_and_stops_with_it(cat: Catalog) -> None:
     assert m.spent() == spent
     m.poll()
     assert m.usd_per_hour() == 0.0
+
+
+def test_head_nodes_outside_the_gpu_catalog(cat: Catalog) -> None:
+    clock = Clock()
+    spec = {
+        "head": ("aws", "m5.xlarge", "us-east-1", "on_demand", 0.192),   # the cloud layer's own head price
+        "gpu": ("aws", "g5.xlarge", "us-east-1", "spot"),
+        "odd": ("aws", "x9.mystery", "us-east-1", "on_demand"),          # unknown: $0 and said so
+        "mine": 2.5,                                                       # a user price, USD/h
+    }
+    m = CostMeter(node_pricing=spec, clock=clock, catalog=cat)
+    m.sync_nodes(spec)
+    clock.t += 3600
+    s = m.snapshot()
+    g5_spot = cat.get("aws", "g5.xlarge").price("us-east-1", "spot")
+    assert s.spent_usd == pytest.approx(0.192 + g5_spot + 2.5)
+    assert "excludes 1 node(s) with no known price (x9.mystery)" in s.estimate_label
+    assert any("price unknown, counted as $0" in n["label"] for n in s.nodes)
+    assert s.by_market["on_demand"] == pytest.approx(0.192 + 1.006 + 2.5)
+    with pytest.raises(ValueError):
+        resolve_price("p4d", cat)

@@ -19,7 +19,8 @@ from typing import Any
 LOCAL = "local"
 MARKETS = ("on_demand", "spot", "reserved_1y")
 
-#: ``node_id -> (cloud, instance_type, region, market)``, or ``None``/``"local"`` for a $0 local node.
+#: ``node_id -> (cloud, instance_type, region, market[, usd_per_hour])``, a number (USD/h), a NodePrice, or
+#: ``None``/``"local"`` for a $0 local node (see :func:`resolve_price`).
 NodeSpec = tuple[str, str, str, str]
 NodePricing = Callable[[str], "NodeSpec | str | None"] | Mapping[str, "NodeSpec | str | None"]
 
@@ -42,36 +43,59 @@ class NodePrice:
         return self.cloud == LOCAL
 
     @property
+    def known(self) -> bool:
+        return not self.source.startswith("price unknown")
+
+    @property
     def label(self) -> str:
         if self.is_local:
             return "local (own hardware, $0)"
+        if not self.known:
+            return f"{self.cloud} {self.instance_type}: price unknown, counted as $0"
         return f"{self.cloud} {self.instance_type} {self.region} {self.market.replace('_', '-')}"
 
 
 LOCAL_PRICE = NodePrice(LOCAL, LOCAL, LOCAL, "on_demand", 0.0, {m: 0.0 for m in MARKETS}, "local cluster", "")
 
 
-def resolve_price(spec: NodePrice | NodeSpec | str | None, catalog: Any = None) -> NodePrice:
-    """Turn a node spec into a :class:`NodePrice` using the catalog (overrides apply)."""
+def resolve_price(spec: Any, catalog: Any = None) -> NodePrice:
+    """Turn a node spec into a :class:`NodePrice` using the catalog (overrides apply).
+
+    ``spec`` is ``None``/``"local"`` ($0), a :class:`NodePrice`, a number (USD/hour, every market),
+    ``(cloud, instance_type, region, market)`` looked up in the catalog, or
+    ``(cloud, instance_type, region, market, usd_per_hour)`` whose price is used when the catalog lacks the
+    instance (e.g. a CPU head node). Raises :class:`LookupError` when the price cannot be found.
+    """
     if spec is None or spec == LOCAL or (isinstance(spec, tuple) and spec and spec[0] == LOCAL):
         return LOCAL_PRICE
     if isinstance(spec, NodePrice):
         return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        usd = float(spec)
+        return NodePrice("custom", "custom", "", "on_demand", usd, {m: usd for m in MARKETS}, "user price", "")
     if isinstance(spec, str):
         raise ValueError(f"a node price is 'local' or (cloud, instance_type, region, market), not {spec!r}")
-    cloud, instance_type, region, market = spec
+    cloud, instance_type, region, market = spec[:4]
+    fallback = float(spec[4]) if len(spec) > 4 and spec[4] is not None else None
     from gpu_notebook.catalog import get_catalog, normalize_market
 
     cat = catalog if catalog is not None else get_catalog()
-    it = cat.get(cloud, instance_type)
     market = normalize_market(market)
+    try:
+        it = cat.get(cloud, instance_type)
+        usd = it.price(region, market)
+    except LookupError:
+        if fallback is None:
+            raise
+        return NodePrice(cloud, instance_type, region, market, fallback, {market: fallback},
+                         "price given by the caller (not in the GPU catalog)", "")
     alts = {}
     for m in MARKETS:
         try:
             alts[m] = it.price(region, m)
         except LookupError:
             pass
-    return NodePrice(it.cloud, it.name, region, market, it.price(region, market), alts, it.source, it.date)
+    return NodePrice(it.cloud, it.name, region, market, usd, alts, it.source, it.date)
 
 
 @dataclass
@@ -109,12 +133,16 @@ class CostSnapshot:
     date: str
     budget_usd: float | None = None
     policies: list[dict[str, Any]] = field(default_factory=list)
+    unknown_prices: list[str] = field(default_factory=list)
 
     @property
     def estimate_label(self) -> str:
         if self.is_local:
             return "local cluster: $0 (your own hardware; electricity not counted)"
-        return f"estimate from list prices ({self.source}, as of {self.date}); not a bill"
+        text = f"estimate from list prices ({self.source}, as of {self.date}); not a bill"
+        if self.unknown_prices:
+            text += f"; excludes {len(self.unknown_prices)} node(s) with no known price ({', '.join(self.unknown_prices)})"
+        return text
 
     def lines(self) -> list[str]:
         out = [f"cost now  ${self.usd_per_hour:,.2f}/h on {self.nodes_running} node(s)   "
@@ -216,11 +244,16 @@ class CostMeter:
         """The price of ``node_id`` from ``node_pricing`` (``local`` at $0 when none is known)."""
         spec: Any = None
         np_ = self.node_pricing
-        if np_ is not None:
-            spec = np_.get(node_id) if isinstance(np_, Mapping) else np_(node_id)
-        return resolve_price(spec, self.catalog)
+        try:
+            if np_ is not None:
+                spec = np_.get(node_id) if isinstance(np_, Mapping) else np_(node_id)
+            return resolve_price(spec, self.catalog)
+        except (LookupError, ValueError, TypeError) as e:
+            name = spec[1] if isinstance(spec, tuple) and len(spec) > 1 else str(spec)
+            cloud = spec[0] if isinstance(spec, tuple) and spec else "unknown"
+            return NodePrice(str(cloud), str(name), "", "on_demand", 0.0, {}, f"price unknown: {e}", "")
 
-    def node_joined(self, node_id: str, at: float | None = None, price: NodePrice | NodeSpec | str | None = None) -> None:
+    def node_joined(self, node_id: str, at: float | None = None, price: Any = None) -> None:
         """Start accruing for ``node_id`` at ``at`` (default now); no-op if it is already running."""
         at = self.clock() if at is None else at
         with self._lock:
@@ -338,7 +371,8 @@ class CostMeter:
                     row.update(running=True, usd_per_hour=iv.price.usd_per_hour, label=iv.price.label)
             rate = self.usd_per_hour()
             spent = self.spent(at)
-            priced = [iv.price for iv in self._intervals if not iv.price.is_local]
+            priced = [iv.price for iv in self._intervals if not iv.price.is_local and iv.price.known]
+            unknown = sorted({iv.price.instance_type for iv in self._intervals if not iv.price.known})
             source = priced[-1].source if priced else "local cluster"
             date = priced[-1].date if priced else ""
             snap = CostSnapshot(
@@ -346,7 +380,7 @@ class CostMeter:
                 node_hours=self.node_hours(at), nodes_running=len(self._open), by_market=self.by_market(at),
                 nodes=list(per_node.values()), is_local=self.is_local, source=source, date=date,
                 budget_usd=self.budget_usd,
-                policies=[p.status(at) for p in self.policies if hasattr(p, "status")])
+                policies=[p.status(at) for p in self.policies if hasattr(p, "status")], unknown_prices=unknown)
             if not self._history or at > self._history[-1][0]:
                 self._history.append((at, spent, rate))
                 if len(self._history) > 2000:
