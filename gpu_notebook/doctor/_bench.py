@@ -98,7 +98,7 @@ def _device_and_sync(group: Any = None) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
-    if dist.get_backend(group) == "nccl":
+    if "nccl" in str(dist.get_backend(group)):
         dev = torch.device("cuda", torch.cuda.current_device())
         return dev, torch.cuda.synchronize
     return torch.device("cpu"), lambda: None

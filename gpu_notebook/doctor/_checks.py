@@ -404,7 +404,7 @@ def check_gpu_assignment(facts: list[dict[str, Any]], labels: dict[int, str]) ->
         backend = (f.get("dist") or {}).get("backend")
         count = int(f.get("device_count") or 0)
         if count == 0:
-            if backend == "nccl":
+            if "nccl" in str(backend or ""):
                 out.append(
                     Finding(
                         check,

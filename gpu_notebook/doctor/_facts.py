@@ -150,7 +150,7 @@ def _torch_facts(facts: dict[str, Any]) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
             facts["current_device"] = int(torch.cuda.current_device())
         else:
             facts["current_device"] = local_rank % facts["device_count"]

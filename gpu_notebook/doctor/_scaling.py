@@ -51,7 +51,7 @@ def scaling_train(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
-    on_gpu = dist.get_backend() == "nccl"
+    on_gpu = "nccl" in str(dist.get_backend())
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     hidden = hidden or (4096 if on_gpu else 256)
