@@ -115,6 +115,7 @@ class Monitor:
         elif self.cluster is None:
             s = NodeSampler(nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
                             history_s=self.history_s, clock=self.clock if self.clock is not time.time else None)
+            s.tick()  # a first sample right away, so a dashboard shown now is not empty
             s.start()
             self._own_local.append(s)
             self.aggregator.add(LocalHandle(s))
@@ -132,6 +133,7 @@ class Monitor:
                 hook(_on_cluster_stop)
         self.started = True
         self._stop.clear()
+        self.pull()
         if self.autopull:
             self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-monitor-pull")
             self._thread.start()

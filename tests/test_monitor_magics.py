@@ -1,0 +1,79 @@
+"""``%gpu_monitor`` in a real IPython shell (this machine: host metrics; GPUs where NVML exists)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from gpu_notebook.magics._monitor import MonitorMagics
+
+pytest.importorskip("plotly")
+
+
+@pytest.fixture(scope="module")
+def ip():
+    shell = InteractiveShell.instance()
+    shell.register_magics(MonitorMagics)
+    yield shell
+    shell.run_line_magic("gpu_monitor", "stop --local")
+
+
+def test_help_is_generated_from_magic_arguments(ip) -> None:
+    doc = ip.find_line_magic("gpu_monitor").__doc__
+    assert "%gpu_monitor" in doc and "--interval" in doc and "{show,stop,status" in doc
+
+
+def test_bad_arguments_print_usage_not_a_traceback(ip) -> None:
+    with capture_output() as cap:
+        result = ip.run_line_magic("gpu_monitor", "explode --local")
+    assert result is None
+    assert "[--path PATH]" in cap.stderr and "%gpu_monitor" in cap.stderr and "invalid choice" in cap.stderr and "Traceback" not in cap.stderr + cap.stdout
+
+
+def test_show_status_exports_and_stop(ip) -> None:
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "show --local --interval 0.2 --refresh 0.2")
+    bundles = [o.data for o in cap.outputs]
+    assert any("application/vnd.jupyter.widget-view+json" in b and "<table>" in b.get("text/html", "")
+               for b in bundles)
+
+    from gpu_notebook.monitor import monitor_for
+
+    mon = monitor_for(local=True)
+    assert mon.started and mon.interval == pytest.approx(0.2)
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "status --local")
+    assert cap.stdout.startswith("Monitor(local, 1 nodes")
+
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "prometheus --local")
+    url = cap.stdout.strip().rsplit(" ", 1)[-1]
+    assert url.startswith("http://127.0.0.1:")
+    mon.pull()
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert b"gpu_notebook_node_up" in resp.read()
+
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "csv --local")
+    assert cap.stdout.startswith("timestamp, name, utilization.gpu [%], memory.used [MiB]")
+
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "advice --local --advice-window 60")
+    assert "under-used" in cap.stdout or "GPU" in cap.stdout
+
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "snapshot --local")
+    assert "GPU monitor" in cap.outputs[0].data["text/html"]
+
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "stop --local")
+    assert "stopped" in cap.stdout
+    # the live dashboard was replaced by its static snapshot
+    assert any("gpu-notebook-monitor-snapshot" in o.data.get("text/html", "") and
+               "application/vnd.jupyter.widget-view+json" not in o.data for o in cap.outputs)
+    assert not mon.started
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=2)
