@@ -12,6 +12,9 @@ from typing import Any
 MAGICS = [
     ("gpu_notebook.magics._cluster", "ClusterMagics"),
     ("gpu_notebook.magics._distributed", "DistributedMagics"),
+    ("gpu_notebook.magics._checkpoint", "CheckpointMagics"),
+    ("gpu_notebook.magics._monitor", "MonitorMagics"),
+    ("gpu_notebook.magics._cost", "CostMagics"),
 ]
 
 
