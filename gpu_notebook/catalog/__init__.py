@@ -9,6 +9,8 @@ Prices are list-price estimates with their source and date (``cat.source``, ``ca
 :meth:`Catalog.override` and refresh them with :meth:`Catalog.refresh`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._catalog import (
     CLOUDS,
     MARKETS,
@@ -22,7 +24,9 @@ from ._catalog import (
     normalize_market,
     parse_gpu,
 )
-from ._refresh import RefreshReport, refresh_catalog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._refresh import RefreshReport, refresh_catalog
 
 __all__ = [
     "CLOUDS",
@@ -39,3 +43,12 @@ __all__ = [
     "parse_gpu",
     "refresh_catalog",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the refresh code (urllib, http) loads only when used
+    if name in ("RefreshReport", "refresh_catalog"):
+        from . import _refresh
+
+        return getattr(_refresh, name)
+    raise AttributeError(f"module 'gpu_notebook.catalog' has no attribute {name!r}")
