@@ -411,3 +411,47 @@ def test_import_is_cheap(python_exe: str) -> None:
     )
     proc = subprocess.run([python_exe, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+class _FakeTwoNodeCluster:
+    """Answers diagnose()'s three calls with synthetic facts of 2 nodes x 2 ranks (no processes)."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def call(self, fn: Any, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        self.calls.append((fn.__name__, args))
+        facts = cluster_facts(2, 2)
+        if fn.__name__ == "_collect_and_listen":
+            return facts
+        if fn.__name__ == "probe_peers":
+            (endpoints,) = args
+            return [
+                {
+                    "rank": f["rank"],
+                    "results": [
+                        {**ep, "ok": ep["node"] != "node-1" or f["rank"] < 2, "ms": 1.0, "error": "refused"}
+                        for ep in endpoints
+                    ],
+                }
+                for f in facts
+            ]
+        return [True] * 4
+
+
+def test_diagnose_orchestration_one_endpoint_per_node() -> None:
+    from gpu_notebook.doctor import diagnose
+
+    fake = _FakeTwoNodeCluster()
+    report = diagnose(fake)
+    assert [name for name, _ in fake.calls] == ["_collect_and_listen", "probe_peers", "stop_listener"]
+    endpoints = fake.calls[1][1][0]
+    assert endpoints == [
+        {"node": "node-0", "ip": "10.0.0.1", "port": 40000},
+        {"node": "node-1", "ip": "10.0.0.2", "port": 40002},
+    ]
+    peer_errors = [f for f in report.errors if f.check == "peer-ports"]
+    assert [(f.node, "node-1" in f.message) for f in peer_errors] == [("node-1", True)]
+    assert report.title == "gpu_notebook doctor: fake"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_notebook.doctor import bench_allreduce, diagnose
+from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose
 
 
 @pytest.mark.slow
@@ -27,8 +27,16 @@ def test_doctor_on_ray_cluster_reports_no_gpu_cleanly(shared) -> None:
 
 @pytest.mark.slow
 def test_allreduce_bench_on_ray_cluster(shared) -> None:
-    res = bench_allreduce(shared, max_bytes=4096, iters=2, warmup=1, links=False)
+    res = bench_allreduce(shared, max_bytes=4096, iters=2, warmup=1, link_bytes=4096)
     assert res.world_size == 2 and res.backend == "gloo"
     assert [r["bytes"] for r in res.rows] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     assert res.wrong == 0
     assert all(r["busbw"] == pytest.approx(r["algbw"]) for r in res.rows)  # n=2: factor 2(n-1)/n = 1
+    assert [p["ranks"] for p in res.pairs] == [[0, 1]] and res.pairs[0]["bytes"] == 4096
+
+
+@pytest.mark.slow
+def test_scaling_on_ray_cluster(shared) -> None:
+    res = bench_scaling(shared, steps=2, warmup_steps=1)
+    assert [r["workers"] for r in res.rows] == [1, 2]
+    assert res.rows[1]["efficiency"] == pytest.approx(res.rows[1]["speedup"] / 2)
