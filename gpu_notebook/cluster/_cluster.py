@@ -200,6 +200,8 @@ class Cluster:
     # ---- identity --------------------------------------------------------------------------------------------
     @property
     def kind(self) -> str:
+        if self.options.get("cloud"):
+            return f"cloud:{self.options['cloud']}"
         return "local" if self.address is None else "address"
 
     @property
@@ -249,13 +251,21 @@ class Cluster:
         say = progress or (lambda msg: None)
         t0 = time.monotonic()
         manager = get_manager()
-        if not self.name:
+        if not self.name and self.options.get("cloud"):
+            self.name = self.cloud_spec().name  # a valid cloud name (tags, labels), kept for the launch
+        elif not self.name:
             self.name = manager.unique_name("local" if self.address is None else _address_name(self.address))
         elif manager.get(self.name, None) not in (None, self) and manager.get(self.name).running:
             raise ClusterError(
                 f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
             )
-        self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
+        if self.options.get("cloud"):
+            self._launch_cloud(say)
+        try:
+            self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
+        except Exception:
+            self._teardown_cloud(say, "the notebook could not connect to the new cluster")
+            raise
         try:
             workers, cpus, gpus = self._size_workers()
             self.group = WorkerGroup(
@@ -271,12 +281,20 @@ class Cluster:
             self.group.start(progress=say)
         except Exception:
             self.state = "failed"
-            if self.connection.started_here and not manager.others_on_connection(self):
+            if self.connection.owned and not manager.others_on_connection(self):
                 _connect.disconnect()
+            self._teardown_cloud(say, "the worker group could not start")
             raise
         self.state = "running"
         self.started_at = self.last_activity = time.time()
         manager.add(self)
+        if self.options.get("idle_stop") or self.options.get("budget"):
+            from gpu_notebook.cost import attach_policies
+
+            self.policies = attach_policies(
+                self, idle_stop_minutes=self.options.get("idle_stop"), budget_usd=self.options.get("budget")
+            )
+            say(self._policy_text())
         nodes = len({p.node_id for p in self.group.plans})
         say(
             f"cluster {self.name!r} ready in {time.monotonic() - t0:.1f} s: {workers} worker(s) on {nodes} "
@@ -320,12 +338,62 @@ class Cluster:
             _connect.disconnect()
         self.state = "stopped"
         manager.remove(self)
+        teardown = self._teardown_cloud(None, reason)
         msg = f"cluster {self.name!r} stopped: {n} worker(s) ended"
+        if teardown:
+            msg += f"; {teardown}"
         if shut_ray:
             msg += ", local Ray shut down"
         elif last_user:
             msg += f", disconnected from the Ray cluster at {self.connection.address if self.connection else '?'} (left running)"
         return msg
+
+    # ---- cloud ---------------------------------------------------------------------------------------------
+    def cloud_spec(self) -> Any:
+        """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
+        from gpu_notebook.cloud import spec_from_options
+
+        o = self.options
+        extra = {k: o[k] for k in ("head_instance_type", "image", "disk_gb", "spot_fallback") if o.get(k)}
+        return spec_from_options(
+            o["cloud"], region=o.get("region"), gpu=o.get("gpu"), instance_type=o.get("instance_type"),
+            workers=self.requested_workers or 1, spot=bool(o.get("spot")), idle_stop=o.get("idle_stop"),
+            name=self.name or None, **extra,
+        )
+
+    def plan(self) -> Any:
+        """What ``start`` would launch for a cloud cluster, and its estimated cost: launches nothing."""
+        from gpu_notebook.cloud import CloudLauncher
+
+        if not self.options.get("cloud"):
+            raise ClusterError("plan() is for cloud clusters: give cloud='aws'|'gcp'|'azure'|'kubernetes'")
+        return CloudLauncher().plan(self.cloud_spec())
+
+    def _launch_cloud(self, say: Progress) -> None:
+        from gpu_notebook.cloud import CloudLauncher
+
+        launcher = CloudLauncher()
+        state = launcher.launch(self.cloud_spec(), progress=say)  # cleans up itself when the launch fails
+        self.cloud_state = state
+        self.address = state.client_address or state.address
+
+    def _teardown_cloud(self, say: Progress | None, reason: str) -> str:
+        state = getattr(self, "cloud_state", None)
+        if state is None:
+            return ""
+        from gpu_notebook.cloud import CloudLauncher
+
+        report = CloudLauncher().teardown(state.name, progress=say)
+        self.cloud_state = None
+        return report.message() if callable(getattr(report, "message", None)) else str(report)
+
+    def _policy_text(self) -> str:
+        parts = []
+        if self.options.get("idle_stop"):
+            parts.append(f"idle stop after {self.options['idle_stop']:g} min")
+        if self.options.get("budget"):
+            parts.append(f"budget cap ${self.options['budget']:g}")
+        return "watching: " + ", ".join(parts)
 
     def add_stop_hook(self, fn: Callable[[str], None]) -> None:
         """Call ``fn(reason)`` before the workers are stopped (budget and idle stops use this)."""

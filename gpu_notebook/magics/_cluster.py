@@ -10,7 +10,7 @@ from IPython.display import display
 
 from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer
 
-COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart"]
+COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench"]
 
 
 @magics_class
@@ -33,6 +33,17 @@ class ClusterMagics(Magics):
         default="own",
         help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
     )
+    @argument("--cloud", choices=["aws", "gcp", "azure", "kubernetes"], help="start: launch cloud GPUs (Ray's cluster launcher)")
+    @argument("--region", help="start --cloud: region, e.g. us-east-1")
+    @argument("--gpu", help="start --cloud: GPU type and count per node, e.g. A100:8")
+    @argument("--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge")
+    @argument("--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)")
+    @argument("--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing")
+    @argument("--idle-stop", type=float, metavar="MINUTES", help="start: stop the cluster after this many idle minutes")
+    @argument("--budget", type=float, metavar="USD", help="start: warn at 80%%, checkpoint and stop at 100%% of this")
+    @argument("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)")
+    @argument("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)")
+    @argument("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)")
     @argument("--rank", type=int, help="logs: only this rank")
     @argument("--tail", type=int, default=50, help="logs: lines per rank (default 50)")
     @argument("--all", action="store_true", help="stop: every cluster of this kernel")
@@ -49,7 +60,10 @@ class ClusterMagics(Magics):
         In [5]: %gpu_cluster start --name big --address 10.0.0.5:6379
         In [6]: %gpu_cluster list
         In [7]: %gpu_cluster use local
-        In [8]: %gpu_cluster stop
+        In [8]: %gpu_cluster doctor
+        In [9]: %gpu_cluster bench allreduce --max-bytes 64M
+        In [10]: %gpu_cluster start --cloud aws --region us-east-1 --gpu A100:8 --workers 2 --spot --dry-run
+        In [11]: %gpu_cluster stop
         """
         try:
             args = parse(self.gpu_cluster, line)
@@ -80,6 +94,19 @@ class ClusterMagics(Magics):
         from gpu_notebook.cluster import Cluster
 
         self._no_extra(args)
+        if args.budget is not None and args.budget <= 0:
+            self._usage("--budget must be a positive amount of US dollars")
+        if args.idle_stop is not None and args.idle_stop <= 0:
+            self._usage("--idle-stop must be a positive number of minutes")
+        cloud_only = [o for o in ("region", "gpu", "instance_type", "spot", "dry_run") if getattr(args, o)]
+        if cloud_only and not args.cloud:
+            self._usage(f"--{cloud_only[0].replace('_', '-')} needs --cloud aws|gcp|azure|kubernetes")
+        options = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
+        if args.cloud:
+            if args.address:
+                self._usage("--cloud launches a new cluster; --address connects to an existing one: pick one")
+            options.update(cloud=args.cloud, region=args.region, gpu=args.gpu, instance_type=args.instance_type,
+                           spot=args.spot)
         cluster = Cluster(
             name=args.name,
             workers=args.workers,
@@ -89,7 +116,12 @@ class ClusterMagics(Magics):
             dashboard=args.dashboard,
             backend=args.backend,
             gpu_visibility=args.gpu_visibility,
+            **options,
         )
+        if args.dry_run:
+            plan = cluster.plan()
+            display({"text/plain": plan.text(), "text/html": plan._repr_html_()}, raw=True)
+            return
         cluster.start(progress=progress_printer())
 
     def _cmd_status(self, args: Any) -> None:
@@ -114,6 +146,31 @@ class ClusterMagics(Magics):
 
     def _cmd_restart(self, args: Any) -> None:
         print(self._pick(args).restart(progress=progress_printer()))
+
+    def _cmd_doctor(self, args: Any) -> None:
+        from gpu_notebook.doctor import diagnose
+
+        display(diagnose(self._pick(args)))
+
+    def _cmd_bench(self, args: Any) -> None:
+        if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
+            self._usage("bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce")
+        from gpu_notebook.cluster import get_manager
+
+        cluster = get_manager().require_current()
+        if args.args[0] == "allreduce":
+            from gpu_notebook.doctor import bench_allreduce
+            from gpu_notebook.doctor._bench import parse_size
+
+            try:
+                max_bytes = parse_size(args.max_bytes)
+            except ValueError as exc:
+                self._usage(f"--max-bytes: {exc}")
+            display(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
+        else:
+            from gpu_notebook.doctor import bench_scaling
+
+            display(bench_scaling(cluster, steps=args.steps))
 
     def _cmd_list(self, args: Any) -> None:
         from gpu_notebook.cluster import get_manager
