@@ -340,3 +340,48 @@ def test_idle_stop_on_a_real_local_cluster(real_cluster) -> None:
     out = w.tick()
     assert c.state == "stopped" and re.match(r"idle for 10m\d\ds \(no cell running", out[0])
     assert "%gpu" not in out[0] and "workers stopped" in out[0]
+
+
+def test_watcher_thread_stops_an_over_budget_cluster() -> None:
+    """The real background thread (not tick()) acts on its own; here with a budget already spent."""
+    import threading
+
+    stub = Stub()
+    done = threading.Event()
+    stub.add_stop_hook(lambda reason: done.set())
+    w = attach_policies(stub, budget_usd=0.01, node_pricing={"node-a": 1_000_000.0}, interval_s=0.05,
+                        notify=lambda m: None)
+    try:
+        assert done.wait(30), "the watcher thread never stopped the cluster"
+        assert stub.stopped_with[0].startswith("budget of $0.01 reached")
+        for _ in range(200):
+            if not w.running:
+                break
+            time.sleep(0.05)
+        assert not w.running                      # the watcher ends with the cluster
+    finally:
+        w.stop()
+
+
+def test_any_notebook_cell_resets_the_idle_countdown(ip) -> None:
+    clock = Clock()
+    stub = Stub()
+    w = attach_policies(stub, idle_stop_minutes=10, utilisation=Scripted(0.0), clock=clock, start=False,
+                        notify=lambda m: None)
+    pol = w.policies[0]
+    try:
+        w.tick()
+        clock.t += 9 * 60
+        w.tick()
+        assert pol.state == "countdown"
+        ip.run_cell("1 + 1")                      # an ordinary local cell, not %%distributed
+        clock.t += 60
+        w.tick()
+        assert pol.state == "idle" and pol.message.startswith("idle for 1m00s") and stub.state == "running"
+        stub.stop()                               # the cluster's stop hooks end the watcher and the cell hook
+        n = len(ip.events.callbacks["post_run_cell"])
+        ip.run_cell("2 + 2")
+        assert len(ip.events.callbacks["post_run_cell"]) == n
+        assert all("_cell_ran" not in getattr(cb, "__name__", "") for cb in ip.events.callbacks["post_run_cell"])
+    finally:
+        w.stop()
