@@ -455,3 +455,36 @@ def test_diagnose_orchestration_one_endpoint_per_node() -> None:
     peer_errors = [f for f in report.errors if f.check == "peer-ports"]
     assert [(f.node, "node-1" in f.message) for f in peer_errors] == [("node-1", True)]
     assert report.title == "gpu_notebook doctor: fake"
+
+
+def test_rows_merge_nodes_and_gpus() -> None:
+    facts = cluster_facts(2, 4)  # 2 nodes x 4 GPUs
+    facts[4]["nvml"]["gpus"][2]["persistence"] = 0  # node-1, GPU 2
+    report = diagnose_facts(facts)
+    rows = report.rows()
+    ecc = [r for r in rows if r[1] == "ecc"]
+    assert ecc == [
+        (
+            OK,
+            "ecc",
+            "all 2 nodes",
+            "-",
+            "GPUs 0-3 (NVIDIA H100 80GB HBM3): no uncorrected ECC errors (ECC on)",
+            "",
+        )
+    ]
+    pers = [r for r in rows if r[1] == "persistence"]
+    assert [(r[0], r[2], r[4].split(":")[0]) for r in pers] == [
+        (WARNING, "node-1", "GPU 2 (NVIDIA H100 80GB HBM3)"),
+        (OK, "node-0", "GPUs 0-3 (NVIDIA H100 80GB HBM3)"),
+        (OK, "node-1", "GPUs 0-1,3 (NVIDIA H100 80GB HBM3)"),
+    ]
+    master = [r for r in rows if r[1] == "master-port"]
+    assert master == [(OK, "master-port", "all 2 nodes", "0-7", "reaches 10.0.0.1:29500", "")]
+    versions = [r for r in rows if r[1] == "versions"]
+    assert len(versions) == 1 and versions[0][4].startswith("identical on every rank: python 3.11.7, torch ")
+    html = report._repr_html_()
+    assert html.index("gnb-doctor-warning") < html.index("<details>")  # problems shown, OK rows folded
+    assert "OK rows</summary>" in html
+    clean = diagnose_facts(cluster_facts(1, 2))._repr_html_()
+    assert "<details open>" in clean  # nothing wrong: the OK rows are shown

@@ -301,82 +301,92 @@ def check_gpu_health(facts: dict[str, Any], node: str) -> list[Finding]:
                 "pip install nvidia-ml-py (and make libnvidia-ml.so visible in the container)",
             )
         ]
-    out = []
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+
+    def add(g: dict[str, Any], check: str, level: str, text: str, fix: str = "") -> None:
+        groups.setdefault((check, level, text, fix), []).append(g)
+
     for g in _nvml_gpus(facts):
-        label = f"GPU {g.get('index')} ({g.get('name')})"
         vol, agg = g.get("ecc_uncorrected_volatile"), g.get("ecc_uncorrected_aggregate")
         if vol:
-            out.append(
-                Finding(
-                    "ecc",
-                    ERROR,
-                    node,
-                    None,
-                    f"{label}: {vol} uncorrected ECC errors since the last reset",
-                    "drain this node: reset the GPU (nvidia-smi -r) or replace the instance",
-                )
+            add(
+                g,
+                "ecc",
+                ERROR,
+                f"{vol} uncorrected ECC errors since the last reset",
+                "drain this node: reset the GPU (nvidia-smi -r) or replace the instance",
             )
         elif agg:
-            out.append(
-                Finding(
-                    "ecc",
-                    WARNING,
-                    node,
-                    None,
-                    f"{label}: {agg} uncorrected ECC errors over its lifetime",
-                    "watch it; replace the instance if errors come back",
-                )
+            add(
+                g,
+                "ecc",
+                WARNING,
+                f"{agg} uncorrected ECC errors over its lifetime",
+                "watch it; replace the instance if errors come back",
             )
         elif g.get("remap_failure"):
-            out.append(
-                Finding("ecc", ERROR, node, None, f"{label}: row remapping failed", "replace the instance")
-            )
+            add(g, "ecc", ERROR, "row remapping failed", "replace the instance")
         elif g.get("remap_pending"):
-            out.append(
-                Finding(
-                    "ecc",
-                    WARNING,
-                    node,
-                    None,
-                    f"{label}: row remapping pending",
-                    "reset the GPU (nvidia-smi -r) or reboot to apply it",
-                )
+            add(
+                g,
+                "ecc",
+                WARNING,
+                "row remapping pending",
+                "reset the GPU (nvidia-smi -r) or reboot to apply it",
             )
         else:
-            mode = {0: "ECC off", 1: "ECC on"}.get(g.get("ecc_mode"), "ECC unknown")  # type: ignore[arg-type]
-            out.append(Finding("ecc", OK, node, None, f"{label}: no uncorrected ECC errors ({mode})"))
+            mode = {0: "ECC off", 1: "ECC on"}.get(g.get("ecc_mode"), "ECC mode unknown")  # type: ignore[arg-type]
+            add(g, "ecc", OK, f"no uncorrected ECC errors ({mode})")
         mask = g.get("throttle_mask")
         if mask is not None:
             harmless, bad = decode_throttle(int(mask))
             if bad:
-                out.append(
-                    Finding(
-                        "throttle",
-                        WARNING,
-                        node,
-                        None,
-                        f"{label}: clocks throttled by {', '.join(bad)} (temp {g.get('temperature_c')} C)",
-                        "check cooling and power (nvidia-smi -q -d PERFORMANCE); move off this node if it persists",
-                    )
+                add(
+                    g,
+                    "throttle",
+                    WARNING,
+                    f"clocks throttled by {', '.join(bad)}",
+                    "check cooling and power (nvidia-smi -q -d PERFORMANCE); move off this node if it persists",
                 )
             else:
-                extra = f" ({', '.join(harmless)})" if harmless else ""
-                out.append(Finding("throttle", OK, node, None, f"{label}: no thermal/power slowdown{extra}"))
+                add(g, "throttle", OK, "no thermal or power slowdown")
         pm = g.get("persistence")
         if pm == 0:
-            out.append(
-                Finding(
-                    "persistence",
-                    WARNING,
-                    node,
-                    None,
-                    f"{label}: persistence mode off (every new process pays seconds of driver start-up)",
-                    "sudo nvidia-smi -pm 1 (or run nvidia-persistenced)",
-                )
+            add(
+                g,
+                "persistence",
+                WARNING,
+                "persistence mode off (every new process pays seconds of driver start-up)",
+                "sudo nvidia-smi -pm 1 (or run nvidia-persistenced)",
             )
         elif pm == 1:
-            out.append(Finding("persistence", OK, node, None, f"{label}: persistence mode on"))
-    return out
+            add(g, "persistence", OK, "persistence mode on")
+    return [
+        Finding(check, level, node, None, f"{_gpus_label(gpus)}: {text}", fix)
+        for (check, level, text, fix), gpus in groups.items()
+    ]
+
+
+def _gpus_label(gpus: list[dict[str, Any]]) -> str:
+    """``GPU 3 (NVIDIA A100)`` or ``GPUs 0-7 (NVIDIA H100 80GB HBM3)``."""
+    indices = [int(g.get("index", 0)) for g in gpus]
+    names = ", ".join(dict.fromkeys(str(g.get("name")) for g in gpus))
+    if len(indices) == 1:
+        return f"GPU {indices[0]} ({names})"
+    return f"GPUs {_ranges(indices)} ({names})"
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    parts: list[str] = []
+    for v in sorted(set(values)):
+        if parts and "-" not in parts[-1].split(",")[-1] and int(parts[-1]) == v - 1:
+            parts[-1] = f"{parts[-1]}-{v}"
+        elif parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == v - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{v}"
+        else:
+            parts.append(str(v))
+    return ",".join(parts)
 
 
 def _physical_gpu_key(facts: dict[str, Any]) -> str | None:
@@ -725,6 +735,7 @@ def compare_versions(facts: list[dict[str, Any]], labels: dict[int, str] | None 
     labels = labels or node_labels(facts)
     keys = list(VERSION_KEYS) + ["torch CUDA", "NCCL"]
     out = []
+    same: list[str] = []
     for key in keys:
         seen: dict[str | None, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
         for i, f in enumerate(facts):
@@ -732,8 +743,7 @@ def compare_versions(facts: list[dict[str, Any]], labels: dict[int, str] | None 
             seen[_versions_of(f).get(key)][labels[i]].append(rank if rank is not None else i)
         if len(seen) <= 1:
             value = next(iter(seen), None)
-            text = f"{key} {value} on every rank" if value else f"{key}: none on any rank"
-            out.append(Finding("versions", OK, "*", None, text))
+            same.append(f"{key} {value}" if value else f"no {key}")
             continue
         majority = max(seen.items(), key=lambda kv: sum(len(r) for r in kv[1].values()))[0]
         described = "; ".join(
@@ -752,6 +762,8 @@ def compare_versions(facts: list[dict[str, Any]], labels: dict[int, str] | None 
             + (" (same torch wheel index on every node)" if key in ("torch CUDA", "NCCL") else "")
         )
         out.append(Finding("versions", ERROR, "*", None, f"{key} differs between ranks: {described}", fix))
+    if same:
+        out.insert(0, Finding("versions", OK, "*", None, "identical on every rank: " + ", ".join(same)))
     drivers = {(f.get("nvml") or {}).get("driver") for f in facts if _nvml_gpus(f)}
     if len(drivers) > 1:
         out.append(

@@ -70,6 +70,14 @@ def _rank_label(ranks: Sequence[int | None]) -> str:
     return ",".join(parts)
 
 
+def _nodes_label(nodes: list[str], total: int) -> str:
+    if len(nodes) > 1 and len(nodes) == total:
+        return f"all {total} nodes"
+    if len(nodes) > 3:
+        return ", ".join(nodes[:3]) + f" +{len(nodes) - 3} more"
+    return ", ".join(nodes)
+
+
 @dataclass
 class DoctorReport:
     """What ``diagnose`` found: ``.findings`` as data, shown as a coloured table in a notebook.
@@ -106,14 +114,21 @@ class DoctorReport:
         return [f.to_dict() for f in self.findings]
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
-        """Display rows ``(level, check, node, ranks, message, fix)``, merged across ranks, errors first."""
-        merged: dict[tuple[str, str, str, str, str], list[int | None]] = {}
+        """Display rows ``(level, check, nodes, ranks, message, fix)``, errors first.
+
+        Identical findings (same level, check, message and fix) from several ranks or nodes become one row
+        naming them all.
+        """
+        merged: dict[tuple[str, str, str, str], tuple[list[str], list[int | None]]] = {}
         for f in self.findings:
-            key = (f.level, f.check, f.node, f.message, f.fix)
-            merged.setdefault(key, []).append(f.rank)
+            nodes, ranks = merged.setdefault((f.level, f.check, f.message, f.fix), ([], []))
+            if f.node not in nodes:
+                nodes.append(f.node)
+            ranks.append(f.rank)
+        all_nodes = {f.node for f in self.findings if f.node != "*"}
         out = [
-            (level, check, node, _rank_label(ranks), message, fix)
-            for (level, check, node, message, fix), ranks in merged.items()
+            (level, check, _nodes_label(nodes, len(all_nodes)), _rank_label(ranks), message, fix)
+            for (level, check, message, fix), (nodes, ranks) in merged.items()
         ]
         order = {k: i for i, k in enumerate(dict.fromkeys(f.check for f in self.findings))}
         out.sort(key=lambda r: (_ORDER[r[0]], order[r[1]]))
@@ -148,26 +163,43 @@ class DoctorReport:
     def _repr_html_(self) -> str:
         esc = html.escape
         cell = "padding:2px 8px;text-align:left;vertical-align:top;border-bottom:1px solid #ddd"
+        nowrap = cell + ";white-space:nowrap"
         head = "".join(
             f"<th style='{cell}'>{h}</th>" for h in ("level", "check", "node", "ranks", "message", "fix")
         )
-        body = []
-        for level, check, node, ranks, message, fix in self.rows():
-            badge = (
-                f"<span style='color:{_COLOURS[level]};background:{_BACKGROUNDS[level]};"
-                f"padding:0 6px;border-radius:4px;font-weight:600'>{esc(level)}</span>"
+
+        def table(rows: list[tuple[str, str, str, str, str, str]]) -> str:
+            body = []
+            for level, check, node, ranks, message, fix in rows:
+                badge = (
+                    f"<span style='color:{_COLOURS[level]};background:{_BACKGROUNDS[level]};"
+                    f"padding:0 6px;border-radius:4px;font-weight:600'>{esc(level)}</span>"
+                )
+                body.append(
+                    f"<tr class='gnb-doctor-{level.lower()}'><td style='{cell}'>{badge}</td>"
+                    f"<td style='{nowrap}'><code>{esc(check)}</code></td><td style='{nowrap}'>{esc(node)}</td>"
+                    f"<td style='{nowrap}'>{esc(ranks)}</td><td style='{cell}'>{esc(message)}</td>"
+                    f"<td style='{cell}'><code>{esc(fix)}</code></td></tr>"
+                )
+            return (
+                f"<table style='border-collapse:collapse;font-size:90%'><thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(body)}</tbody></table>"
             )
-            body.append(
-                f"<tr class='gnb-doctor-{level.lower()}'><td style='{cell}'>{badge}</td>"
-                f"<td style='{cell}'><code>{esc(check)}</code></td><td style='{cell}'>{esc(node)}</td>"
-                f"<td style='{cell}'>{esc(ranks)}</td><td style='{cell}'>{esc(message)}</td>"
-                f"<td style='{cell}'>{esc(fix)}</td></tr>"
+
+        rows = self.rows()
+        problems = [r for r in rows if r[0] != OK]
+        fine = [r for r in rows if r[0] == OK]
+        parts = [f"<div class='gnb-doctor'><b>{esc(self.title)}</b>: {esc(self.summary())}"]
+        if problems:
+            parts.append(table(problems))
+        if fine:
+            opened = "" if problems else " open"
+            parts.append(
+                f"<details{opened}><summary>{len(fine)} OK row{'s' * (len(fine) != 1)}</summary>"
+                f"{table(fine)}</details>"
             )
-        return (
-            f"<div class='gnb-doctor'><b>{esc(self.title)}</b>: {esc(self.summary())}"
-            f"<table style='border-collapse:collapse;font-size:90%'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{''.join(body)}</tbody></table></div>"
-        )
+        parts.append("</div>")
+        return "".join(parts)
 
     @classmethod
     def merge(cls, reports: Iterable[DoctorReport], title: str | None = None) -> DoctorReport:
