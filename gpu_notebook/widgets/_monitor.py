@@ -208,7 +208,7 @@ class MonitorWidget:
             heat = len(gpus) >= self.heatmap_min_gpus
         else:
             mode = "host"
-            keys = (tuple(("node", n, None) for n in nodes) if len(nodes) <= self.max_traces
+            keys = (tuple(("node", n, "host") for n in nodes) if len(nodes) <= self.max_traces
                     else (("all", "mean", None), ("all", "min", None), ("all", "max", None)))
             heat = False
         return (mode, keys, heat)
@@ -219,7 +219,7 @@ class MonitorWidget:
         if kind == "gpu":
             return f"{node[:8]}/gpu{idx}"
         if kind == "node":
-            return f"{node[:8]} (mean)" if idx is None else node[:8]
+            return f"{node[:8]} (mean)" if idx is None else node[:8]  # GPU mean per node, or host metrics
         return f"cluster {node}"
 
     def _rows(self, plan: tuple[Any, ...]) -> list[tuple[str, str]]:
