@@ -6,9 +6,8 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import display
 
-from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer
+from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer, show
 
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench"]
 
@@ -119,14 +118,13 @@ class ClusterMagics(Magics):
             **options,
         )
         if args.dry_run:
-            plan = cluster.plan()
-            display({"text/plain": plan.text(), "text/html": plan._repr_html_()}, raw=True)
+            show(cluster.plan())
             return
         cluster.start(progress=progress_printer())
 
     def _cmd_status(self, args: Any) -> None:
         cluster = self._pick(args)
-        display(cluster.status())
+        show(cluster.status())
 
     def _cmd_stop(self, args: Any) -> None:
         from gpu_notebook.cluster import get_manager
@@ -150,7 +148,7 @@ class ClusterMagics(Magics):
     def _cmd_doctor(self, args: Any) -> None:
         from gpu_notebook.doctor import diagnose
 
-        display(diagnose(self._pick(args)))
+        show(diagnose(self._pick(args)))
 
     def _cmd_bench(self, args: Any) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
@@ -166,11 +164,11 @@ class ClusterMagics(Magics):
                 max_bytes = parse_size(args.max_bytes)
             except ValueError as exc:
                 self._usage(f"--max-bytes: {exc}")
-            display(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
+            show(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
         else:
             from gpu_notebook.doctor import bench_scaling
 
-            display(bench_scaling(cluster, steps=args.steps))
+            show(bench_scaling(cluster, steps=args.steps))
 
     def _cmd_list(self, args: Any) -> None:
         from gpu_notebook.cluster import get_manager

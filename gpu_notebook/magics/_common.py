@@ -37,3 +37,18 @@ def progress_printer() -> Callable[[str], None]:
 
 def error(msg: str) -> None:
     print(f"Error: {msg}", file=sys.stderr)
+
+
+def show(obj: Any) -> None:
+    """Display a result object: its HTML in notebooks, its full text table in terminals and saved text."""
+    from IPython.display import display
+
+    text_fn = getattr(obj, "text", None)
+    text = text_fn() if callable(text_fn) else str(obj)
+    bundle = {"text/plain": text}
+    html_fn = getattr(obj, "_repr_html_", None)
+    if callable(html_fn):
+        html = html_fn()
+        if html:
+            bundle["text/html"] = html
+    display(bundle, raw=True)

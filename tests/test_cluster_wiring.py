@@ -1,0 +1,52 @@
+"""%gpu_cluster subcommands that call other parts: doctor, bench, --dry-run for clouds, --idle-stop/--budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_notebook import get_manager
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_doctor_reports_no_gpu_cleanly_on_a_cpu_cluster(ip, shared, capsys):
+    res = ip.run_cell("%gpu_cluster doctor")
+    assert res.success and res.error_in_exec is None
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    assert "GPU" in out or "gpu" in out
+
+
+def test_bench_allreduce_through_the_magic(ip, shared, capsys):
+    res = ip.run_cell("%gpu_cluster bench allreduce --max-bytes 4K --iters 2")
+    assert res.success and res.error_in_exec is None
+    out = capsys.readouterr().out
+    assert "4096" in out  # the largest size row
+    assert "busbw" in out.lower()
+
+
+@pytest.mark.parametrize("cloud,gpu,region", [("aws", "A100:8", "us-east-1"), ("gcp", "A100:8", "us-central1"),
+                                              ("azure", "A100:8", "eastus")])
+def test_dry_run_prints_config_and_cost_and_launches_nothing(ip, capsys, cloud, gpu, region):
+    before = [c.name for c in get_manager().list()]
+    res = ip.run_cell(f"%gpu_cluster start --cloud {cloud} --region {region} --gpu {gpu} --workers 2 --spot --dry-run")
+    assert res.error_in_exec is None
+    out = capsys.readouterr().out
+    assert "dry run" in out and "$" in out and "cluster_name:" in out
+    assert [c.name for c in get_manager().list()] == before
+
+
+def test_cloud_options_without_cloud_are_a_usage_error(ip, capsys):
+    ip.run_cell("%gpu_cluster start --spot")
+    assert "--spot needs --cloud" in capsys.readouterr().err
+
+
+def test_idle_stop_and_budget_attach_policies(ip, ray_session, capsys):
+    ip.run_cell("%gpu_cluster start --name watched --workers 1 --cpus-per-worker 0.25 --idle-stop 30 --budget 5")
+    c = get_manager().get("watched")
+    try:
+        out = capsys.readouterr().out
+        assert "idle stop after 30 min" in out and "budget cap $5" in out
+        assert getattr(c, "policies", None) is not None
+    finally:
+        c.stop()
