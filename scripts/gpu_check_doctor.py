@@ -15,7 +15,7 @@ fails: the doctor reports an error about the software stack (driver/CUDA/arch/ve
 about the lent machine itself, such as a small /dev/shm, are printed but do not fail), it does not see the
 GPU, the benchmark finds wrong results, or the shared-GPU case goes unnoticed. Exits 0 otherwise.
 
-Usage: python scripts/gpu_check_doctor.py [--max-bytes N] [--iters N] [--steps N]
+Usage: python scripts/gpu_check_doctor.py [--max-bytes 128M] [--iters N] [--warmup N] [--steps N]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def stack_errors(report: Any, extra: set[str] | None = None) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-bytes", type=int, default=128 * 2**20)
+    from gpu_notebook.doctor import parse_size
+
+    parser.add_argument("--max-bytes", type=parse_size, default=128 * 2**20, help="e.g. 128M (default)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="training steps per worker count (scaling)")
