@@ -291,3 +291,13 @@ def test_local_monitor_runs_threads_and_stops() -> None:
     finally:
         mon.stop()
     assert not mon.started
+
+
+def test_ring_buffer_window_when_the_clock_went_backwards() -> None:
+    rb = RingBuffer(["a"], capacity=10)
+    for t in (0.0, 1.0, 2.0, 1.5, 3.0):
+        rb.append(t, [t])
+    t, data = rb.window(1.2)
+    assert list(t) == [2.0, 1.5, 3.0] and list(data[:, 0]) == [2.0, 1.5, 3.0]
+    t, _ = RingBuffer(["a"], capacity=3).window(0.0)
+    assert t.size == 0

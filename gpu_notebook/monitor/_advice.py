@@ -84,6 +84,15 @@ def advise(agg: Aggregator, window_s: float = 300.0, threshold: float = 70.0, no
     return out
 
 
+def _nanmean_cols(block: np.ndarray) -> np.ndarray:
+    """Column means ignoring NaN (NaN for an all-NaN or empty column), without numpy's warnings."""
+    ok = np.isfinite(block)
+    n = ok.sum(axis=0)
+    total = np.where(ok, block, 0.0).sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+
 def utilisation_summary_from(agg: Aggregator, window_s: float, now: float | None = None) -> dict[str, Any]:
     """Per node: ``has_gpu``, ``gpus`` {index: mean util %}, ``mean_gpu_util``, ``cpu_percent``, coverage."""
     now = agg.clock() if now is None else now
@@ -91,11 +100,11 @@ def utilisation_summary_from(agg: Aggregator, window_s: float, now: float | None
     out: dict[str, Any] = {}
     for node, s in list(agg.nodes.items()):
         t, data = s.buffer.window(since)
-        gpus: dict[int, float] = {}
-        for g, c in zip(s.gpus, s.gpu_cols("util_gpu"), strict=True):
-            gpus[int(g["index"])] = window_stats(data[:, c])["mean"] if len(t) else math.nan
+        cols = s.gpu_cols("util_gpu")
+        means = _nanmean_cols(data[:, cols]) if cols else np.zeros(0)
+        gpus = {int(g["index"]): float(m) for g, m in zip(s.gpus, means, strict=True)}
         hc = s.host_col("cpu_percent")
-        cpu = window_stats(data[:, hc])["mean"] if hc is not None and len(t) else math.nan
+        cpu = float(_nanmean_cols(data[:, [hc]])[0]) if hc is not None else math.nan
         finite = [v for v in gpus.values() if not math.isnan(v)]
         out[node] = {
             "has_gpu": s.has_gpu,

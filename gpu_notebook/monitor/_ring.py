@@ -89,12 +89,18 @@ class RingBuffer:
         return {"seq": end, "t": t, "data": data, "dropped": dropped}
 
     def window(self, since_t: float) -> tuple[np.ndarray, np.ndarray]:
-        """All kept rows with time >= ``since_t``, oldest first."""
+        """All kept rows with time >= ``since_t``, oldest first (copies only those rows)."""
         with self._lock:
             end = self._seq
-            t, data = self._slice(max(0, end - self.capacity), end)
-        keep = t >= since_t
-        return t[keep], data[keep]
+            start = max(0, end - self.capacity)
+            idx = np.arange(start, end) % self.capacity
+            t = self._t[idx]
+            if len(t) and np.all(t[1:] >= t[:-1]):  # the normal case: times only grow
+                k = int(np.searchsorted(t, since_t, side="left"))
+                keep = idx[k:]
+            else:  # the clock went backwards at some point: filter row by row
+                keep = idx[t >= since_t]
+            return self._t[keep].copy(), self._data[keep].copy()
 
     def latest(self) -> tuple[float, np.ndarray] | None:
         """The newest row, or None when empty."""

@@ -1,0 +1,219 @@
+"""Benchmark of the GPU monitor: what it costs, printed as a table.
+
+Rows:
+
+1. sampler CPU per fast tick (fake NVML with 8 GPUs + host metrics; host metrics only), and that as a share of
+   one core at 2 Hz (target < 0.5%). The fake NVML is Python, so on a real GPU node the NVML part is cheaper
+   than measured here; ``scripts/gpu_check_monitor.py`` prints the real per-tick cost on a GPU machine.
+2. aggregator cost for 512 simulated GPUs (64 nodes x 8): one pull of one new row per node, plus the queries a
+   dashboard and Prometheus make.
+3. widget messages per second at 512 GPUs with the UI timer firing at 10 Hz, counted on a fake wire, and the
+   CPU time of one refresh.
+4. slowdown of a CPU training loop (a small torch MLP, one thread) with the monitor and its dashboard running
+   in background threads vs off, A/B interleaved.
+
+Usage::
+
+    python benchmarks/monitor.py            # all rows (~1 min)
+    python benchmarks/monitor.py --quick    # shorter runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+
+class Clock:
+    def __init__(self, t: float = 1_764_400_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def bench_sampler(ticks: int) -> list[tuple[str, str, str]]:
+    from gpu_notebook.monitor import FakeNVML, NodeSampler
+
+    rows = []
+    for label, kw in (("sampler tick, fake NVML 8 GPUs + host", {"nvml": lambda: FakeNVML(8)}),
+                      ("sampler tick, host metrics only", {"nvml": None})):
+        s = NodeSampler("bench", **kw)
+        s.tick()
+        c0 = time.thread_time()
+        for _ in range(ticks):
+            s.tick()
+        per = (time.thread_time() - c0) / ticks
+        rows.append((label, f"{per * 1e6:.0f} µs CPU", f"{per * 2 * 100:.3f}% of a core at 2 Hz"))
+    return rows
+
+
+def _fake_cluster(clock: Clock, nodes: int = 64, gpus: int = 8) -> tuple[Any, list[Any]]:
+    from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+
+    samplers = [
+        NodeSampler(f"node-{n:02d}", nvml=FakeNVML([FakeGPU(util=lambda t, n=n, i=i: (n + i + 5 * t) % 100)
+                                                    for i in range(gpus)], clock=clock), clock=clock, host=False)
+        for n in range(nodes)
+    ]
+    mon = Monitor(samplers=samplers, clock=clock, autopull=False).start()
+    return mon, samplers
+
+
+def bench_aggregator(rounds: int) -> list[tuple[str, str, str]]:
+    from gpu_notebook.monitor import utilisation_summary
+
+    clock = Clock()
+    mon, samplers = _fake_cluster(clock)
+    for _ in range(120):  # a minute of history at 2 Hz
+        clock.t += 0.5
+        for s in samplers:
+            s.tick()
+    mon.pull()
+    pulls, latest, prom, summ = [], [], [], []
+    for _ in range(rounds):
+        clock.t += 0.5
+        for s in samplers:
+            s.tick()
+        t0 = time.perf_counter()
+        mon.pull()
+        pulls.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        mon.latest()
+        latest.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        mon.prometheus_text()
+        prom.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        utilisation_summary(mon, 60)
+        summ.append(time.perf_counter() - t0)
+    ms = lambda v: f"{statistics.median(v) * 1e3:.2f} ms"  # noqa: E731
+    return [
+        ("aggregator pull, 64 nodes x 8 GPUs (new rows only)", ms(pulls), "per pull (1-2 Hz)"),
+        ("latest() for 512 GPUs", ms(latest), "per call"),
+        ("Prometheus text for 512 GPUs", ms(prom), "per scrape"),
+        ("utilisation_summary(60 s) for 512 GPUs", ms(summ), "per call (idle stop)"),
+    ]
+
+
+def bench_widget(seconds: int) -> list[tuple[str, str, str]]:
+    import comm
+
+    sent: list[float] = []
+    clock = Clock()
+
+    class CountingComm(comm.DummyComm):
+        def publish_msg(self, msg_type: str, *args: Any, **kwargs: Any) -> None:
+            if msg_type == "comm_msg":
+                sent.append(clock())
+
+    orig = comm.create_comm
+    comm.create_comm = lambda *a, **k: CountingComm(*a, **k)
+    try:
+        from gpu_notebook.widgets import MonitorWidget
+
+        mon, samplers = _fake_cluster(clock)
+        clock.t += 0.5
+        for s in samplers:
+            s.tick()
+        mon.pull()
+        w = MonitorWidget(mon, autostart=False, clock=clock)
+        start = clock.t
+        n0 = len(sent)
+        costs = []
+        for k in range(seconds * 10):
+            clock.t += 0.1
+            if k % 5 == 0:
+                for s in samplers:
+                    s.tick()
+            if k % 10 == 0:
+                mon.pull()
+            c0 = time.thread_time()
+            if w.refresh():
+                costs.append(time.thread_time() - c0)
+        msgs = sent[n0:]
+        per_s = [sum(1 for t in msgs if a < t <= a + 1) for a in [start + i for i in range(seconds)]]
+    finally:
+        comm.create_comm = orig
+    return [
+        ("widget messages/s, 512 GPUs, UI timer at 10 Hz",
+         f"mean {len(msgs) / seconds:.1f}, max {max(per_s)}", f"cap 5/s; {w.refreshes} refreshes in {seconds} s"),
+        ("widget refresh CPU, 512 GPUs", f"{statistics.median(costs) * 1e3:.1f} ms", "per refresh (1 Hz)"),
+    ]
+
+
+def _train_steps(steps: int) -> float:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def bench_training(steps: int, repeats: int) -> list[tuple[str, str, str]]:
+    import comm
+    import torch
+
+    from gpu_notebook.monitor import FakeNVML, Monitor
+
+    torch.set_num_threads(1)
+    _train_steps(steps // 4)  # warm up
+    orig = comm.create_comm
+    comm.create_comm = lambda *a, **k: comm.DummyComm(*a, **k)
+    results: dict[str, list[float]] = {"off": [], "2 Hz": [], "10 Hz": []}
+    try:
+        from gpu_notebook.widgets import MonitorWidget
+
+        for _ in range(repeats):
+            for mode in results:
+                if mode == "off":
+                    results[mode].append(_train_steps(steps))
+                    continue
+                interval = 0.5 if mode == "2 Hz" else 0.1
+                mon = Monitor.local(nvml=lambda: FakeNVML(8), interval=interval, pull_interval=1.0).start()
+                w = MonitorWidget(mon, interval=1.0)
+                try:
+                    results[mode].append(_train_steps(steps))
+                finally:
+                    w.stop(snapshot=False)
+                    mon.stop()
+    finally:
+        comm.create_comm = orig
+    base = statistics.median(results["off"])
+    rows = [("CPU training step, monitor off", f"{base * 1e3:.2f} ms", f"median of {repeats} runs")]
+    for mode in ("2 Hz", "10 Hz"):
+        med = statistics.median(results[mode])
+        rows.append((f"CPU training step, monitor + dashboard on ({mode})", f"{med * 1e3:.2f} ms",
+                     f"{(med / base - 1) * 100:+.2f}% vs off (target < 1%)"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="GPU monitor benchmark")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    q = args.quick
+    rows: list[tuple[str, str, str]] = []
+    rows += bench_sampler(200 if q else 1000)
+    rows += bench_aggregator(10 if q else 40)
+    rows += bench_widget(15 if q else 60)
+    rows += bench_training(150 if q else 600, 2 if q else 3)
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print(f"{'measure':<{w0}} | {'value':<{w1}} | note")
+    print(f"{'-' * w0}-|-{'-' * w1}-|-----")
+    for a, b, c in rows:
+        print(f"{a:<{w0}} | {b:<{w1}} | {c}")
+
+
+if __name__ == "__main__":
+    main()
