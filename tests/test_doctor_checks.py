@@ -488,3 +488,15 @@ def test_rows_merge_nodes_and_gpus() -> None:
     assert "OK rows</summary>" in html
     clean = diagnose_facts(cluster_facts(1, 2))._repr_html_()
     assert "<details open>" in clean  # nothing wrong: the OK rows are shown
+
+
+def test_gpus_hidden_by_cuda_visible_devices_is_a_warning_not_an_error() -> None:
+    f = fake_gpu_facts()
+    f.update(cuda_available=False, device_count=0, gpus=[], current_device=None, torch_arch_list=[])
+    f["dist"]["backend"] = "gloo"
+    f["env"]["CUDA_VISIBLE_DEVICES"] = ""
+    findings = analyze([f])
+    assert levels(findings, "cuda-driver") == {WARNING}
+    assert [x.level for x in findings if x.level == ERROR] == []
+    f["env"]["CUDA_VISIBLE_DEVICES"] = None  # nothing hides them: torch cannot use the GPUs
+    assert levels(analyze([f]), "cuda-driver") == {ERROR}

@@ -155,6 +155,19 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 how,
             )
         ]
+    cvd = (facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+    if not facts.get("cuda_available") and cvd is not None and cvd.strip() in ("", "-1", "NoDevFiles"):
+        return [
+            Finding(
+                check,
+                WARNING,
+                node,
+                rank,
+                f"the node has {n_gpus} GPU(s) but CUDA_VISIBLE_DEVICES={cvd!r} hides them from this process; "
+                f"driver {driver or '?'}, PyTorch CUDA {torch_cuda}",
+                "start the cluster with gpus_per_worker=1 to use them",
+            )
+        ]
     if not facts.get("cuda_available"):
         return [
             Finding(
