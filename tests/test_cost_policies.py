@@ -385,3 +385,23 @@ def test_any_notebook_cell_resets_the_idle_countdown(ip) -> None:
         assert all("_cell_ran" not in getattr(cb, "__name__", "") for cb in ip.events.callbacks["post_run_cell"])
     finally:
         w.stop()
+
+
+def test_default_utilisation_prefers_the_clusters_monitor() -> None:
+    from gpu_notebook.cost import default_utilisation
+    from gpu_notebook.monitor import FakeNVML, Monitor, NodeSampler
+    from gpu_notebook.monitor import _monitor as monitor_module
+
+    stub = Stub()
+    assert isinstance(default_utilisation(stub), CpuUtilisation)      # no GPUs, no monitor: this machine's CPU
+    assert isinstance(default_utilisation(None), CpuUtilisation)
+    clock = Clock()
+    sampler = NodeSampler("node-a", nvml=FakeNVML(1, clock=clock), clock=clock, host=False)
+    mon = Monitor(samplers=[sampler], clock=clock, autopull=False).start()
+    monitor_module._BY_CLUSTER[stub] = mon                             # what %gpu_monitor leaves behind
+    try:
+        src = default_utilisation(stub)
+        assert isinstance(src, MonitorUtilisation) and src.monitor is mon
+    finally:
+        monitor_module._BY_CLUSTER.pop(stub, None)
+        mon.stop()

@@ -111,17 +111,32 @@ class CpuUtilisation:
                 return None
 
 
-def default_utilisation(cluster: Any) -> Utilisation:
-    """The monitor's GPU utilisation when one is running for ``cluster`` (else CPU utilisation of this machine)."""
-    if "gpu_notebook.monitor" in sys.modules:
-        try:
-            from gpu_notebook.monitor import _monitor as mon
+def _cluster_has_gpus(cluster: Any) -> bool:
+    try:
+        return any(float((n.get("Resources") or {}).get("GPU", 0)) > 0 for n in cluster.ray_nodes())
+    except Exception:  # noqa: BLE001
+        return False
 
-            m = mon._BY_CLUSTER.get(cluster)
-            if m is not None:
-                return MonitorUtilisation(m)
-        except Exception:  # noqa: BLE001 - a monitor problem must not break idle stop
-            pass
+
+def default_utilisation(cluster: Any) -> Utilisation:
+    """Where idle stop reads utilisation from when none is given.
+
+    The cluster's GPU monitor (:func:`gpu_notebook.monitor.monitor_for`, started here when the cluster has GPUs,
+    reused when ``%gpu_monitor`` already runs one); otherwise this machine's CPU use (:class:`CpuUtilisation`).
+    """
+    if cluster is not None:
+        try:
+            existing = None
+            if "gpu_notebook.monitor._monitor" in sys.modules:
+                existing = sys.modules["gpu_notebook.monitor._monitor"]._BY_CLUSTER.get(cluster)
+            if existing is not None and getattr(existing, "started", False):
+                return MonitorUtilisation(existing)
+            if _cluster_has_gpus(cluster):
+                from gpu_notebook.monitor import monitor_for
+
+                return MonitorUtilisation(monitor_for(cluster))
+        except Exception as e:  # noqa: BLE001 - a monitor problem must not break idle stop
+            log.warning("GPU monitor unavailable for idle stop (%s); using CPU utilisation", e)
     return CpuUtilisation()
 
 
@@ -500,6 +515,8 @@ def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget
     if clock is not None:
         kwargs["clock"] = clock
     meter = cost_meter_for(cluster, **kwargs)
+    if clock is not None:
+        meter.clock = clock
     if node_pricing is not None:
         meter.node_pricing = node_pricing
         meter.reprice()
