@@ -25,7 +25,7 @@ import uuid as _uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 __all__ = [
     "FakeGPU",
@@ -39,7 +39,7 @@ __all__ = [
     "c_nvmlProcessInfo_t",
 ]
 
-Script = Union[float, int, Callable[[float], float]]
+Script = float | int | Callable[[float], float]
 """A scripted value: a constant, or a function of the seconds since ``nvmlInit``."""
 
 # --- constants, same names and values as pynvml ---------------------------------------------------------------
@@ -293,13 +293,6 @@ class FakeNVML:
     """
 
     NVMLError = NVMLError
-    NVMLError_NotSupported = NVMLError_NotSupported
-    NVMLError_Uninitialized = NVMLError_Uninitialized
-    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
-    c_nvmlUtilization_t = c_nvmlUtilization_t
-    c_nvmlMemory_t = c_nvmlMemory_t
-    c_nvmlMemory_v2_t = c_nvmlMemory_v2_t
-    c_nvmlGpmMetricsGet_t = c_nvmlGpmMetricsGet_t
 
     def __init__(
         self,
@@ -318,8 +311,8 @@ class FakeNVML:
         self._t0 = 0.0
         self._energy_mj = [0.0] * len(self.gpus)
         self._energy_t: list[float | None] = [None] * len(self.gpus)
-        for k, v in globals().items():  # expose the constants like the module does
-            if k.startswith(("NVML_", "nvmlClocksThrottleReason")):
+        for k, v in globals().items():  # expose constants, error classes and structs like the module does
+            if k.startswith(("NVML_", "nvmlClocksThrottleReason", "NVMLError_", "c_nvml")):
                 setattr(self, k, v)
 
     @classmethod

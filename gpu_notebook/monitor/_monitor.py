@@ -201,7 +201,7 @@ class Monitor:
             srv.close()
         self._servers = []
         if self.started:
-            for node, h in list(self.aggregator.handles.items()):
+            for h in list(self.aggregator.handles.values()):
                 if isinstance(h, RayHandle) or h.sampler in self._own_local or self._given is not None:
                     h.stop()
         self.started = False

@@ -524,7 +524,9 @@ def sampler_actor_class() -> Any:
                 if autostart:
                     self.start()
 
-        _ACTOR_CLS = ray.remote(num_cpus=0.01, num_gpus=0, max_restarts=3, max_concurrency=4)(_RaySampler)
+        _ACTOR_CLS = ray.remote(  # type: ignore[call-overload]
+            num_cpus=0.01, num_gpus=0, max_restarts=3, max_concurrency=4
+        )(_RaySampler)
     return _ACTOR_CLS
 
 

@@ -148,7 +148,7 @@ class MonitorWidget:
         self.max_points = int(max_points)
         self.max_traces = int(max_traces)
         self.heatmap_min_gpus = int(heatmap_min_gpus)
-        self.clock = clock or getattr(monitor, "clock", time.time)
+        self.clock: Callable[[], float] = clock or getattr(monitor, "clock", None) or time.time
         self.height = height
         self.rate = RateCap(max(5.0, float(max_msgs_per_s)), self.clock)
         self.refreshes = 0
@@ -372,7 +372,7 @@ class MonitorWidget:
                         continue
                     t, y = self._series(metric, key, since, now, cache)
                     trace.x = _to_dt(t)
-                    trace.y = np.where(np.isfinite(y), np.round(y, 2), None)
+                    trace.y = np.where(np.isfinite(y), np.round(y, 2), None)  # type: ignore[call-overload]
             self._fig_cost = max(1, self.rate.total - before)
             if now - self._advice_at >= 10.0:
                 self._advice_at = now
