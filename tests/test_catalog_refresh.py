@@ -133,7 +133,8 @@ def test_refresh_over_http_updates_prices_and_saves(price_server: str, tmp_path,
     cat = Catalog.shipped()
     old_spot_frac = cat.get("aws", "p4d.24xlarge").price("us-east-1", "spot") / cat.get("aws", "p4d.24xlarge").price("us-east-1")
     urls = {"aws": price_server + "/aws/{region}/index.json", "azure": price_server + "/azure", "gcp": price_server + "/gcp"}
-    report = cat.refresh(regions=["us-east-1", "eastus", "us-central1"], urls=urls, aws_spot=False, timeout=5)
+    report = cat.refresh(regions=["us-east-1", "eastus", "us-central1"], urls=urls, aws_spot=False, aws_source="bulk",
+                         timeout=5)
     assert report.ok
     p4d = cat.get("aws", "p4d.24xlarge")
     assert p4d.price("us-east-1") == 21.96 and p4d.price("us-east-1", "reserved_1y") == 14.12
@@ -163,7 +164,7 @@ def test_refresh_offline_fails_cleanly_and_keeps_prices(tmp_path, monkeypatch) -
     dead = f"http://127.0.0.1:{_closed_port()}"
     urls = {"aws": dead + "/aws/{region}/index.json", "azure": dead + "/azure"}
     with pytest.raises(CatalogError) as e:
-        refresh_catalog(cat, urls=urls, aws_spot=False, timeout=2)
+        refresh_catalog(cat, urls=urls, aws_spot=False, aws_source="bulk", timeout=2)
     msg = str(e.value)
     assert "could not refresh GPU prices; keeping the catalog from" in msg
     assert "cannot reach" in msg and "offline or blocked?" in msg
@@ -189,7 +190,7 @@ def test_refresh_aws_spot_through_boto3_against_moto_server(tmp_path, monkeypatc
         cat = Catalog.shipped()
         dead = f"http://127.0.0.1:{_closed_port()}"
         report = refresh_catalog(cat, clouds=["aws"], regions=["us-east-1"], urls={"aws": dead + "/{region}"},
-                                 aws_spot_client=client, timeout=2)
+                                 aws_spot_client=client, aws_source="bulk", timeout=2)
         assert report.ok, report
         assert any("cannot reach" in e for e in report.errors)  # bulk file offline, spot still refreshed
         g5 = cat.get("aws", "g5.xlarge")
@@ -198,3 +199,52 @@ def test_refresh_aws_spot_through_boto3_against_moto_server(tmp_path, monkeypatc
         assert g5.price("us-east-1") == 1.006  # on-demand untouched
     finally:
         server.stop()
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch, tmp_path):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("GPU_NOTEBOOK_CACHE_DIR", str(tmp_path))
+
+
+def test_aws_price_list_query_api(no_aws_credentials) -> None:
+    """pricing.get_products (needs credentials; no moto support): a real boto3 client with botocore's Stubber."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.stub import ANY, Stubber
+
+    offer = _load("aws_ec2_offer_sample.json")
+    entry = {"product": offer["products"]["SKUP4DLINUX"], "serviceCode": "AmazonEC2",
+             "terms": {"OnDemand": offer["terms"]["OnDemand"]["SKUP4DLINUX"],
+                       "Reserved": offer["terms"]["Reserved"]["SKUP4DLINUX"]}}
+    client = boto3.client("pricing", region_name="us-east-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing")
+    cat = Catalog.shipped()
+    names = [i.name for i in cat.instances(cloud="aws", region="us-west-2")]
+    with Stubber(client) as stub:
+        for name in names:
+            answer = [json.dumps(entry)] if name == "p4d.24xlarge" else []
+            stub.add_response("get_products", {"PriceList": answer, "FormatVersion": "aws_v1"},
+                              {"ServiceCode": "AmazonEC2", "Filters": ANY})
+        report = refresh_catalog(cat, clouds=["aws"], regions=["us-west-2"], aws_pricing_client=client,
+                                 aws_spot=False)
+        stub.assert_no_pending_responses()
+    p4d = cat.get("aws", "p4d.24xlarge")
+    assert p4d.prices_in("us-west-2")["on_demand"] == 21.96 and p4d.price("us-west-2", "reserved_1y") == 14.12
+    assert p4d.source == "pricing.get_products (us-west-2)" and report.ok
+    assert p4d.price("us-east-1") == 32.7726          # regions not asked for keep their estimate
+
+
+def test_aws_without_credentials_does_not_download_the_bulk_files(no_aws_credentials) -> None:
+    fetched: list[str] = []
+
+    def fetch(url: str) -> bytes:
+        fetched.append(url)
+        raise CatalogError("should not be called")
+
+    with pytest.raises(CatalogError, match="no AWS credentials for the Price List Query API; pass aws_source='bulk'"):
+        refresh_catalog(Catalog.shipped(), clouds=["aws"], fetch=fetch)
+    assert fetched == []

@@ -2,9 +2,10 @@
 
 Sources (no credentials needed unless noted):
 
-* AWS on-demand and 1-year reserved: the Price List Bulk API offer file per region,
+* AWS on-demand and 1-year reserved: the Price List Query API (``pricing.get_products``, needs AWS
+  credentials) or, opt-in, the public Bulk API offer file per region,
   ``https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json``
-  (large: hundreds of MB per region; it excludes spot).
+  (no credentials, but hundreds of MB per region). Neither includes spot.
 * AWS spot: ``ec2.describe_spot_price_history`` (needs AWS credentials), median over availability zones.
 * Azure on-demand, spot and 1-year reservations: the Retail Prices API, ``https://prices.azure.com/api/retail/prices``.
 * GCP on-demand and spot: the Cloud Billing Catalog API (needs an API key in ``GPU_NOTEBOOK_GCP_API_KEY`` or
@@ -154,6 +155,43 @@ def fetch_aws_spot(region: str, instance_types: list[str], client: Any = None) -
     for page in pages:
         records.extend(page.get("SpotPriceHistory", []))
     return aws_spot_from_history(records, region)
+
+
+_AWS_FILTERS = (("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used"))
+
+
+def aws_products_to_offer(price_list: Iterable[str | dict[str, Any]]) -> dict[str, Any]:
+    """Turn Price List Query API ``PriceList`` entries (JSON strings) into the bulk offer-file shape."""
+    doc: dict[str, Any] = {"products": {}, "terms": {"OnDemand": {}, "Reserved": {}}}
+    for item in price_list:
+        d = json.loads(item) if isinstance(item, str) else item
+        prod = d.get("product") or {}
+        sku = prod.get("sku")
+        if not sku:
+            continue
+        doc["products"][sku] = prod
+        for kind in ("OnDemand", "Reserved"):
+            terms = (d.get("terms") or {}).get(kind)
+            if terms:
+                doc["terms"][kind][sku] = terms
+    return doc
+
+
+def fetch_aws_products(region: str, instance_types: list[str], client: Any = None) -> dict[str, Any]:
+    """On-demand and reserved prices of ``instance_types`` in ``region`` through ``pricing.get_products``
+    (the Price List Query API: needs credentials, small answers), in the bulk offer-file shape."""
+    if client is None:
+        import boto3
+
+        client = boto3.client("pricing", region_name="us-east-1")
+    items: list[Any] = []
+    for name in instance_types:
+        filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v}
+                   for f, v in (("instanceType", name), ("regionCode", region), *_AWS_FILTERS)]
+        for page in client.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
+            items.extend(page.get("PriceList", []))
+    return aws_products_to_offer(items)
 
 
 def aws_credentials_available() -> bool:
@@ -318,7 +356,8 @@ def _apply(cat: Catalog, report: RefreshReport, cloud: str, prices: dict[tuple[s
 
 def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: Iterable[str] | None = None,
                     fetch: Fetch | None = None, timeout: float = 20.0, aws_spot: bool | None = None,
-                    aws_spot_client: Callable[[str], Any] | None = None, gcp_api_key: str | None = None,
+                    aws_spot_client: Callable[[str], Any] | None = None, aws_source: str = "auto",
+                    aws_pricing_client: Any = None, gcp_api_key: str | None = None,
                     urls: dict[str, str] | None = None, save: bool = True) -> RefreshReport:
     """Refresh ``cat`` in place from public price lists; return a :class:`RefreshReport`.
 
@@ -332,6 +371,12 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
         Query ``describe_spot_price_history`` (default: when boto3 finds credentials).
     aws_spot_client
         ``region -> ec2 client`` (tests point it at a moto server).
+    aws_source
+        AWS on-demand/reserved prices from ``"api"`` (``pricing.get_products``, needs credentials, small),
+        ``"bulk"`` (the public offer file per region: no credentials, but several hundred MB each) or
+        ``"auto"`` (the API when credentials exist, else nothing: the bulk download is opt-in).
+    aws_pricing_client
+        A ``pricing`` client for ``aws_source="api"`` (tests).
     gcp_api_key
         Cloud Billing API key (default ``GPU_NOTEBOOK_GCP_API_KEY`` or ``GOOGLE_API_KEY``).
     urls
@@ -358,16 +403,35 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
         items = cat.instances(cloud="aws")
         names = [i.name for i in items]
         aws_regions = sorted({r for i in items for r in i.prices if only is None or r in only})
-        for region in aws_regions:
-            url = urls.get("aws", AWS_BULK_URL).format(region=region)
-            try:
-                prices = parse_aws_bulk(_fetch_json(fetch, url), names)
-                prices = {(n, region): p for (n, _r), p in prices.items()}  # one offer file per region
-                _apply(cat, report, "aws", prices, source=url, date=today, derive_reserved=True)
-            except CatalogError as e:
-                report.errors.append(f"aws {region}: {e}")
-                if "cannot reach" in str(e):
-                    break  # offline: one message is enough
+        source = aws_source
+        if source == "auto":
+            source = "api" if (aws_pricing_client is not None or aws_credentials_available()) else "none"
+        if source not in ("api", "bulk", "none"):
+            raise ValueError(f"aws_source is 'auto', 'api' or 'bulk', not {aws_source!r}")
+        if source == "none":
+            report.errors.append("aws on-demand: no AWS credentials for the Price List Query API; pass "
+                                 "aws_source='bulk' to download the public offer files (several hundred MB per region)")
+        for region in aws_regions if source != "none" else []:
+            here = [i.name for i in items if region in i.prices]
+            if source == "api":
+                where = f"pricing.get_products ({region})"
+                try:
+                    offer = fetch_aws_products(region, here, aws_pricing_client)
+                except Exception as e:  # botocore: no access, expired token, offline
+                    report.errors.append(f"aws {region}: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+            else:
+                where = urls.get("aws", AWS_BULK_URL).format(region=region)
+                try:
+                    offer = _fetch_json(fetch, where)
+                except CatalogError as e:
+                    report.errors.append(f"aws {region}: {e}")
+                    if "cannot reach" in str(e):
+                        break  # offline: one message is enough
+                    continue
+            prices = parse_aws_bulk(offer, names)
+            prices = {(n, region): p for (n, _r), p in prices.items()}  # one region per offer
+            _apply(cat, report, "aws", prices, source=where, date=today, derive_reserved=True)
         if aws_spot is None:
             aws_spot = aws_spot_client is not None or aws_credentials_available()
             if not aws_spot:
