@@ -222,7 +222,7 @@ class Cluster:
 
     @property
     def running(self) -> bool:
-        return self.state == "running" and self.group is not None and bool(self.group.actors)
+        return self.state == "running" and self.group is not None
 
     def __repr__(self) -> str:
         size = f"{self.world_size} workers" if self.group else f"{self.requested_workers or 'auto'} workers"

@@ -345,7 +345,10 @@ class WorkerGroup:
     ) -> CellResult:
         ray = _ray()
         if not self.actors:
-            raise GroupError("the worker group is not running: start it first (%gpu_cluster start)")
+            raise GroupError(
+                "the worker group has no workers (stopped, or a rebuild failed): run %gpu_cluster restart, "
+                "or %gpu_cluster scale N to fit the resources left"
+            )
         say = progress or (lambda msg: None)
         streamer = Streamer(self.log, sink)
         start = time.monotonic()

@@ -43,6 +43,7 @@ class ClusterMagics(Magics):
     @argument("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)")
     @argument("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)")
     @argument("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)")
+    @argument("--local", action="store_true", help="doctor: only this machine and process (no cluster needed)")
     @argument("--rank", type=int, help="logs: only this rank")
     @argument("--tail", type=int, default=50, help="logs: lines per rank (default 50)")
     @argument("--all", action="store_true", help="stop: every cluster of this kernel")
@@ -146,9 +147,9 @@ class ClusterMagics(Magics):
         print(self._pick(args).restart(progress=progress_printer()))
 
     def _cmd_doctor(self, args: Any) -> None:
-        from gpu_notebook.doctor import diagnose
+        from gpu_notebook.doctor import diagnose, diagnose_local
 
-        show(diagnose(self._pick(args)))
+        show(diagnose_local() if args.local else diagnose(self._pick(args)))
 
     def _cmd_bench(self, args: Any) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
