@@ -40,6 +40,34 @@ QUOTA_URLS = {
 }
 
 
+#: EC2 vCPU quotas by instance family: {family: ((on-demand code, name), (spot code, name))}.
+AWS_VCPU_QUOTAS = {
+    "p": (("L-417A185B", "Running On-Demand P instances"), ("L-7212CCBC", "All P Spot Instance Requests")),
+    "g": (("L-DB2E81BA", "Running On-Demand G and VT instances"),
+          ("L-3819A6DF", "All G and VT Spot Instance Requests")),
+}
+AWS_VCPU_QUOTAS["vt"] = AWS_VCPU_QUOTAS["g"]
+
+
+def aws_vcpu_quota(region: str, instance_type: str, spot: bool) -> tuple[str, str, float] | None:
+    """``(quota code, quota name, vCPUs allowed)`` for ``instance_type``'s family, or None if unknown/unreadable."""
+    import re
+
+    match = re.match(r"[a-z]+", instance_type.lower())
+    family = match.group(0) if match else ""
+    if family not in AWS_VCPU_QUOTAS:
+        return None
+    code, name = AWS_VCPU_QUOTAS[family][1 if spot else 0]
+    try:
+        import boto3
+
+        resp = boto3.client("service-quotas", region_name=region).get_service_quota(ServiceCode="ec2",
+                                                                                     QuotaCode=code)
+        return code, name, float(resp["Quota"]["Value"])
+    except Exception:
+        return None  # no permission, not supported (e.g. an emulator), offline: launch and let EC2 decide
+
+
 class LaunchError(RuntimeError):
     """A launch that failed; the message says why, what was cleaned up, and what to try instead."""
 
@@ -308,6 +336,9 @@ class CloudLauncher:
         stages = _Stages(progress, state)
         stages("checking credentials")
         self.check_credentials(spec)
+        if spec.cloud == "aws":
+            stages("checking quota")
+            self._check_aws_quota(spec, plan)
         if spec.cloud == "kubernetes":
             return self._launch_kube(spec, plan, state, stages)
         state.save()  # before anything exists, so a crashed kernel can still `stop` it
@@ -337,6 +368,22 @@ class CloudLauncher:
         state.save()
         return state
 
+    def _check_aws_quota(self, spec: ClusterSpec, plan: Plan) -> None:
+        worker = plan.resolved.worker
+        quota = aws_vcpu_quota(str(spec.region), worker.name, spec.spot)
+        if quota is None or worker.vcpus is None:
+            return
+        code, name, allowed = quota
+        need = float(worker.vcpus) * int(spec.max_workers or spec.workers)
+        if allowed >= need:
+            return
+        alts = self.alternatives(spec, worker)
+        raise CloudRequestError(
+            f"aws quota too low in {spec.region}: {spec.max_workers} x {worker.name} needs {need:.0f} vCPUs of "
+            f"'{name}' ({code}), the account allows {allowed:.0f}. Nothing was launched.\n"
+            f"Alternatives: {'; '.join(alts)}\nOr request a quota increase: {QUOTA_URLS['aws']}"
+        )
+
     def _wait_workers(self, config: dict[str, Any], want: int, timeout_s: float, poll_s: float,
                       stages: _Stages) -> int:
         if want <= 0 or timeout_s <= 0:
@@ -359,7 +406,7 @@ class CloudLauncher:
         worker = plan.resolved.worker
         lines = [f"Launching {spec.cloud} cluster {spec.name} failed: {code + ': ' if code else ''}{desc}".rstrip()]
         if code in CAPACITY_CODES or "quota" in desc.lower() or "capacity" in desc.lower():
-            lines.append(f"{spec.cloud} has no capacity or quota for {worker.name} in {spec.region} right now.")
+            lines.append(f"{spec.cloud} has no capacity or quota for this request in {spec.region} right now.")
             alts = self.alternatives(spec, worker)
             if alts:
                 lines.append("Alternatives: " + "; ".join(alts))

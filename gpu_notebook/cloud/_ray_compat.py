@@ -24,7 +24,7 @@ SKIP_VERSION_CHECK_ENV = "GPU_NOTEBOOK_SKIP_RAY_VERSION_CHECK"
 
 #: Ray's own tag names (``ray.autoscaler.tags``); every node the launcher creates carries them.
 TAG_CLUSTER_NAME = "ray-cluster-name"
-TAG_NODE_KIND = "ray-node-kind"
+TAG_NODE_KIND = "ray-node-type"
 TAG_NODE_STATUS = "ray-node-status"
 
 
@@ -165,6 +165,14 @@ def launcher_errors() -> tuple[type[BaseException], ...]:
     return (click.exceptions.ClickException, SystemExit)
 
 
+def bootstrap_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate and fill provider specifics (IAM role, key pair, subnets, security groups) like ``ray up`` does."""
+    from ray.autoscaler import sdk
+
+    _quiet_launcher()
+    return sdk.bootstrap_config(config, no_config_cache=True)
+
+
 def get_node_provider(provider_config: dict[str, Any], cluster_name: str) -> Any:
     """An (uncached) Ray ``NodeProvider`` for ``provider_config``: ``non_terminated_nodes``, ``node_tags``..."""
     from ray.autoscaler._private.providers import _get_node_provider
@@ -230,9 +238,10 @@ def _register_once() -> None:
     if _registered:
         return
     from ray.autoscaler import sdk
+    from ray.autoscaler._private.event_system import CreateClusterEvent
 
     for name in EVENT_STAGES:
-        sdk.register_callback_handler(getattr(sdk.CreateClusterEvent, name), _dispatch)
+        sdk.register_callback_handler(getattr(CreateClusterEvent, name), _dispatch)
     _registered = True
 
 
@@ -251,3 +260,66 @@ def launcher_events(listener: Callable[[str, dict[str, Any]], None]) -> Iterator
     finally:
         with _listeners_lock:
             _listeners.remove(listener)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Test seams (used by tests and by gpu_notebook.cloud._testing; never by a real launch)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def substitute_process_runner(process_runner: Any) -> Iterator[None]:
+    """Run every SSH/rsync/docker command of the launcher through ``process_runner`` instead of ``subprocess``.
+
+    Ray's real ``SSHCommandRunner``/``DockerCommandRunner`` still build the commands; only the process
+    execution (``check_call``/``check_output``) is replaced, e.g. by a recorder.
+    """
+    from ray.autoscaler.node_provider import NodeProvider
+
+    original = NodeProvider.get_command_runner
+
+    def get_command_runner(self: Any, log_prefix: str, node_id: str, auth_config: dict[str, Any],
+                           cluster_name: str, _process_runner: Any, use_internal_ip: bool,
+                           docker_config: dict[str, Any] | None = None) -> Any:
+        return original(self, log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip,
+                        docker_config)
+
+    NodeProvider.get_command_runner = get_command_runner  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        NodeProvider.get_command_runner = original  # type: ignore[method-assign]
+
+
+_instance_type_memo: dict[Any, Any] = {}
+
+
+@contextlib.contextmanager
+def fast_launcher() -> Iterator[None]:
+    """For tests: no launcher sleeps (5 s polls, 15 s IAM waits), fresh provider/boto3 caches, and Ray's
+    ``describe_instance_types`` scan of every EC2 type (seconds against an emulator) done once per process."""
+    import types
+
+    from ray.autoscaler._private.aws import config as aws_config
+    from ray.autoscaler._private.aws import node_provider as aws_np
+
+    original_list = aws_np.list_ec2_instances
+
+    def list_ec2_instances(region: str, aws_credentials: Any = None) -> Any:
+        key = (region, repr(sorted((aws_credentials or {}).items())))
+        if key not in _instance_type_memo:
+            _instance_type_memo[key] = original_list(region, aws_credentials)
+        return _instance_type_memo[key]
+
+    old_poll = set_poll_interval(0.0)
+    old_time = aws_config.time
+    aws_config.time = types.SimpleNamespace(sleep=lambda s: None, time=old_time.time)  # type: ignore[assignment]
+    aws_np.list_ec2_instances = list_ec2_instances
+    clear_provider_cache()
+    try:
+        yield
+    finally:
+        set_poll_interval(old_poll)
+        aws_config.time = old_time  # type: ignore[assignment]
+        aws_np.list_ec2_instances = original_list
+        clear_provider_cache()

@@ -1,0 +1,156 @@
+"""Offline stand-ins for testing cloud launches: a recording process runner and a loopback moto EC2 server.
+
+- :class:`RecordingProcessRunner` replaces ``subprocess`` for Ray's SSH/rsync/docker command runners
+  (see :func:`gpu_notebook.cloud._ray_compat.substitute_process_runner`): it records every command, answers
+  the few probes the launcher parses (``command -v docker``, ``docker inspect``...), and can fail on demand.
+- :class:`MotoEC2` runs moto's server on ``127.0.0.1`` with a free port and points boto3 at it with fake
+  credentials (environment variables), so Ray's real AWS node provider talks to it over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import threading
+from typing import Any
+
+#: Answers for the probes Ray's command runners parse (substring of the joined command -> stdout).
+DEFAULT_RESPONSES: dict[str, bytes] = {
+    "command -v docker": b"/usr/bin/docker",
+    ".State.Running": b"false",
+    ".Config.Env": b'["HOME=/home/ray", "PATH=/usr/bin"]',
+    "printenv HOME": b"/home/ray",
+    "/proc/meminfo": b"MemAvailable:   16000000 kB",
+    "info -f": b"runc",
+    "json .Mounts": b"[]",
+}
+
+
+class RecordingProcessRunner:
+    """A ``subprocess``-like module that records commands instead of running them.
+
+    Parameters
+    ----------
+    responses : dict, optional
+        Extra ``{substring: stdout bytes}`` answers for ``check_output`` (checked before the defaults).
+    fail_on : str, optional
+        A regular expression; a command whose joined text matches it fails with ``CalledProcessError``.
+    """
+
+    DEVNULL = subprocess.DEVNULL
+    PIPE = subprocess.PIPE
+
+    def __init__(self, responses: dict[str, bytes] | None = None, fail_on: str | None = None) -> None:
+        self.responses = {**(responses or {}), **DEFAULT_RESPONSES}
+        self.fail_on = re.compile(fail_on) if fail_on else None
+        self.calls: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def _record(self, cmd: Any) -> str:
+        parts = [str(c) for c in cmd] if isinstance(cmd, list | tuple) else [str(cmd)]
+        with self._lock:
+            self.calls.append(parts)
+        text = " ".join(parts)
+        if self.fail_on is not None and self.fail_on.search(text):
+            raise subprocess.CalledProcessError(1, parts)
+        return text
+
+    def check_call(self, cmd: Any, **kwargs: Any) -> int:
+        self._record(cmd)
+        return 0
+
+    def check_output(self, cmd: Any, **kwargs: Any) -> bytes:
+        text = self._record(cmd)
+        for key, value in self.responses.items():
+            if key in text:
+                return value
+        return b""
+
+    def call(self, cmd: Any, **kwargs: Any) -> int:
+        self._record(cmd)
+        return 0
+
+    @property
+    def commands(self) -> list[str]:
+        """Every recorded command, joined with spaces."""
+        with self._lock:
+            return [" ".join(c) for c in self.calls]
+
+    def matching(self, pattern: str) -> list[str]:
+        """Recorded commands that match the regular expression ``pattern``."""
+        rx = re.compile(pattern)
+        return [c for c in self.commands if rx.search(c)]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoEC2:
+    """moto's server on loopback plus the environment that points boto3 (and Ray) at it.
+
+    Use as a context manager; ``env`` holds the variables set while it runs (fake credentials, endpoint).
+    """
+
+    def __init__(self, region: str = "us-east-1") -> None:
+        self.region = region
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": region,
+            "AWS_ENDPOINT_URL": self.endpoint,
+        }
+        self._server: Any = None
+        self._saved: dict[str, str | None] = {}
+
+    def start(self) -> MotoEC2:
+        from moto.server import ThreadedMotoServer
+
+        # Ray's AWS bootstrap attaches AWS-managed IAM policies; moto only knows them with this set.
+        os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", *self.env):
+            self._saved[key] = os.environ.get(key)
+        for key in ("AWS_PROFILE",):
+            os.environ.pop(key, None)
+        os.environ["AWS_CONFIG_FILE"] = os.devnull
+        os.environ["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+        os.environ.update(self.env)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def reset(self) -> None:
+        """Forget every fake resource (moto's reset API)."""
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def client(self, service: str = "ec2") -> Any:
+        import boto3
+
+        return boto3.client(service, region_name=self.region)
+
+    def __enter__(self) -> MotoEC2:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
