@@ -405,3 +405,21 @@ def test_default_utilisation_prefers_the_clusters_monitor() -> None:
     finally:
         monitor_module._BY_CLUSTER.pop(stub, None)
         mon.stop()
+
+
+def test_budget_stop_names_the_active_checkpointers_latest_checkpoint(tmp_path) -> None:
+    import numpy as np
+
+    from gpu_notebook.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(str(tmp_path / "ckpts"))
+    ckpt.save({"w": np.arange(8, dtype=np.float32)}, step=7)      # asynchronous; the stop waits for it
+    clock = Clock()
+    stub = Stub()
+    meter = CostMeter(stub, node_pricing={"node-a": G5}, clock=clock, catalog=Catalog.shipped())
+    meter.poll()
+    clock.t += 3600
+    msg = BudgetPolicy(1.0, meter, stub, notify=lambda m: None).check(clock())
+    assert "no checkpoint saved (no on_budget_checkpoint given); its pending saves finished, the latest checkpoint is step 7" in msg
+    assert msg.endswith("workers stopped") and stub.state == "stopped"
+    ckpt.close()

@@ -51,6 +51,24 @@ def _stop_cluster(cluster: Any, reason: str) -> str:
         return str(cluster.stop())
 
 
+def _active_checkpointer_note(timeout: float = 60.0) -> str:
+    """Finish the in-flight save of this kernel's active Checkpointer (if any) and name its latest checkpoint."""
+    mod = sys.modules.get("gpu_notebook.checkpoint._checkpointer")
+    if mod is None:
+        return ""
+    try:
+        ckpt = mod.current()
+        if ckpt is None:
+            return ""
+        ckpt.wait(timeout=timeout)
+        latest = ckpt.latest()
+        if latest is None:
+            return ""
+        return f"; its pending saves finished, the latest checkpoint is step {latest.step} ({latest.id})"
+    except Exception as e:  # noqa: BLE001 - never let this block the stop
+        return f"; could not read the active checkpointer ({type(e).__name__}: {e})"
+
+
 # -- utilisation sources ----------------------------------------------------------------------------------------
 class MonitorUtilisation:
     """``utilisation(window_s)`` from a running :class:`gpu_notebook.monitor.Monitor`.
@@ -218,7 +236,7 @@ class BudgetPolicy:
             except Exception as e:  # noqa: BLE001 - stopping matters more than the checkpoint
                 parts.append(f"checkpoint FAILED ({type(e).__name__}: {e})")
         else:
-            parts.append("no checkpoint saved (no on_budget_checkpoint given)")
+            parts.append("no checkpoint saved (no on_budget_checkpoint given)" + _active_checkpointer_note())
         self.state = "stopped"
         try:
             if self._stop is not None:
