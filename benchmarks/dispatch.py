@@ -71,7 +71,6 @@ def bench_ours(reps: int) -> dict[str, float]:
 
 
 def bench_ray_train(reps: int) -> float:
-    import ray.train
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -174,7 +173,7 @@ def bench_ddp(cluster, steps: int, rounds: int) -> tuple[float, float]:
         ours.append(res.values[0])
         proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29544", path],
                               capture_output=True, text=True, timeout=600)
-        rate = [float(l.split()[1]) for l in proc.stdout.splitlines() if l.startswith("THROUGHPUT")]
+        rate = [float(ln.split()[1]) for ln in proc.stdout.splitlines() if ln.startswith("THROUGHPUT")]
         if not rate:
             raise RuntimeError(proc.stderr[-2000:])
         theirs.append(rate[0])
@@ -216,7 +215,7 @@ def main() -> None:
     print(f"%gpu_cluster start -> first finished cell: {ours['start_to_first_s']:.1f} s "
           f"(local Ray start included)")
     print()
-    print(f"DDP training throughput (same loop, 2 CPU workers, gloo; median of 3 interleaved rounds)")
+    print("DDP training throughput (same loop, 2 CPU workers, gloo; median of 3 interleaved rounds)")
     print(f"{'%%distributed':<20} {ddp_ours:>10.0f} samples/s")
     print(f"{'torchrun':<20} {ddp_torchrun:>10.0f} samples/s")
     print(f"ratio %%distributed / torchrun: {ddp_ours / ddp_torchrun:.3f}")

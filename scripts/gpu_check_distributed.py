@@ -8,7 +8,6 @@ all_reduce) is still exercised. Prints one line per rank and exits non-zero on a
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 
@@ -75,7 +74,7 @@ def main() -> int:
         outs = [q.get(timeout=300) for _ in procs]
         for p in procs:
             p.join(60)
-        for rank, out, text in sorted(outs, key=lambda o: o[0]):
+        for rank, out, _text in sorted(outs, key=lambda o: o[0]):
             if not out["ok"]:
                 print(f"rank {rank} FAILED:\n{out['traceback']}")
                 return 1

@@ -80,7 +80,7 @@ def _run(address: str) -> tuple[dict, str]:
     proc = subprocess.run([sys.executable, "-c", SCRIPT, address], capture_output=True, text=True, env=env,
                           timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):]), proc.stdout
 
 

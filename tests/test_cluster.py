@@ -164,8 +164,8 @@ def test_help_is_generated_from_the_arguments(ip):
 
 
 def test_no_cluster_gives_a_clear_message(ip, capsys):
-    from gpu_notebook.cluster import ClusterManager
     import gpu_notebook.cluster._manager as m
+    from gpu_notebook.cluster import ClusterManager
 
     saved = m._MANAGER
     m._MANAGER = ClusterManager()

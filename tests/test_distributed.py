@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import os
-import signal
 import threading
 import time
-import _thread
 
 import pytest
 
@@ -108,7 +107,7 @@ def test_no_stream_groups_output_by_rank_after_the_cell(ip, shared, capsys):
     res = run(ip, "%%distributed --no-stream\nfor i in range(3): print('line', i)\n")
     assert res.success
     out = capsys.readouterr().out
-    lines = [l for l in out.splitlines() if l.startswith("[rank")]
+    lines = [ln for ln in out.splitlines() if ln.startswith("[rank")]
     assert lines == [f"[rank {r}] line {i}" for r in (0, 1) for i in range(3)]
 
 
@@ -240,6 +239,7 @@ def test_timeout_interrupts_a_long_cell(ip, shared):
 def test_python_api_call_runs_a_function_on_every_rank(shared):
     def where():
         import os
+
         import torch.distributed as dist
 
         return dist.get_rank(), os.getpid()

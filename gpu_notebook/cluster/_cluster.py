@@ -7,8 +7,9 @@ import os
 import sys
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gpu_notebook.cluster import _connect
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
@@ -196,6 +197,8 @@ class Cluster:
         self.state = "new"
         self._stop_hooks: list[Callable[[str], None]] = []
         self._cell_counter = 0
+        self.cloud_state: Any = None  # a gpu_notebook.cloud.ClusterState once launched
+        self.policies: Any = None  # the cost/idle watcher, when --idle-stop or --budget is given
 
     # ---- identity --------------------------------------------------------------------------------------------
     @property
@@ -233,7 +236,7 @@ class Cluster:
             return self.status()._repr_html_()
         return f"<code>{html.escape(repr(self))}</code>"
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         if self.state != "running":
             self.start()
         return self
@@ -242,7 +245,7 @@ class Cluster:
         self.stop()
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
-    def start(self, progress: Progress | None = None) -> "Cluster":
+    def start(self, progress: Progress | None = None) -> Cluster:
         """Start (or connect to) Ray and the worker group; returns ``self``."""
         from gpu_notebook.cluster._manager import get_manager
 
@@ -450,7 +453,7 @@ class Cluster:
                 )
             assert self.group is not None
             alive = self.group.alive()
-            for plan, meta, ok in zip(self.group.plans, self.group.metas, alive):
+            for plan, meta, ok in zip(self.group.plans, self.group.metas, alive, strict=False):
                 workers.append(
                     WorkerInfo(
                         rank=plan.rank,
@@ -565,4 +568,4 @@ def _address_name(address: str) -> str:
     return "ray" if body == "auto" else body.split(":")[0]
 
 
-_ALL: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_ALL: weakref.WeakSet[Cluster] = weakref.WeakSet()

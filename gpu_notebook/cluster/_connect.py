@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 Progress = Callable[[str], None]
 
@@ -74,8 +75,8 @@ def connect(
         existing = _CONNECTION
         if address is None or existing is None or address in ("auto", existing.address):
             if existing is None:
-                ctx = ray.get_runtime_context()
-                gcs = getattr(ctx, "gcs_address", None) or "existing"
+                rctx = ray.get_runtime_context()
+                gcs = getattr(rctx, "gcs_address", None) or "existing"
                 existing = _CONNECTION = RayConnection(
                     gcs, started_here=False, client_mode=ray.util.client.ray.is_connected(), owned=False
                 )
@@ -92,7 +93,7 @@ def connect(
         mem = _total_memory()
         store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
         try:
-            ctx = ray.init(
+            ctx: Any = ray.init(  # type: ignore[no-redef]
                 address="local",
                 num_cpus=int(cpus) if float(cpus).is_integer() else None,
                 num_gpus=num_gpus,

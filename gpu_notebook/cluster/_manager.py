@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import builtins
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +58,7 @@ class ClusterManager:
             raise KeyError(f"no cluster named {name!r}; clusters: {', '.join(self._clusters) or 'none'}")
         return default
 
-    def list(self) -> list[Cluster]:
+    def list(self) -> builtins.list[Cluster]:
         with self._lock:
             return list(self._clusters.values())
 
@@ -81,7 +82,7 @@ class ClusterManager:
         with self._lock:
             return any(c is not cluster and c.connection is cluster.connection for c in self._clusters.values())
 
-    def stop_all(self, reason: str = "kernel exit") -> list[str]:
+    def stop_all(self, reason: str = "kernel exit") -> builtins.list[str]:
         out = []
         for c in self.list():
             try:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks, parse_ranks, plan_ranks
@@ -91,7 +92,7 @@ class WorkerGroup:
         state = "running" if self.actors else "stopped"
         return f"<WorkerGroup {self.size} workers, backend={self.backend}, {state}>"
 
-    def start(self, progress: Progress | None = None) -> "WorkerGroup":
+    def start(self, progress: Progress | None = None) -> WorkerGroup:
         """Place the workers, order their ranks and initialise torch.distributed on every one."""
         say = progress or (lambda msg: None)
         ray = _ray()
@@ -171,7 +172,7 @@ class WorkerGroup:
                 p.device_index,
                 self.timeouts.collective,
             )
-            for a, p in zip(self.actors, plans)
+            for a, p in zip(self.actors, plans, strict=True)
         ]
         try:
             infos = ray.get(refs, timeout=self.timeouts.init)
@@ -328,7 +329,7 @@ class WorkerGroup:
         ray = _ray()
         live = [r for r in ranks if r not in self._dead]
         refs = [self.actors[r].drain_output.remote() for r in live]
-        for rank, ref in zip(live, refs):
+        for rank, ref in zip(live, refs, strict=True):
             try:
                 text = ray.get(ref, timeout=5)
             except Exception:  # noqa: BLE001 - a dead worker is handled by the caller

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Callable
-
+from collections.abc import Callable
 
 # Ray writes these markers into worker output to attribute log lines; they are not the user's output.
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")

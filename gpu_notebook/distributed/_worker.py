@@ -299,8 +299,10 @@ class RankWorker:
         try:
             tree = ast.parse(code, filename, "exec")
             last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+            tail = tree.body[-1] if tree.body else None
+            if isinstance(tail, ast.Expr):
+                tree.body.pop()
+                last = ast.Expression(tail.value)
             exec(compile(tree, filename, "exec"), self.ns)
             value = eval(compile(last, filename, "eval"), self.ns) if last is not None else None
             return {"ok": True, "value": _sendable(value)}
@@ -390,5 +392,5 @@ def remote_worker_class() -> Any:
     if _REMOTE_CLASS is None:
         import ray
 
-        _REMOTE_CLASS = ray.remote(concurrency_groups={"exec": 1, "ctl": 4}, max_restarts=0)(RankWorker)
+        _REMOTE_CLASS = ray.remote(concurrency_groups={"exec": 1, "ctl": 4}, max_restarts=0)(RankWorker)  # type: ignore[call-overload]
     return _REMOTE_CLASS

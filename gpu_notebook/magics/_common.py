@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
@@ -19,7 +20,7 @@ def parse(magic_func: Callable[..., Any], line: str) -> Any:
     try:
         return parse_argstring(magic_func, line)
     except (UsageError, SystemExit) as exc:
-        parser = magic_func.parser
+        parser = getattr(magic_func, "parser")  # set by @magic_arguments
         msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
         print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %{parser.prog}? for help.", file=sys.stderr)
         raise BadArguments(msg) from None

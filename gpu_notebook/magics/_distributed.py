@@ -34,6 +34,11 @@ def _show_values(values: Any) -> None:
 class DistributedMagics(Magics):
     """``%%distributed`` and the variable-moving magics."""
 
+    @property
+    def _ns(self) -> dict[str, Any]:
+        assert self.shell is not None
+        return self.shell.user_ns
+
     @magic_arguments()
     @argument("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)")
     @argument("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted")
@@ -94,7 +99,7 @@ class DistributedMagics(Magics):
                 for out_line in result.outputs[rank]:
                     print(f"[rank {rank}] {out_line}")
         if args.out:
-            self.shell.user_ns[args.out] = result.values
+            self._ns[args.out] = result.values
         if result.ranks and result.values:
             _show_values(dict(result.values.items()))
         if result.failures:
@@ -121,13 +126,13 @@ class DistributedMagics(Magics):
             return None
         from gpu_notebook.cluster import get_manager
 
-        missing = [n for n in args.names if n not in self.shell.user_ns]
+        missing = [n for n in args.names if n not in self._ns]
         if missing:
             error(f"not defined in the notebook: {', '.join(missing)}")
             return None
         try:
             cluster = get_manager().require_current()
-            cluster.push(ranks=args.workers, **{n: self.shell.user_ns[n] for n in args.names})
+            cluster.push(ranks=args.workers, **{n: self._ns[n] for n in args.names})
         except (LookupError, TypeError, ValueError, RuntimeError) as exc:
             error(str(exc).strip("'\""))
             return None
@@ -158,5 +163,5 @@ class DistributedMagics(Magics):
             error(str(exc).strip("'\""))
             return None
         target = args.as_name or args.name
-        self.shell.user_ns[target] = value
+        self._ns[target] = value
         print(f"pulled {args.name!r} from rank {args.rank} into {target!r} ({type(value).__name__})")
