@@ -50,3 +50,14 @@ def test_idle_stop_and_budget_attach_policies(ip, ray_session, capsys):
         assert getattr(c, "policies", None) is not None
     finally:
         c.stop()
+
+
+def test_list_shows_cloud_clusters_saved_by_an_earlier_kernel(ip, capsys, tmp_path, monkeypatch):
+    from gpu_notebook.cloud import ClusterState
+
+    monkeypatch.setenv("GPU_NOTEBOOK_CONFIG_DIR", str(tmp_path))
+    state = ClusterState(name="gnb-old-123abc", cloud="aws", region="us-east-1", status="running")
+    state.save()
+    ip.run_cell("%gpu_cluster list")
+    out = capsys.readouterr().out
+    assert "gnb-old-123abc" in out and "earlier kernel" in out and "%gpu_cluster stop gnb-old-123abc" in out

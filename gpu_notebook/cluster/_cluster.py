@@ -263,6 +263,8 @@ class Cluster:
                 f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
             )
         if self.options.get("cloud"):
+            # replacement nodes (a spot preemption, autoscaling) take minutes to join: wait for them
+            self.timeouts.placement = max(self.timeouts.placement, 900.0)
             self._launch_cloud(say)
         try:
             self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)

@@ -134,6 +134,12 @@ class ClusterMagics(Magics):
             for msg in get_manager().stop_all("stopped by the user"):
                 print(msg)
             return
+        if args.args and get_manager().get(args.args[0], None) is None and _saved_cloud(args.args[0]):
+            # a cloud cluster a previous kernel started: tear it down from its saved state
+            from gpu_notebook.cloud import CloudLauncher
+
+            show(CloudLauncher().teardown(args.args[0], progress=progress_printer()))
+            return
         print(self._pick(args).stop())
 
     def _cmd_scale(self, args: Any) -> None:
@@ -177,13 +183,17 @@ class ClusterMagics(Magics):
         self._no_extra(args)
         manager = get_manager()
         clusters = manager.list()
-        if not clusters:
-            print("no clusters in this kernel; start one with %gpu_cluster start")
-            return
         current = manager.current
         for c in clusters:
             mark = "*" if c is current else " "
             print(f"{mark} {c.name:<16} {c.kind:<8} {c.world_size} workers  {c.backend or '-':<5} {c.state}")
+        ours = {c.name for c in clusters}
+        others = [st for st in _saved_cloud_states() if st.name not in ours]
+        for st in others:
+            print(f"  {st.name:<16} cloud:{st.cloud:<6} {st.region or '-':<12} {st.status}  "
+                  f"(started by an earlier kernel; %gpu_cluster stop {st.name} tears it down)")
+        if not clusters and not others:
+            print("no clusters in this kernel; start one with %gpu_cluster start")
 
     def _cmd_use(self, args: Any) -> None:
         if len(args.args) != 1:
@@ -211,3 +221,19 @@ class ClusterMagics(Magics):
                 self._usage(f"{args.command} takes at most one cluster name")
             return manager.get(args.args[0])
         return manager.require_current()
+
+
+def _saved_cloud_states() -> list[Any]:
+    """Cloud clusters whose state was saved by this or an earlier kernel (still to be torn down)."""
+    try:
+        from gpu_notebook.cloud import list_states
+    except ImportError:
+        return []
+    try:
+        return [st for st in list_states() if st.status not in ("terminated", "stopped")]
+    except Exception:  # noqa: BLE001 - an unreadable config folder must not break list
+        return []
+
+
+def _saved_cloud(name: str) -> bool:
+    return any(st.name == name for st in _saved_cloud_states())
