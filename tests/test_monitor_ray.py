@@ -85,3 +85,20 @@ def test_many_fake_nodes_as_actors_and_a_lost_node(ray_session) -> None:
         assert 'gpu_notebook_node_up{node="fake-1"} 0' in text and 'gpu_notebook_node_up{node="fake-0"} 1' in text
     finally:
         mon.stop()
+
+
+def test_monitor_for_the_current_cluster_and_its_stop_hook(ray_session) -> None:
+    cluster_mod = pytest.importorskip("gpu_notebook.cluster")
+    from gpu_notebook.monitor import monitor_for
+
+    c = cluster_mod.Cluster(name="monitor-test", workers=1, cpus_per_worker=0.5).start()
+    try:
+        mon = monitor_for(interval=0.2)
+        assert mon.kind == "cluster" and mon.cluster is c
+        assert mon.nodes == [n["NodeID"] for n in c.ray_nodes()]
+        assert monitor_for() is mon  # reused, not a second set of samplers
+        _wait_rows(mon, 2)
+        assert mon.latest()["hosts"][0]["mem_total_mib"] > 0
+    finally:
+        c.stop()
+    assert not mon.started  # the cluster's stop hook stopped the monitor
