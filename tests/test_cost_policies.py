@@ -423,3 +423,21 @@ def test_budget_stop_names_the_active_checkpointers_latest_checkpoint(tmp_path) 
     assert "no checkpoint saved (no on_budget_checkpoint given); its pending saves finished, the latest checkpoint is step 7" in msg
     assert msg.endswith("workers stopped") and stub.state == "stopped"
     ckpt.close()
+
+
+def test_attach_from_the_options_of_gpu_cluster_start() -> None:
+    from gpu_notebook.cost import attach_from_options, describe
+
+    stub = Stub()
+    assert attach_from_options(stub) is None and describe(None) == "no budget or idle stop"
+    stub.options.update(idle_stop=60, budget=25.0, node_pricing={"node-a": G5})
+    w = attach_from_options(stub, start=False, utilisation=Scripted(0.0))
+    try:
+        assert [type(p).__name__ for p in w.policies] == ["BudgetPolicy", "IdleStopPolicy"]
+        assert w.meter.budget_usd == 25.0 and w.policies[1].window_s == 3600
+        w.tick()
+        assert w.meter.usd_per_hour() == pytest.approx(1.006)
+        assert describe(w) == ("budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
+                               "without cells or 5% utilisation; cost is a list-price estimate")
+    finally:
+        w.stop()

@@ -133,7 +133,8 @@ def test_magic_on_a_real_cluster(shell, ray_session) -> None:
         _, cap = _run(shell, "status")
         assert "local cluster: $0" in cap.stdout and "so far $0.00" in cap.stdout
         _, cap = _run(shell, "policies --budget 25 --idle-stop 60")
-        assert "cluster 'cost-magic': budget $25.00 (warns at 80%); idle stop after 60 min" in cap.stdout
+        assert ("cluster 'cost-magic': budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
+                "without cells or 10% utilisation; local cluster: $0") in cap.stdout
         _, cap = _run(shell, "policies")
         assert "budget:" in cap.stdout and "idle stop:" in cap.stdout
         _, cap = _run(shell, "show --refresh 1")

@@ -24,8 +24,10 @@ __all__ = [
     "MonitorUtilisation",
     "NodePrice",
     "PolicyWatcher",
+    "attach_from_options",
     "attach_policies",
     "cost_meter_for",
+    "describe",
     "default_utilisation",
     "resolve_price",
     "watcher_for",
@@ -46,8 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover
         IdleStopPolicy,
         MonitorUtilisation,
         PolicyWatcher,
+        attach_from_options,
         attach_policies,
         default_utilisation,
+        describe,
         watcher_for,
     )
 
@@ -63,7 +67,9 @@ _LAZY = {
     "IdleStopPolicy": "_policies",
     "MonitorUtilisation": "_policies",
     "PolicyWatcher": "_policies",
+    "attach_from_options": "_policies",
     "attach_policies": "_policies",
+    "describe": "_policies",
     "default_utilisation": "_policies",
     "watcher_for": "_policies",
 }

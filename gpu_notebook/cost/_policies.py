@@ -568,3 +568,31 @@ def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget
     if start:
         watcher.start()
     return watcher
+
+
+def attach_from_options(cluster: Any, **kwargs: Any) -> PolicyWatcher | None:
+    """Attach the policies ``cluster.options`` asks for (``idle_stop`` minutes, ``budget`` USD); None if neither.
+
+    ``%gpu_cluster start --idle-stop 60 --budget 25`` stores those options on the cluster; call this after
+    ``cluster.start()``. ``node_pricing`` and ``on_budget_checkpoint`` are read from the options too; ``kwargs``
+    go to :func:`attach_policies`.
+    """
+    opts = getattr(cluster, "options", None) or {}
+    idle, budget = opts.get("idle_stop"), opts.get("budget")
+    if idle is None and budget is None:
+        return None
+    kwargs.setdefault("node_pricing", opts.get("node_pricing"))
+    return attach_policies(cluster, idle_stop_minutes=idle, budget_usd=budget, **kwargs)
+
+
+def describe(watcher: PolicyWatcher | None) -> str:
+    """One line saying which policies watch the cluster (what the magics print after start)."""
+    if watcher is None or not watcher.policies:
+        return "no budget or idle stop"
+    parts = []
+    for p in watcher.policies:
+        if isinstance(p, BudgetPolicy):
+            parts.append(f"budget ${p.usd:,.2f} (warns at {p.warn_fraction:.0%}, then checkpoint and stop)")
+        elif isinstance(p, IdleStopPolicy):
+            parts.append(f"idle stop after {p.window_s / 60:g} min without cells or {p.threshold:g}% utilisation")
+    return "; ".join(parts) + ("; cost is a list-price estimate" if not watcher.meter.is_local else "; local cluster: $0")

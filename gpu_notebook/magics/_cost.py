@@ -82,7 +82,7 @@ class CostMagics(Magics):
 
     def _cmd_policies(self, args: Any) -> None:
         from gpu_notebook.cluster import get_manager
-        from gpu_notebook.cost import attach_policies, watcher_for
+        from gpu_notebook.cost import attach_policies, describe, watcher_for
 
         cluster = get_manager().current
         if cluster is None:
@@ -93,9 +93,7 @@ class CostMagics(Magics):
                   else "No cost policies; add them with %gpu_cost policies --budget USD --idle-stop MINUTES")
             return
         w = attach_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
-        print(f"cluster {cluster.name!r}: " + "; ".join(
-            f"budget ${p.usd:,.2f} (warns at 80%)" if p.name == "budget" else f"idle stop after {p.window_s / 60:g} min"
-            for p in w.policies))
+        print(f"cluster {cluster.name!r}: {describe(w)}")
 
     def _cmd_catalog(self, args: Any) -> None:
         from gpu_notebook.catalog import get_catalog
