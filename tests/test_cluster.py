@@ -233,3 +233,21 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_interrupting_a_start_releases_what_it_reserved(ray_session):
+    import _thread
+    import threading
+
+    from gpu_notebook.distributed import GroupError, WorkerGroup
+
+    group = WorkerGroup(2, cpus_per_worker=64)  # cannot be placed: start waits
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(GroupError, match="interrupted; nothing was left running"):
+        group.start()
+    timer.cancel()
+    assert group._pg is None and group.actors == []
+    states = {v["state"] for v in ray_session.util.placement_group_table().values()
+              if v["bundles"] and v["bundles"].get(0, {}).get("CPU") == 64}
+    assert "PENDING" not in states and "CREATED" not in states

@@ -258,3 +258,9 @@ def test_python_api_call_raises_a_grouped_error(shared):
     with pytest.raises(DistributedError) as info:
         shared.call(fail)
     assert info.value.ranks == [0, 1] and "KeyError" in str(info.value)
+
+
+def test_a_trailing_semicolon_hides_the_values_like_ipython(ip, shared, capsys):
+    res = run(ip, "%%distributed -o v\n41 + rank;\n")
+    assert res.success and list(ip.user_ns["v"]) == [41, 42]
+    assert "Out[" not in capsys.readouterr().out

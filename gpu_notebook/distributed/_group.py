@@ -93,7 +93,17 @@ class WorkerGroup:
         return f"<WorkerGroup {self.size} workers, backend={self.backend}, {state}>"
 
     def start(self, progress: Progress | None = None) -> WorkerGroup:
-        """Place the workers, order their ranks and initialise torch.distributed on every one."""
+        """Place the workers, order their ranks and initialise torch.distributed on every one.
+
+        Interrupting it (the kernel's stop button) releases whatever was already reserved or started.
+        """
+        try:
+            return self._start(progress)
+        except KeyboardInterrupt:
+            self.stop()
+            raise GroupError("starting the workers was interrupted; nothing was left running") from None
+
+    def _start(self, progress: Progress | None) -> WorkerGroup:
         say = progress or (lambda msg: None)
         ray = _ray()
         from ray.util.placement_group import placement_group, remove_placement_group
@@ -110,6 +120,7 @@ class WorkerGroup:
             bundle = {k: v for k, v in bundle.items() if v} or {"CPU": 0.001}
         say(f"reserving resources for {self.size} worker(s): {self._fmt_bundle(bundle)} each")
         pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=self.strategy)
+        self._pg = pg
         deadline = time.monotonic() + self.timeouts.placement
         waited_msg = 0.0
         while True:
@@ -119,6 +130,7 @@ class WorkerGroup:
             now = time.monotonic()
             if now > deadline:
                 remove_placement_group(pg)
+                self._pg = None
                 raise GroupError(self._placement_error(bundle))
             if now - waited_msg > 5:
                 waited_msg = now
@@ -139,12 +151,11 @@ class WorkerGroup:
             if self.runtime_env:
                 opts["runtime_env"] = self.runtime_env
             actors.append(cls.options(**opts).remote(self.group_id, self.env))
+        self.actors = list(actors)  # so stop() can end them if anything below fails or is interrupted
         try:
             metas = ray.get([a.meta.remote() for a in actors], timeout=self.timeouts.init)
         except Exception as exc:
-            self._kill(actors)
-            remove_placement_group(pg)
-            self._pg = None
+            self.stop()
             raise GroupError(f"the worker processes did not start: {exc}") from exc
         driver_ip = ray.util.get_node_ip_address()
         plans = plan_ranks(metas, driver_ip=driver_ip, gpu_visibility=self.gpu_visibility)

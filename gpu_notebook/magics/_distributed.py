@@ -100,7 +100,7 @@ class DistributedMagics(Magics):
                     print(f"[rank {rank}] {out_line}")
         if args.out:
             self._ns[args.out] = result.values
-        if result.ranks and result.values:
+        if result.ranks and result.values and not cell.rstrip().endswith(";"):  # a trailing ; hides values
             _show_values(dict(result.values.items()))
         if result.failures:
             result.raise_for_failures(cluster.world_size)
