@@ -47,3 +47,8 @@ def test_rank_log_keeps_lines_partial_lines_and_drops_ray_markers():
         log.feed(0, f"{i}\n")
     assert log.tail(0) == ["2", "3", "4"]
     assert log.tail(0, 1) == ["4"] and log.tail(0, 0) == []
+
+
+def test_progress_bar_redraws_keep_the_final_state_of_the_line():
+    log = RankLog()
+    assert log.feed(0, "  0%|   |\r 50%|#  |\r100%|###|\nnext\n") == ["100%|###|", "next"]

@@ -27,6 +27,8 @@ class RankLog:
             buf = self._partial.get(rank, "") + text.replace("\r\n", "\n")
             *complete, rest = buf.split("\n")
             self._partial[rank] = rest
+            # a progress bar (tqdm) redraws its line with \r: keep what the line finally showed
+            complete = [line.rsplit("\r", 1)[-1] for line in complete]
             complete = [line for line in complete if not line.startswith(_RAY_MARKERS)]
             dq = self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines))
             dq.extend(complete)
