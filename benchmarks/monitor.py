@@ -159,6 +159,16 @@ def _train_steps(steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def _monitor_threads_cpu() -> float:
+    """CPU seconds used so far by this process's gpu_notebook-* threads (via psutil's per-thread times)."""
+    import threading
+
+    import psutil
+
+    ids = {t.native_id for t in threading.enumerate() if t.name.startswith("gpu_notebook-")}
+    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+
+
 def bench_training(steps: int, repeats: int) -> list[tuple[str, str, str]]:
     """Back-to-back blocks (off, 2 Hz, 10 Hz) repeated; the median of per-repeat ratios cancels load drift."""
     import comm
@@ -201,6 +211,34 @@ def bench_training(steps: int, repeats: int) -> list[tuple[str, str, str]]:
     return rows
 
 
+def bench_threads(seconds: float) -> list[tuple[str, str, str]]:
+    """CPU used by the monitor's own threads (sampler, pull, dashboard) over a few idle seconds."""
+    import comm
+
+    from gpu_notebook.monitor import FakeNVML, Monitor
+
+    orig = comm.create_comm
+    comm.create_comm = lambda *a, **k: comm.DummyComm(*a, **k)
+    rows = []
+    try:
+        from gpu_notebook.widgets import MonitorWidget
+
+        for label, interval in (("2 Hz", 0.5), ("10 Hz", 0.1)):
+            mon = Monitor.local(nvml=lambda: FakeNVML(8), interval=interval, pull_interval=1.0).start()
+            w = MonitorWidget(mon, interval=1.0)
+            time.sleep(1.0)
+            c0, w0 = _monitor_threads_cpu(), time.perf_counter()
+            time.sleep(seconds)
+            frac = (_monitor_threads_cpu() - c0) / (time.perf_counter() - w0)
+            w.stop(snapshot=False)
+            mon.stop()
+            rows.append((f"monitor threads CPU, 8 fake GPUs, sampling {label} + dashboard 1 Hz",
+                         f"{frac * 100:.2f}% of a core", f"over {seconds:g} s (psutil per-thread times)"))
+    finally:
+        comm.create_comm = orig
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU monitor benchmark")
     parser.add_argument("--quick", action="store_true")
@@ -210,6 +248,7 @@ def main() -> None:
     rows += bench_sampler(200 if q else 1000)
     rows += bench_aggregator(10 if q else 40)
     rows += bench_widget(15 if q else 60)
+    rows += bench_threads(3 if q else 10)
     rows += bench_training(100 if q else 300, 3 if q else 11)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)

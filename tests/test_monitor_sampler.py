@@ -301,3 +301,15 @@ def test_ring_buffer_window_when_the_clock_went_backwards() -> None:
     assert list(t) == [2.0, 1.5, 3.0] and list(data[:, 0]) == [2.0, 1.5, 3.0]
     t, _ = RingBuffer(["a"], capacity=3).window(0.0)
     assert t.size == 0
+
+
+def test_importing_the_monitor_is_cheap() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; import gpu_notebook.monitor, gpu_notebook.widgets, gpu_notebook.magics._monitor\n"
+            "from gpu_notebook.monitor import Monitor, FakeNVML, utilisation_summary\n"
+            "print([m for m in ('ray', 'torch', 'pynvml', 'plotly', 'ipywidgets', 'boto3') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
