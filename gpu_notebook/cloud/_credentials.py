@@ -125,7 +125,7 @@ def kubeconfig_path() -> str | None:
     return None
 
 
-def check_kubernetes() -> CredentialsInfo:
+def check_kubernetes(need_client: bool = True) -> CredentialsInfo:
     """Kubernetes: a kube config (or in-cluster service account) and the ``kubernetes`` client package."""
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     path = kubeconfig_path()
@@ -134,10 +134,12 @@ def check_kubernetes() -> CredentialsInfo:
             "Kubernetes: no kube config found (set KUBECONFIG or create ~/.kube/config); "
             "use --dry-run to print the RayCluster manifest instead."
         )
-    try:
-        import kubernetes  # noqa: F401
-    except ImportError:
-        raise CredentialsError("Kubernetes: applying the manifest needs the client: pip install kubernetes") from None
+    if need_client:
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            raise CredentialsError("Kubernetes: applying the manifest needs the client: pip install kubernetes") \
+                from None
     return CredentialsInfo("Kubernetes", "in-cluster service account" if in_cluster else f"kube config {path}")
 
 

@@ -319,6 +319,10 @@ class CloudLauncher:
 
     def check_credentials(self, spec: ClusterSpec) -> CredentialsInfo:
         """One clear :class:`CredentialsError` when ``spec``'s cloud is not usable from here."""
+        if spec.cloud == "kubernetes" and self._kube_clients is not None:
+            from ._credentials import check_kubernetes
+
+            return check_kubernetes(need_client=False)
         return check_credentials(spec.cloud, spec.region, project=spec.project, verify=self.verify_credentials,
                                  tools=self.check_tools)
 
@@ -340,7 +344,7 @@ class CloudLauncher:
             stages("checking quota")
             self._check_aws_quota(spec, plan)
         if spec.cloud == "kubernetes":
-            return self._launch_kube(spec, plan, state, stages)
+            return self._launch_kube(spec, plan, state, stages, poll_s)
         state.save()  # before anything exists, so a crashed kernel can still `stop` it
         try:
             with _ray_compat.launcher_events(stages.ray_event):
@@ -444,17 +448,18 @@ class CloudLauncher:
         out.append("--spot off (on-demand)" if spec.spot else "--spot (a separate capacity pool)")
         return out
 
-    def _launch_kube(self, spec: ClusterSpec, plan: Plan, state: ClusterState, stages: _Stages) -> ClusterState:
+    def _launch_kube(self, spec: ClusterSpec, plan: Plan, state: ClusterState, stages: _Stages,
+                     poll_s: float = 5.0) -> ClusterState:
         api, core = self._kube_clients or _kube.make_clients()
         state.save()
         try:
             stages("applying RayCluster")
             _kube.apply_raycluster(plan.config, api)
             stages("waiting for the head pod")
-            _kube.wait_head_ready(str(spec.name), spec.namespace, api, progress=stages)
+            _kube.wait_head_ready(str(spec.name), spec.namespace, api, poll_s=poll_s, progress=stages)
         except BaseException as exc:
             stages("launch failed: deleting the RayCluster")
-            report = self._teardown_kube(state, stages)
+            report = self._teardown_kube(state, stages, poll_s=poll_s)
             state.status, state.error = "failed", f"{type(exc).__name__}: {exc}"
             if report.clean:
                 delete_state(state.name)

@@ -114,12 +114,13 @@ class MotoEC2:
     def start(self) -> MotoEC2:
         from moto.server import ThreadedMotoServer
 
+        for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+                    "MOTO_IAM_LOAD_MANAGED_POLICIES", *self.env):
+            self._saved[key] = os.environ.get(key)
         # Ray's AWS bootstrap attaches AWS-managed IAM policies; moto only knows them with this set.
-        os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
+        os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
-        for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", *self.env):
-            self._saved[key] = os.environ.get(key)
         for key in ("AWS_PROFILE",):
             os.environ.pop(key, None)
         os.environ["AWS_CONFIG_FILE"] = os.devnull
@@ -154,3 +155,87 @@ class MotoEC2:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class FakeApiException(Exception):
+    """Like ``kubernetes.client.ApiException``: carries the HTTP ``status``."""
+
+    def __init__(self, status: int, reason: str = "") -> None:
+        super().__init__(f"({status}) {reason}")
+        self.status = status
+
+
+class FakeKube:
+    """In-memory stand-ins for ``CustomObjectsApi`` and ``CoreV1Api`` that behave like KubeRay would.
+
+    A created RayCluster reports ``state: ready`` after ``ready_after`` reads and gets one head pod plus one
+    pod per worker replica; deleting it removes the pods after ``pods_linger`` pod listings.
+    """
+
+    def __init__(self, ready_after: int = 1, pods_linger: int = 0, fail_create: int | None = None) -> None:
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.reads: dict[tuple[str, str], int] = {}
+        self.pods: dict[tuple[str, str], list[str]] = {}
+        self.linger: dict[tuple[str, str], int] = {}
+        self.ready_after = ready_after
+        self.pods_linger = pods_linger
+        self.fail_create = fail_create
+        self.calls: list[str] = []
+
+    # CustomObjectsApi
+    def create_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                        body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("create")
+        if self.fail_create is not None:
+            raise FakeApiException(self.fail_create, "refused")
+        key = (namespace, body["metadata"]["name"])
+        if key in self.objects:
+            raise FakeApiException(409, "AlreadyExists")
+        self.objects[key] = {**body, "status": {}}
+        self.reads[key] = 0
+        replicas = sum(int(g.get("replicas", 0)) for g in body["spec"].get("workerGroupSpecs", []))
+        self.pods[key] = [f"{key[1]}-head"] + [f"{key[1]}-worker-{i}" for i in range(replicas)]
+        return self.objects[key]
+
+    def patch_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
+                                       body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append("patch")
+        key = (namespace, name)
+        if key not in self.objects:
+            raise FakeApiException(404, "NotFound")
+        self.objects[key]["spec"] = body["spec"]
+        return self.objects[key]
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                     name: str) -> dict[str, Any]:
+        key = (namespace, name)
+        if key not in self.objects:
+            raise FakeApiException(404, "NotFound")
+        self.reads[key] += 1
+        if self.reads[key] > self.ready_after:
+            self.objects[key]["status"] = {"state": "ready"}
+        return self.objects[key]
+
+    def delete_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
+                                        name: str) -> dict[str, Any]:
+        self.calls.append("delete")
+        key = (namespace, name)
+        if key not in self.objects:
+            raise FakeApiException(404, "NotFound")
+        del self.objects[key]
+        self.linger[key] = self.pods_linger
+        return {}
+
+    # CoreV1Api
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> Any:
+        import types
+
+        name = label_selector.split("=", 1)[1] if "=" in label_selector else ""
+        key = (namespace, name)
+        if key not in self.objects and key in self.pods:
+            if self.linger.get(key, 0) <= 0:
+                self.pods.pop(key)
+            else:
+                self.linger[key] -= 1
+        items = [types.SimpleNamespace(metadata=types.SimpleNamespace(name=p)) for p in self.pods.get(key, [])]
+        return types.SimpleNamespace(items=items)
