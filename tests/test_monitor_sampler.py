@@ -313,3 +313,11 @@ def test_importing_the_monitor_is_cheap() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_ring_buffer_oldest_time() -> None:
+    rb = RingBuffer(["a"], capacity=3)
+    assert rb.oldest_t() is None
+    for t in range(5):
+        rb.append(float(t), [0])
+    assert rb.oldest_t() == 2.0

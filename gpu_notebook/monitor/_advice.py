@@ -74,8 +74,8 @@ def advise(agg: Aggregator, window_s: float = 300.0, threshold: float = 70.0, no
         node_state = agg.nodes[s["node"]]
         interval = float(node_state.info.get("interval", 0.5))
         # the window is covered when the oldest kept sample is within one interval (plus slack) of its start
-        t_all, _ = node_state.buffer.window(0.0)
-        if len(t_all) == 0 or t_all[0] > since + 2 * interval or t[ok][-1] < now - max(10 * interval, 5.0):
+        oldest = node_state.buffer.oldest_t()
+        if oldest is None or oldest > since + 2 * interval or t[ok][-1] < now - max(10 * interval, 5.0):
             continue
         st = window_stats(y)
         if st["p95"] < threshold:

@@ -102,6 +102,13 @@ class RingBuffer:
                 keep = idx[t >= since_t]
             return self._t[keep].copy(), self._data[keep].copy()
 
+    def oldest_t(self) -> float | None:
+        """Time of the oldest kept row, or None when empty (no copy)."""
+        with self._lock:
+            if self._seq == 0:
+                return None
+            return float(self._t[max(0, self._seq - self.capacity) % self.capacity])
+
     def latest(self) -> tuple[float, np.ndarray] | None:
         """The newest row, or None when empty."""
         with self._lock:

@@ -90,7 +90,10 @@ def _binned(parts: list[tuple[np.ndarray, np.ndarray]], since: float, now: float
 
 
 def _to_dt(t: np.ndarray) -> np.ndarray:
-    return (np.asarray(t) * 1000).astype("datetime64[ms]")
+    """Epoch seconds to naive local-time datetimes (plotly shows datetimes as given)."""
+    t = np.asarray(t, dtype=np.float64)
+    offset = time.localtime(float(t[-1]) if len(t) else time.time()).tm_gmtoff
+    return ((t + offset) * 1000).astype("datetime64[ms]")
 
 
 class MonitorWidget:
