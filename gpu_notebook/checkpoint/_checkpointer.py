@@ -281,6 +281,7 @@ class Checkpointer:
         self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
         # delta state: the last committed snapshot of *this rank*
         self._shadow: dict[str, dict[str, Any]] = {}
+        self._free: dict[int, list[np.ndarray]] = {}  # recycled snapshot buffers, by size
         self._parent: str | None = None
         self._since_base = 0
         self._last_save_step: int | None = None
@@ -396,7 +397,7 @@ class Checkpointer:
                 pass  # recorded by the job itself
             self._raise_pending()
         t0 = time.perf_counter()
-        tree, leaves = flatten(state, allow_pickle=self.allow_pickle, copy=True)
+        tree, leaves = flatten(state, allow_pickle=self.allow_pickle, copy=True, alloc=self._alloc)
         snap = _Snapshot(tree, leaves, step, time.perf_counter() - t0)
         ckpt_id = f"{step:012d}-{self._token}{self._seq:04d}"
         self._seq += 1
@@ -407,6 +408,22 @@ class Checkpointer:
         if block:
             self.wait()
         return handle
+
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        lst = self._free.get(nbytes)
+        if lst:
+            return lst.pop()
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def _recycle(self, shadow: dict[str, dict[str, Any]]) -> None:
+        free: dict[int, list[np.ndarray]] = {}
+        seen: set[int] = set()
+        for sh in shadow.values():
+            d = sh["data"]
+            if isinstance(d, np.ndarray) and d.base is None and d.nbytes and id(d) not in seen:
+                seen.add(id(d))
+                free.setdefault(d.nbytes, []).append(d)
+        self._free = free
 
     def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
         """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None."""
@@ -608,13 +625,15 @@ class Checkpointer:
         }
         info = self._commit(snap, ckpt_id, shard, stats, is_base)
         prog.finish()
-        # 5) the committed snapshot becomes the base of the next delta
+        # 5) the committed snapshot becomes the base of the next delta; the old base's buffers are reused
+        old = self._shadow
         self._shadow = {
             leaf.name: {"dtype": leaf.dtype, "nbytes": leaf.nbytes, "data": leaf.data, "chunks": leaves_doc[leaf.name]["chunks"]}
             for leaf in snap.leaves
         }
         self._parent = ckpt_id
         self._since_base = 0 if is_base else self._since_base + 1
+        self._recycle(old)
         return info
 
     def _writer_info(self) -> dict[str, Any]:
@@ -963,7 +982,7 @@ class Checkpointer:
             n = len(lf["chunks"])
             chunks = parts[pos : pos + n]
             pos += n
-            data = np.concatenate(chunks) if n > 1 else (chunks[0].copy() if n else np.zeros(0, np.uint8))
+            data = np.concatenate(chunks) if n > 1 else (chunks[0] if n else np.zeros(0, np.uint8))
             if data.nbytes != lf["nbytes"]:
                 raise IntegrityError(f"tensor {name!r} of checkpoint {doc['id']} has {data.nbytes} bytes, expected {lf['nbytes']}")
             datas[name] = data

@@ -31,8 +31,10 @@ TRANSFORMS = ("none", "xor", "sub")
 _MODE_RAW, _MODE_PLANES = 0, 1
 _KIND_STORED, _KIND_ZSTD = 0, 1
 #: chunks up to this size try every transform fully; larger ones choose on a sample
-_FULL_TRY_BYTES = 256 * 1024
-_SAMPLE_BYTES = 128 * 1024
+_FULL_TRY_BYTES = 32 * 1024
+_SAMPLE_BYTES = 16 * 1024
+#: a plane is stored as is when zstd does not get it below this fraction of its size
+_STORE_RATIO = 0.98
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
@@ -60,28 +62,45 @@ def _zd() -> Any:
     return d
 
 
+def _scratch(slot: str, nbytes: int) -> np.ndarray:
+    """A per-thread reusable ``uint8`` buffer (fresh allocations page-fault, which is slow on some hosts)."""
+    bufs = getattr(_local, "scratch", None)
+    if bufs is None:
+        bufs = _local.scratch = {}
+    b = bufs.get(slot)
+    if b is None or b.nbytes < nbytes:
+        b = bufs[slot] = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
+    return b[:nbytes]
+
+
 def _forward(cur: np.ndarray, base: np.ndarray, transform: int, width: int) -> np.ndarray:
-    """Apply a transform to uint8 buffers; returns a uint8 buffer of the same length."""
+    """Apply a transform to uint8 buffers; returns a (per-thread scratch) uint8 buffer of the same length."""
+    n = cur.nbytes
     u = _UINT[width]
-    a = cur.view(u)
-    b = base.view(u)
+    out = _scratch("fwd", n)
     if transform == 1:
-        return np.bitwise_xor(a, b).view(np.uint8)
+        np.bitwise_xor(cur.view(u), base.view(u), out=out.view(u))
+        return out
     s = _INT[width]
-    d = np.subtract(a.view(s), b.view(s))  # wraps
-    z = np.left_shift(d, 1)
-    np.bitwise_xor(z, np.right_shift(d, 8 * width - 1), out=z)  # zigzag
-    return z.view(np.uint8)
+    d = out.view(s)
+    np.subtract(cur.view(s), base.view(s), out=d)  # wraps
+    sign = _scratch("tmp", n).view(s)
+    np.right_shift(d, 8 * width - 1, out=sign)
+    np.left_shift(d, 1, out=d)
+    np.bitwise_xor(d, sign, out=d)  # zigzag
+    return out
 
 
 def _inverse(data: np.ndarray, base: np.ndarray, transform: int, width: int) -> np.ndarray:
+    """Undo a transform; returns a fresh array (``data`` may be scratch)."""
     u = _UINT[width]
     z = data.view(u)
     b = base.view(u)
     if transform == 1:
         return np.bitwise_xor(z, b).view(np.uint8)
     d = np.right_shift(z, u(1))
-    neg = np.bitwise_and(z, u(1))
+    neg = _scratch("tmp", data.nbytes).view(u)
+    np.bitwise_and(z, u(1), out=neg)
     np.negative(neg, out=neg)  # 0 -> 0, 1 -> all ones (unsigned wrap)
     np.bitwise_xor(d, neg, out=d)
     np.add(d, b, out=d)  # wraps
@@ -89,26 +108,39 @@ def _inverse(data: np.ndarray, base: np.ndarray, transform: int, width: int) -> 
 
 
 def _split(buf: np.ndarray, width: int) -> np.ndarray:
+    """Byte planes of ``buf`` as a (width, n) array (per-thread scratch)."""
     if width == 1:
         return buf.reshape(1, -1)
-    return np.ascontiguousarray(buf.reshape(-1, width).T)
+    out = _scratch("split", buf.nbytes).reshape(width, -1)
+    np.copyto(out, buf.reshape(-1, width).T)
+    return out
 
 
-def _merge(planes: np.ndarray, width: int) -> np.ndarray:
+def _merge(planes: np.ndarray, width: int, out: np.ndarray | None = None) -> np.ndarray:
+    if out is None:
+        out = np.empty(planes.size, dtype=np.uint8)
     if width == 1:
-        return planes.reshape(-1)
-    return np.ascontiguousarray(planes.T).reshape(-1)
+        np.copyto(out, planes.reshape(-1))
+    else:
+        np.copyto(out.reshape(-1, width), planes.T)
+    return out
 
 
-def _encode_planes(buf: np.ndarray, transform: int, width: int, level: int) -> bytes:
+def _encode_planes(
+    buf: np.ndarray, transform: int, width: int, level: int, store: frozenset[int] = frozenset()
+) -> bytes:
     planes = _split(buf, width)
     zc = _zc(level)
     heads: list[bytes] = []
     bodies: list[bytes | memoryview] = []
     for i in range(planes.shape[0]):
         p = planes[i]
+        if i in store:  # the sample showed this plane is noise: do not spend time compressing it
+            heads.append(_PLANE.pack(_KIND_STORED, p.nbytes))
+            bodies.append(memoryview(p))
+            continue
         comp = zc.compress(p)
-        if len(comp) < 0.98 * p.nbytes:
+        if len(comp) < _STORE_RATIO * p.nbytes:
             heads.append(_PLANE.pack(_KIND_ZSTD, len(comp)))
             bodies.append(comp)
         else:
@@ -122,11 +154,20 @@ def _raw_frame(buf: np.ndarray) -> bytes:
     return _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_RAW, 0, 1, buf.nbytes) + memoryview(buf).tobytes()
 
 
-def _estimate(buf: np.ndarray, width: int, level: int) -> int:
-    """Compressed size of a byte-plane split of ``buf`` (no header)."""
+def _estimate(buf: np.ndarray, width: int, level: int) -> tuple[int, frozenset[int]]:
+    """Compressed size of a byte-plane split of ``buf`` (no header), and the planes not worth compressing."""
     planes = _split(buf, width)
     zc = _zc(level)
-    return sum(min(len(zc.compress(planes[i])), planes[i].nbytes) for i in range(planes.shape[0]))
+    total = 0
+    store = set()
+    for i in range(planes.shape[0]):
+        n = planes[i].nbytes
+        c = len(zc.compress(planes[i]))
+        if c >= _STORE_RATIO * n:
+            store.add(i)
+            c = n
+        total += c
+    return total, frozenset(store)
 
 
 def encode_chunk(
@@ -165,8 +206,8 @@ def encode_chunk(
     if base is not None and base.nbytes == n and n:
         base = base.reshape(-1)
         cands += [TRANSFORMS.index(t) for t in transforms if t != "none"]
-    best: tuple[int, int] | None = None
-    if len(cands) > 1 and n > _FULL_TRY_BYTES:
+    best: tuple[int, int, frozenset[int]] | None = None
+    if n > _FULL_TRY_BYTES:
         # choose on a contiguous sample, element aligned
         m = (_SAMPLE_BYTES // width) * width
         lo = ((n // 2) // width) * width
@@ -175,14 +216,14 @@ def encode_chunk(
         s_base = base[lo : lo + m] if base is not None else None
         for t in cands:
             sb = s_cur if t == 0 else _forward(s_cur, s_base, t, width)  # type: ignore[arg-type]
-            est = _estimate(sb, width, level)
+            est, store = _estimate(sb, width, level)
             if best is None or est < best[0]:
-                best = (est, t)
+                best = (est, t, store)
         cands = [best[1]]  # type: ignore[index]
     frames: list[tuple[bytes, int]] = []
     for t in cands:
         buf = raw if t == 0 else _forward(raw, base, t, width)  # type: ignore[arg-type]
-        frames.append((_encode_planes(buf, t, width, level), t))
+        frames.append((_encode_planes(buf, t, width, level, best[2] if best else frozenset()), t))
     frame, t = min(frames, key=lambda ft: len(ft[0]))
     if len(frame) >= n + _HDR.size:
         return _raw_frame(raw), "raw"
@@ -225,7 +266,7 @@ def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> n
     for _ in range(nplanes):
         heads.append(_PLANE.unpack_from(mv, pos))
         pos += _PLANE.size
-    planes = np.empty((nplanes, plane_len), dtype=np.uint8)
+    planes = _scratch("dplanes", n).reshape(nplanes, plane_len)
     zd = _zd()
     for i, (kind, clen) in enumerate(heads):
         payload = mv[pos : pos + clen]
@@ -241,9 +282,8 @@ def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> n
             planes[i] = np.frombuffer(payload, dtype=np.uint8)
         else:
             raise ValueError("unknown plane kind")
-    buf = _merge(planes, width)
     if transform:
         if base is None or base.nbytes != n:
             raise ValueError("delta frame needs its base chunk")
-        buf = _inverse(buf, base.reshape(-1), transform, width)
-    return buf
+        return _inverse(_merge(planes, width, _scratch("dmerge", n)), base.reshape(-1), transform, width)
+    return _merge(planes, width, np.empty(n, dtype=np.uint8))

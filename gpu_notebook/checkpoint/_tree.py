@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ def _key_str(k: Any) -> str:
     return s.replace("/", "%2F")
 
 
-def _tensor_leaf(name: str, t: Any, copy: bool) -> Leaf:
+def _tensor_leaf(name: str, t: Any, copy: bool, alloc: Callable[[int], np.ndarray] | None = None) -> Leaf:
     import torch
 
     if t.is_sparse or t.layout != torch.strided:
@@ -72,22 +73,30 @@ def _tensor_leaf(name: str, t: Any, copy: bool) -> Leaf:
     if dtype not in DTYPES:
         raise UnsafeValueError(f"{name}: dtype {t.dtype} is not supported by the checkpoint format")
     t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    nbytes = t.numel() * t.element_size()
+    if copy and alloc is not None and nbytes:
+        # copy into a recycled host buffer: fresh allocations page-fault, which is slow on some hosts
+        buf = alloc(nbytes)
+        torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
+        return Leaf(name, "tensor", dtype, list(t.shape), buf)
     if t.device.type != "cpu":
         host = t.to("cpu").contiguous()
     elif copy:
         host = t.contiguous().clone() if t.is_contiguous() else t.contiguous()
     else:
         host = t.contiguous()
-    if host.is_conj():
-        host = host.resolve_conj()
-    if host.is_neg():
-        host = host.resolve_neg()
     flat = host.reshape(-1)
     data = flat.view(torch.uint8).numpy() if flat.numel() else np.zeros(0, dtype=np.uint8)
     return Leaf(name, "tensor", dtype, list(t.shape), data)
 
 
-def flatten(state: Any, allow_pickle: bool = False, copy: bool = True) -> tuple[Any, list[Leaf]]:
+def flatten(
+    state: Any, allow_pickle: bool = False, copy: bool = True, alloc: Callable[[int], np.ndarray] | None = None
+) -> tuple[Any, list[Leaf]]:
     """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
 
     Parameters
@@ -98,6 +107,8 @@ def flatten(state: Any, allow_pickle: bool = False, copy: bool = True) -> tuple[
         Pickle values that have no safe representation instead of raising.
     copy
         Copy tensors (needed for background saves; CUDA tensors are always copied to host).
+    alloc
+        Returns a writable ``uint8`` buffer of a given size for a copy (lets callers recycle buffers).
 
     Raises
     ------
@@ -156,7 +167,7 @@ def flatten(state: Any, allow_pickle: bool = False, copy: bool = True) -> tuple[
             if isinstance(obj, torch.Tensor):
                 if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
                     return pickled(obj, path)
-                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy))}
+                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy, alloc))}
             if isinstance(obj, torch.dtype):
                 return {"$dtype": str(obj).replace("torch.", "")}
             if isinstance(obj, torch.device):

@@ -1,0 +1,306 @@
+"""Checkpoint benchmark: bytes written per checkpoint, save and restore time, side by side.
+
+A small byte-level GPT (about 3 M parameters, AdamW) trains on CPU on CPython's own standard library
+sources (no download). For each workload the *same* training state is checkpointed by
+
+* ``torch.save`` (the normaliser), ``torch.save`` + zstd (level 3), safetensors (tensors) + JSON,
+  ``torch.distributed.checkpoint`` (single process, FileSystemWriter),
+* ours, full (a fresh store: what the first checkpoint of a run costs),
+* ours, delta (the store already holds the checkpoint from ``interval`` steps earlier).
+
+Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
+every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
+(b) fine-tuning with most layers frozen.
+
+Run: ``python benchmarks/checkpoint.py`` (about 2-3 minutes on 2 cores); ``--quick`` for a smoke run.
+Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_notebook.checkpoint import Checkpointer  # noqa: E402
+
+CTX = 128
+SEQ, BATCH = 64, 4  # training sequences: small, so that the whole benchmark runs in a few minutes on 2 cores
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, d: int = 256, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(256, d)
+        self.pos = nn.Embedding(CTX, d)
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 256, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        mask = torch.triu(torch.full((t, t), float("-inf"), dtype=x.dtype), 1)
+        for b in self.blocks:
+            x = b(x, mask)
+        return self.head(self.ln(x))
+
+
+def corpus(limit: int = 4_000_000) -> torch.Tensor:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    buf = bytearray()
+    for p in sorted(root.glob("*.py")):
+        buf += p.read_bytes()
+        if len(buf) > limit:
+            break
+    return torch.frombuffer(bytearray(buf), dtype=torch.uint8).long()
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, data: torch.Tensor, steps: int, g: torch.Generator) -> float:
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        ix = torch.randint(0, data.numel() - SEQ - 1, (BATCH,), generator=g)
+        x = torch.stack([data[i : i + SEQ] for i in ix])
+        y = torch.stack([data[i + 1 : i + SEQ + 1] for i in ix])
+        logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, 256), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return float(loss.detach())
+
+
+# ------------------------------------------------------------------------------------------- baselines
+def _dir_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+def _flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(state, dict):
+        for k, v in state.items():
+            out.update(_flat_tensors(v, f"{prefix}{k}."))
+    elif isinstance(state, list | tuple):
+        for i, v in enumerate(state):
+            out.update(_flat_tensors(v, f"{prefix}{i}."))
+    elif isinstance(state, torch.Tensor):
+        out[prefix[:-1]] = state.detach().clone().contiguous()
+    return out
+
+
+def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float]]:
+    import safetensors.torch
+    import torch.distributed.checkpoint as dcp
+    import zstandard
+
+    res: dict[str, dict[str, float]] = {}
+    f = work / "ts.pt"
+    t0 = time.perf_counter()
+    torch.save(sd, f)
+    ts = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    torch.load(f, weights_only=True)
+    res["torch.save"] = {"bytes": f.stat().st_size, "save_s": ts, "restore_s": time.perf_counter() - t0}
+
+    t0 = time.perf_counter()
+    b = io.BytesIO()
+    torch.save(sd, b)
+    comp = zstandard.ZstdCompressor(level=3).compress(b.getvalue())
+    (work / "ts.pt.zst").write_bytes(comp)
+    ts = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    raw = zstandard.ZstdDecompressor().decompress((work / "ts.pt.zst").read_bytes())
+    torch.load(io.BytesIO(raw), weights_only=True)
+    res["torch.save+zstd3"] = {"bytes": len(comp), "save_s": ts, "restore_s": time.perf_counter() - t0}
+
+    flat = _flat_tensors(sd)
+    t0 = time.perf_counter()
+    safetensors.torch.save_file(flat, str(work / "st.safetensors"))
+    ts = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    safetensors.torch.load_file(str(work / "st.safetensors"))
+    res["safetensors"] = {"bytes": (work / "st.safetensors").stat().st_size, "save_s": ts, "restore_s": time.perf_counter() - t0}
+
+    d = work / "dcp"
+    t0 = time.perf_counter()
+    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d)))
+    ts = time.perf_counter() - t0
+    target = _clone_struct(sd)
+    t0 = time.perf_counter()
+    dcp.load(target, storage_reader=dcp.FileSystemReader(str(d)))
+    res["torch.distributed.checkpoint"] = {"bytes": _dir_bytes(d), "save_s": ts, "restore_s": time.perf_counter() - t0}
+    return res
+
+
+def _clone_struct(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _clone_struct(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clone_struct(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return torch.empty_like(x)
+    return x
+
+
+def ours(ck: Checkpointer, state: dict[str, Any], step: int) -> dict[str, float]:
+    t0 = time.perf_counter()
+    h = ck.save(state, step)
+    stall = time.perf_counter() - t0
+    info = h.result()
+    total = time.perf_counter() - t0
+    assert info is not None
+    t0 = time.perf_counter()
+    got = ck.restore(info.id)
+    rs = time.perf_counter() - t0
+    # lossless check against the live state
+    for k, v in state["model"].state_dict().items():
+        assert torch.equal(got["model"][k].view(torch.uint8), v.detach().contiguous().view(torch.uint8)), k
+    return {"bytes": info.new_bytes, "save_s": total, "stall_s": stall, "restore_s": rs, "raw": info.raw_bytes}
+
+
+# ------------------------------------------------------------------------------------------- workloads
+def run(quick: bool) -> list[dict[str, Any]]:
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    data = corpus()
+    rows: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-bench-"))
+    warm, long_iv = (5, 20) if quick else (30, 100)
+    try:
+        pretrained: dict[str, torch.Tensor] | None = None
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            model = TinyGPT()
+            if dtype == torch.bfloat16:
+                model = model.to(torch.bfloat16)
+            n_params = sum(p.numel() for p in model.parameters())
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+            train(model, opt, data, warm, g)  # warm-up ("pre-training")
+            for pg in opt.param_groups:
+                pg["lr"] = 1e-4  # then fine-tuning-like learning rate
+            name = "fp32" if dtype == torch.float32 else "bf16"
+            ck10 = Checkpointer(work / f"{name}-10", full_every=10)
+            ck100 = Checkpointer(work / f"{name}-100", full_every=10)
+            state = {"model": model, "optim": opt, "step": warm}
+            ck10.save(state, warm).result()
+            ck100.save(state, warm).result()
+            train(model, opt, data, 10, g)
+            state["step"] = warm + 10
+            rows += measure(f"(a) {name}, every 10 steps", state, ck10, work, n_params)
+            train(model, opt, data, long_iv - 10, g)
+            state["step"] = warm + long_iv
+            rows += measure(f"(a) {name}, every {long_iv} steps", state, ck100, work, n_params, delta_only=False)
+            if dtype == torch.float32:
+                pretrained = {k: v.clone() for k, v in model.state_dict().items()}
+        # (b) fine-tuning with most layers frozen
+        assert pretrained is not None
+        model = TinyGPT()
+        model.load_state_dict(pretrained)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        trainable = [model.blocks[-1].attn.out_proj.weight, model.ln.weight, model.ln.bias]
+        for p in trainable:
+            p.requires_grad_(True)
+        frac = sum(p.numel() for p in trainable) / sum(p.numel() for p in model.parameters())
+        opt = torch.optim.AdamW(trainable, lr=1e-4)
+        train(model, opt, data, 3, g)
+        ckf = Checkpointer(work / "frozen", full_every=10)
+        state = {"model": model, "optim": opt, "step": 3}
+        ckf.save(state, 3).result()
+        train(model, opt, data, 10, g)
+        state["step"] = 13
+        rows += measure(f"(b) frozen ({100 * frac:.1f}% trainable), every 10 steps", state, ckf, work, sum(p.numel() for p in model.parameters()))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def measure(label: str, state: dict[str, Any], ck_delta: Checkpointer, work: Path, n_params: int, delta_only: bool = False) -> list[dict[str, Any]]:
+    sd = {"model": state["model"].state_dict(), "optim": state["optim"].state_dict(), "step": state["step"]}
+    bdir = work / f"base-{abs(hash(label))}"
+    bdir.mkdir()
+    res = bench_baselines(sd, bdir)
+    full = ours(Checkpointer(work / f"full-{abs(hash(label))}"), state, state["step"])
+    delta = ours(ck_delta, state, state["step"])
+    res["ours, full"] = full
+    res["ours, delta"] = delta
+    shutil.rmtree(bdir, ignore_errors=True)
+    ref = res["torch.save"]["bytes"]
+    rows = []
+    for method, r in res.items():
+        rows.append(
+            {
+                "workload": label,
+                "params": n_params,
+                "method": method,
+                "bytes": int(r["bytes"]),
+                "ratio": r["bytes"] / ref,
+                "save_s": r["save_s"],
+                "mb_s": (full["raw"] / r["save_s"] / 1e6) if r["save_s"] > 0 else math.inf,
+                "stall_s": r.get("stall_s"),
+                "restore_s": r["restore_s"],
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| workload | method | bytes written | ratio to torch.save | save s | save MB/s of state | training stall s | restore s |"
+    sep = "|---|---|---:|---:|---:|---:|---:|---:|"
+    out = [head, sep]
+    for r in rows:
+        stall = f"{r['stall_s']:.3f}" if r["stall_s"] is not None else ""
+        out.append(
+            f"| {r['workload']} | {r['method']} | {r['bytes'] / 1e6:.2f} MB | {r['ratio']:.3f} | {r['save_s']:.3f} | "
+            f"{r['mb_s']:.0f} | {stall} | {r['restore_s']:.3f} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer training steps (smoke run)")
+    ap.add_argument("--json", help="also write the rows to this JSON file")
+    args = ap.parse_args()
+    t0 = time.time()
+    rows = run(args.quick)
+    print(table(rows))
+    print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s total")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
