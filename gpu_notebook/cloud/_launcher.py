@@ -85,6 +85,10 @@ def _fmt_usd(x: float | None) -> str:
     return "n/a" if x is None else f"${x:,.2f}"
 
 
+def _rate(x: float | None) -> str:
+    return "n/a" if x is None else f"${x:,.2f}/h"
+
+
 @dataclass
 class Plan:
     """What a launch would do: the full config, the instances and their estimated cost per hour."""
@@ -126,14 +130,14 @@ class Plan:
             count = f"{inst.count}" if inst.count == inst.max_count else f"{inst.count}..{inst.max_count}"
             lines.append(
                 f"  {inst.role:6s} {count:>5s} x {inst.name:24s} {gpus:14s} {market:9s} "
-                f"on-demand {_fmt_usd(inst.on_demand_per_hour)}/h  spot {_fmt_usd(inst.spot_per_hour)}/h"
+                f"(per node: {_rate(inst.on_demand_per_hour)} on-demand, {_rate(inst.spot_per_hour)} spot)"
             )
         od, sp = self.hourly("on_demand"), self.hourly("spot")
-        lines.append(f"  estimated cost: {_fmt_usd(od)}/h all on-demand, {_fmt_usd(sp)}/h with spot workers"
+        lines.append(f"  estimated cost: {_rate(od)} all on-demand, {_rate(sp)} with spot workers"
                      + (f" (saves {100 * (1 - sp / od):.0f}%)" if od and sp else ""))
         if (s.max_workers or 0) > s.workers:
-            lines.append(f"  at max_workers={s.max_workers}: {_fmt_usd(self.hourly('on_demand', True))}/h on-demand, "
-                         f"{_fmt_usd(self.hourly('spot', True))}/h spot")
+            lines.append(f"  at max_workers={s.max_workers}: {_rate(self.hourly('on_demand', True))} on-demand, "
+                         f"{_rate(self.hourly('spot', True))} spot")
         lines.append(f"  chosen: {'spot' if s.spot else 'on-demand'} workers"
                      + (" with on-demand fallback" if s.spot and s.spot_fallback and s.cloud != "kubernetes" else "")
                      + (f"; head auto-stop after {s.idle_stop_minutes:g} idle min" if s.idle_stop_minutes else ""))
@@ -188,7 +192,7 @@ class TeardownReport:
         return self.verified and not self.leftovers
 
     def message(self) -> str:
-        kinds = {}
+        kinds: dict[str, int] = {}
         for item in self.found_before:
             kinds[item["kind"]] = kinds.get(item["kind"], 0) + 1
         found = ", ".join(f"{n} {k}{'s' if n > 1 else ''}" for k, n in kinds.items()) or "nothing running"
@@ -519,7 +523,7 @@ class CloudLauncher:
         stages("stopping Ray and terminating nodes (ray down)")
         try:
             _ray_compat.teardown_cluster(config)
-        except (*_ray_compat.launcher_errors(), Exception) as exc:
+        except (SystemExit, Exception) as exc:  # Ray's launcher aborts with ClickException or sys.exit
             report.errors.append(f"teardown_cluster: {type(exc).__name__}: {exc}")
         stages("verifying through the cloud API")
         deadline = time.monotonic() + verify_timeout_s
@@ -577,7 +581,7 @@ class CloudLauncher:
 
     # -- inspection ---------------------------------------------------------------------------------------
 
-    def list(self) -> list[ClusterState]:
+    def list_clusters(self) -> list[ClusterState]:
         """Saved clusters (including ones a previous kernel started)."""
         return list_states()
 

@@ -91,10 +91,17 @@ def check_ray_version(version: str | None = None) -> str:
 def prepare_config(config: dict[str, Any]) -> dict[str, Any]:
     """Merge Ray's provider defaults into ``config`` (``ray.autoscaler._private.util.prepare_config``)."""
     import copy
+    import logging
 
     from ray.autoscaler._private.util import prepare_config as _prepare
 
-    return _prepare(copy.deepcopy(config))
+    log = logging.getLogger("ray.autoscaler._private.util")  # "setting max workers for head node type to 0"
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        return _prepare(copy.deepcopy(config))
+    finally:
+        log.setLevel(level)
 
 
 def validate_config(config: dict[str, Any]) -> None:
@@ -197,7 +204,7 @@ def set_poll_interval(seconds: float) -> float:
     from ray.autoscaler._private import commands
 
     old = float(commands.POLL_INTERVAL)
-    commands.POLL_INTERVAL = seconds
+    commands.POLL_INTERVAL = seconds  # type: ignore[assignment]
     return old
 
 
@@ -284,7 +291,7 @@ def substitute_process_runner(process_runner: Any) -> Iterator[None]:
         return original(self, log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip,
                         docker_config)
 
-    NodeProvider.get_command_runner = get_command_runner  # type: ignore[method-assign]
+    NodeProvider.get_command_runner = get_command_runner  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
