@@ -61,3 +61,46 @@ def test_unknown_fields_are_ignored(cfg):
     (cfg / "clusters" / "gnb-e.json").write_text(json.dumps({"name": "gnb-e", "cloud": "aws", "region": None,
                                                               "from_the_future": 1}))
     assert load_state("gnb-e").name == "gnb-e"
+
+
+FAKE_SSH = r'''#!{python}
+import socket, sys, time
+spec = sys.argv[sys.argv.index("-L") + 1]
+with open({log!r}, "w") as f:
+    f.write(" ".join(sys.argv[1:]))
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(spec.split(":")[0]))); s.listen(5)
+time.sleep(120)
+'''
+
+
+def test_ssh_tunnel_is_started_recorded_and_closed(cfg, tmp_path):
+    import os
+    import sys
+    import time
+
+    from gpu_notebook.cloud import CloudLauncher
+
+    log = tmp_path / "ssh_args"
+    fake = tmp_path / "fake_ssh"
+    fake.write_text(FAKE_SSH.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    state = ClusterState("gnb-t", "aws", "us-east-1", head_ip="198.51.100.9",
+                         config={"auth": {"ssh_user": "ubuntu", "ssh_private_key": "/keys/k.pem"}})
+    cmd = CloudLauncher.ssh_tunnel_command(state, 12345)
+    assert cmd[:2] == ["ssh", "-N"] and "12345:localhost:10001" in cmd and cmd[-1] == "ubuntu@198.51.100.9"
+    assert cmd[cmd.index("-i") + 1] == "/keys/k.pem"
+    address = CloudLauncher.open_tunnel(state, ssh=str(fake), timeout_s=20)
+    assert address.startswith("ray://127.0.0.1:") and load_state("gnb-t").tunnel_pid == state.tunnel_pid
+    assert "-L" in log.read_text() and "ubuntu@198.51.100.9" in log.read_text()
+    pid = state.tunnel_pid
+    assert CloudLauncher.close_tunnel(state) is True and state.tunnel_pid is None
+    for _ in range(100):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+            os.kill(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("tunnel process still alive")

@@ -490,6 +490,7 @@ class CloudLauncher:
         """
         state = load_state(cluster) if isinstance(cluster, str) else cluster
         stages = _Stages(progress)
+        self.close_tunnel(state)
         state.status = "stopping"
         state.save()
         if state.cloud == "kubernetes":
@@ -597,6 +598,61 @@ class CloudLauncher:
         else:
             nodes = self._leftovers(state.config, report)
         return {"state": state, "nodes": nodes, "errors": report.errors}
+
+    @classmethod
+    def open_tunnel(cls, state: ClusterState, local_port: int | None = None, timeout_s: float = 30.0,
+                    ssh: str = "ssh") -> str:
+        """Start ``ssh -N -L`` to the head in the background; return ``ray://127.0.0.1:<port>`` once it listens.
+
+        The ssh process id is saved in the state (``tunnel_pid``) and ended by :meth:`close_tunnel` and by
+        :meth:`teardown`.
+        """
+        import socket
+        import subprocess
+
+        if local_port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                local_port = int(probe.getsockname()[1])
+        port = local_port
+        cmd = cls.ssh_tunnel_command(state, port)
+        cmd[0] = ssh
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()
+                raise RuntimeError(f"ssh tunnel to {state.head_ip} exited ({proc.returncode}): {err[-500:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    proc.kill()
+                    raise TimeoutError(f"ssh tunnel to {state.head_ip} not listening after {timeout_s:.0f} s") \
+                        from None
+                time.sleep(0.1)
+        state.tunnel_pid = proc.pid
+        state.client_address = f"ray://127.0.0.1:{port}"
+        state.save()
+        return state.client_address
+
+    @staticmethod
+    def close_tunnel(state: ClusterState) -> bool:
+        """End the ssh tunnel :meth:`open_tunnel` started (by its saved process id); True if one was ended."""
+        import os
+        import signal
+
+        pid = state.tunnel_pid
+        state.tunnel_pid = None
+        if not pid:
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+            return True
+        except ProcessLookupError:
+            return False
 
     @staticmethod
     def ssh_tunnel_command(state: ClusterState, local_port: int = RAY_CLIENT_PORT,
