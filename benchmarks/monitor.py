@@ -9,7 +9,9 @@ Rows:
    dashboard and Prometheus make.
 3. widget messages per second at 512 GPUs with the UI timer firing at 10 Hz, counted on a fake wire, and the
    CPU time of one refresh.
-4. slowdown of a CPU training loop (a small torch MLP, one thread) with the monitor and its dashboard running
+4. CPU used by the monitor's own threads, and the round-trip latency of a ``1+1`` cell in a real kernel with
+   the dashboard off vs live.
+5. slowdown of a CPU training loop (a small torch MLP, one thread) with the monitor and its dashboard running
    in background threads vs off, A/B interleaved.
 
 Usage::
@@ -239,6 +241,45 @@ def bench_threads(seconds: float) -> list[tuple[str, str, str]]:
     return rows
 
 
+def bench_kernel(n: int) -> list[tuple[str, str, str]]:
+    """Latency of a trivial cell (``1+1``) in a real kernel, with the dashboard off and then live at 1 Hz."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    client = NotebookClient(nb, timeout=120, kernel_name="python3")
+    rows = []
+    with client.setup_kernel():
+        def run(src: str) -> None:
+            cell = nbformat.v4.new_code_cell(src)
+            nb.cells.append(cell)
+            client.execute_cell(cell, len(nb.cells) - 1)
+
+        def latencies() -> list[float]:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                run("1+1")
+                out.append(time.perf_counter() - t0)
+            return sorted(out)
+
+        run("1+1")
+        off = latencies()
+        run("from gpu_notebook.monitor import FakeNVML, Monitor\n"
+            "mon = Monitor.local(nvml=lambda: FakeNVML(8), interval=0.5).start()\n"
+            "w = mon.widget(interval=1.0); w.show()")
+        time.sleep(2)
+        on = latencies()
+        run("w.stop(); mon.stop()")
+    p = lambda v, q: v[min(len(v) - 1, int(q * len(v)))] * 1e3  # noqa: E731
+    rows.append(("cell '1+1' round trip, dashboard off", f"p50 {p(off, .5):.1f} ms, p95 {p(off, .95):.1f} ms",
+                 f"{n} cells through nbclient"))
+    rows.append(("cell '1+1' round trip, dashboard live (8 GPUs, 1 Hz)",
+                 f"p50 {p(on, .5):.1f} ms, p95 {p(on, .95):.1f} ms",
+                 f"{(p(on, .5) - p(off, .5)):+.1f} ms p50 vs off (target: p95 +20 ms at most)"))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU monitor benchmark")
     parser.add_argument("--quick", action="store_true")
@@ -249,6 +290,7 @@ def main() -> None:
     rows += bench_aggregator(10 if q else 40)
     rows += bench_widget(15 if q else 60)
     rows += bench_threads(3 if q else 10)
+    rows += bench_kernel(20 if q else 60)
     rows += bench_training(100 if q else 300, 3 if q else 11)
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)

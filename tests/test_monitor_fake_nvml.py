@@ -15,7 +15,7 @@ FUNCTIONS = [
     "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
     "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTotalEnergyConsumption",
     "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetPcieThroughput", "nvmlGpmQueryDeviceSupport",
     "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
 ]

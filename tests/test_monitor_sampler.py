@@ -321,3 +321,14 @@ def test_ring_buffer_oldest_time() -> None:
     for t in range(5):
         rb.append(float(t), [0])
     assert rb.oldest_t() == 2.0
+
+
+def test_old_driver_without_clock_event_reasons_falls_back_to_throttle_reasons() -> None:
+    clock = Clock()
+    s, nv = make_node(clock, "n", [FakeGPU(util=0, unsupported=["nvmlDeviceGetCurrentClocksEventReasons"])])
+    for _ in range(3):
+        s.tick()
+    col = s.info()["columns"].index("gpu0.throttle")
+    assert int(s.buffer.latest()[1][col]) & 1  # GPU idle reason, read through the older call
+    assert nv.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+    assert nv.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 3

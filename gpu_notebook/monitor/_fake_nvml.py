@@ -450,8 +450,8 @@ class FakeNVML:
             return int(round(_eval(gpu.sm_clock_mhz, t)))
         return gpu.max_sm_clock_mhz if self._util(gpu, t) > 0 else 210
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
-        gpu = self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+    def _clock_reasons(self, fn: str, handle: _Handle) -> int:
+        gpu = self._enter(fn, handle)
         assert gpu is not None
         t = self._t()
         reasons = 0
@@ -463,7 +463,11 @@ class FakeNVML:
             reasons |= nvmlClocksThrottleReasonSwThermalSlowdown
         return reasons
 
-    nvmlDeviceGetCurrentClocksEventReasons = nvmlDeviceGetCurrentClocksThrottleReasons
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._clock_reasons("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        return self._clock_reasons("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
         gpu = self._enter("nvmlDeviceGetTotalEnergyConsumption", handle)

@@ -168,7 +168,10 @@ class GpuSource:
             power = self._call(i, "nvmlDeviceGetPowerUsage", h)
             temp = self._call(i, "nvmlDeviceGetTemperature", h, getattr(nv, "NVML_TEMPERATURE_GPU", 0))
             clock = self._call(i, "nvmlDeviceGetClockInfo", h, getattr(nv, "NVML_CLOCK_SM", 1))
-            throttle = self._call(i, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
+            # the newer name first (drivers >= 535); older drivers only have the "throttle" one
+            throttle = self._call(i, "nvmlDeviceGetCurrentClocksEventReasons", h)
+            if throttle is None and "nvmlDeviceGetCurrentClocksEventReasons" in self._unsupported[i]:
+                throttle = self._call(i, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
             energy = self._call(i, "nvmlDeviceGetTotalEnergyConsumption", h)
             row = out[i]
             if util is not None:
