@@ -136,13 +136,17 @@ def test_cache_stopped_nodes_false_terminates_instead_of_stopping(aws):
     assert state["Name"] in ("terminated", "shutting-down")  # not "stopped": a stopped node bills its disk
 
 
-def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws):
+def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
     rec = RecordingProcessRunner()
-    stages = []
     launcher = CloudLauncher(check_tools=False)
     spec = _spec()
     with rc.substitute_process_runner(rec):
-        state = launcher.launch(spec, progress=stages.append, wait_for_workers_s=0)
+        state = launcher.launch(spec, progress=print, wait_for_workers_s=0)
+    console = capsys.readouterr()
+    stages = [ln for ln in console.out.splitlines() if ln.startswith("[")]
+    # Ray's launcher chatter goes to the log next to the state; the console shows only our stages
+    assert "Useful commands" not in console.out + console.err
+    assert "Useful commands" in state.path.with_suffix(".log").read_text()
 
     # the head exists in the fake cloud, tagged, on demand, with the address saved
     ec2 = aws.client()
@@ -210,6 +214,7 @@ def test_failed_start_cleans_up_what_it_created(aws):
     assert [i["kind"] for i in report.found_before].count("instance") == 1  # the head had been created...
     assert _instances(aws.client(), "gnb-fail") == []  # ...and is gone
     assert "Cleanup:" in str(err.value) and "nothing tagged" in str(err.value)
+    assert "Launcher log:" in str(err.value) and "  | " in str(err.value)  # the log's tail is quoted
     assert list_states() == []
 
 

@@ -222,6 +222,62 @@ class TeardownReport:
 # ---------------------------------------------------------------------------------------------------------
 
 
+class _LauncherOutput:
+    """Sends the launcher's own console output (Ray's cli_logger, ssh/rsync output) to a log file.
+
+    Ray's launcher prints hundreds of lines; in a notebook the progress stages are enough, and the full log is
+    kept next to the cluster state (and its tail is quoted when a launch fails). ``verbose=True`` keeps it on
+    the console instead.
+    """
+
+    def __init__(self, path: Any, verbose: bool) -> None:
+        self.path = path
+        self.verbose = verbose
+        self.real_stdout: Any = None
+        self._file: Any = None
+        self._saved: list[Any] = []
+
+    def __enter__(self) -> _LauncherOutput:
+        import logging
+        import sys
+
+        self.real_stdout = sys.stdout
+        if self.verbose:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in __exit__
+        handler = logging.StreamHandler(self._file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log = logging.getLogger("ray.autoscaler")
+        self._saved = [sys.stdout, sys.stderr, log.propagate, handler, log.level]
+        log.addHandler(handler)
+        log.propagate = False
+        log.setLevel(logging.INFO)
+        sys.stdout = sys.stderr = self._file
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import logging
+        import sys
+
+        if self.verbose or not self._saved:
+            return
+        out, err, propagate, handler, level = self._saved
+        sys.stdout, sys.stderr = out, err
+        log = logging.getLogger("ray.autoscaler")
+        log.removeHandler(handler)
+        log.propagate = propagate
+        log.setLevel(level)
+        self._file.close()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
 class _Stages:
     """Turns launcher events into de-duplicated stage lines with elapsed time."""
 
@@ -230,6 +286,7 @@ class _Stages:
         self.state = state
         self.t0 = time.monotonic()
         self.last: str | None = None
+        self.console: Any = None  # the real stdout while launcher output goes to a log file
 
     def __call__(self, stage: str) -> None:
         if stage == self.last:
@@ -239,7 +296,13 @@ class _Stages:
         if self.state is not None:
             self.state.events.append({"stage": stage, "elapsed_s": round(elapsed, 2)})
         if self.progress is not None:
-            self.progress(f"[{elapsed:6.1f}s] {stage}")
+            if self.console is not None:
+                import contextlib
+
+                with contextlib.redirect_stdout(self.console):
+                    self.progress(f"[{elapsed:6.1f}s] {stage}")
+            else:
+                self.progress(f"[{elapsed:6.1f}s] {stage}")
 
     def ray_event(self, name: str, data: dict[str, Any]) -> None:
         stage = _ray_compat.EVENT_STAGES.get(name)
@@ -282,10 +345,14 @@ class CloudLauncher:
         AWS: verify credentials with STS before launching.
     kube_clients : tuple, optional
         ``(CustomObjectsApi, CoreV1Api)`` for ``kubernetes`` (default: from the kube config).
+    verbose : bool
+        Show Ray's launcher output on the console; by default it goes to ``clusters/<name>.log`` next to the
+        saved state and only the progress stages are shown.
     """
 
     def __init__(self, catalog: Any = None, check_tools: bool = True, verify_credentials: bool = True,
-                 kube_clients: tuple[Any, Any] | None = None) -> None:
+                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False) -> None:
+        self.verbose = verbose
         self.catalog = catalog
         self.check_tools = check_tools
         self.verify_credentials = verify_credentials
@@ -350,27 +417,38 @@ class CloudLauncher:
         if spec.cloud == "kubernetes":
             return self._launch_kube(spec, plan, state, stages, poll_s)
         state.save()  # before anything exists, so a crashed kernel can still `stop` it
-        try:
-            with _ray_compat.launcher_events(stages.ray_event):
-                _ray_compat.create_or_update_cluster(plan.config)
-            state.head_ip = _ray_compat.get_head_node_ip(plan.config)
-            state.address = f"{state.head_ip}:6379"
-            state.client_address = f"ray://{state.head_ip}:{RAY_CLIENT_PORT}"
-            state.save()
-            stages("workers joining")
-            self._wait_workers(plan.config, spec.workers, wait_for_workers_s, poll_s, stages)
-        except BaseException as exc:
-            code, desc = _error_code(exc)
-            stages("launch failed: cleaning up what was created")
-            report = self._teardown_config(plan.config, stages)
-            state.status, state.error = "failed", f"{code or type(exc).__name__}: {desc}"
-            if report.clean:
-                delete_state(state.name)
-            else:
+        output = _LauncherOutput(state.path.with_suffix(".log"), self.verbose)
+        failure: BaseException | None = None
+        with output:
+            stages.console = output.real_stdout
+            try:
+                with _ray_compat.launcher_events(stages.ray_event):
+                    _ray_compat.create_or_update_cluster(plan.config)
+                state.head_ip = _ray_compat.get_head_node_ip(plan.config)
+                state.address = f"{state.head_ip}:6379"
+                state.client_address = f"ray://{state.head_ip}:{RAY_CLIENT_PORT}"
                 state.save()
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise LaunchError(self._failure_message(spec, plan, code, desc, report), report) from exc
+                stages("workers joining")
+                self._wait_workers(plan.config, spec.workers, wait_for_workers_s, poll_s, stages)
+            except BaseException as exc:
+                code, desc = _error_code(exc)
+                stages("launch failed: cleaning up what was created")
+                report = self._teardown_config(plan.config, stages)
+                state.status, state.error = "failed", f"{code or type(exc).__name__}: {desc}"
+                if report.clean:
+                    delete_state(state.name)
+                else:
+                    state.save()
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                failure = exc
+            finally:
+                stages.console = None
+        if failure is not None:
+            msg = self._failure_message(spec, plan, code, desc, report)
+            if not self.verbose:
+                msg += f"\nLauncher log: {output.path}\n" + "\n".join("  | " + ln for ln in output.tail().splitlines())
+            raise LaunchError(msg, report) from failure
         state.status = "running"
         stages("ready")
         state.save()
@@ -496,7 +574,13 @@ class CloudLauncher:
         if state.cloud == "kubernetes":
             report = self._teardown_kube(state, stages, verify_timeout_s, poll_s)
         else:
-            report = self._teardown_config(state.config, stages, verify_timeout_s, poll_s)
+            output = _LauncherOutput(state.path.with_suffix(".log"), self.verbose)
+            with output:
+                stages.console = output.real_stdout
+                try:
+                    report = self._teardown_config(state.config, stages, verify_timeout_s, poll_s)
+                finally:
+                    stages.console = None
         if report.clean:
             state.status = "stopped"
             delete_state(state.name)
