@@ -195,16 +195,18 @@ class TeardownReport:
         kinds: dict[str, int] = {}
         for item in self.found_before:
             kinds[item["kind"]] = kinds.get(item["kind"], 0) + 1
-        found = ", ".join(f"{n} {k}{'s' if n > 1 else ''}" for k, n in kinds.items()) or "nothing running"
+        found = ", ".join(f"{n} {k}{'s' if n > 1 else ''}" for k, n in kinds.items())
+        text = f"Cluster {self.name}: " + (f"found {found}; " if found else "")
+        if self.forced:
+            text += f"terminated {len(self.forced)} straggler(s) directly; "
         if self.clean:
-            tail = f"verified: nothing tagged ray-cluster-name={self.name} is left on {self.cloud}."
-        elif not self.verified:
-            tail = f"could NOT verify through the {self.cloud} API ({'; '.join(self.errors) or 'unknown'}): check the console."
-        else:
-            left = ", ".join(f"{i['kind']} {i['id']} ({i.get('state')})" for i in self.leftovers)
-            tail = f"STILL LEFT on {self.cloud}: {left}. Terminate them in the console."
-        forced = f" Terminated {len(self.forced)} straggler(s) directly." if self.forced else ""
-        return f"Cluster {self.name}: found {found}; terminated.{forced} {tail}"
+            return text + f"terminated. Verified: nothing tagged ray-cluster-name={self.name} is left on {self.cloud}."
+        if not self.verified:
+            why = "; ".join(self.errors) or "unknown"
+            return text + (f"teardown requested, but it could NOT be verified through the {self.cloud} API ({why}). "
+                           "Check the cloud console.")
+        left = ", ".join(f"{i['kind']} {i['id']} ({i.get('state')})" for i in self.leftovers)
+        return text + f"STILL LEFT on {self.cloud}: {left}. Terminate them in the console."
 
     def __repr__(self) -> str:
         return f"TeardownReport({self.name!r}, clean={self.clean}, leftovers={len(self.leftovers)})"
