@@ -168,8 +168,9 @@ def test_advice_shows_in_header_naming_the_gpu(clock: Clock, wire: Wire) -> None
     mon.advice_window = 60
     advance(clock, mon, samplers, 70)
     w = MonitorWidget(mon, autostart=False, clock=clock)
-    assert "GPU 1 (NVIDIA H100 80GB HBM3)" in w.header.value and "batch size" in w.header.value
-    assert "GPU 0 (" not in w.header.value
+    assert "node-00/gpu1 35%" in w.header.value and "NVIDIA H100 80GB HBM3" in w.header.value
+    assert "batch size" in w.header.value and "mixed precision" in w.header.value
+    assert "node-00/gpu0" not in w.header.value
 
 
 def test_mime_bundle_has_a_static_html_snapshot(clock: Clock, wire: Wire) -> None:

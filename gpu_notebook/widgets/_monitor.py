@@ -340,13 +340,31 @@ class MonitorWidget:
         return f"<div class='gpu-notebook-monitor-header'>{body}</div>"
 
     def _advice_html(self) -> str:
+        """One compact block: the under-used GPUs by name, then the remedies once."""
+        from gpu_notebook.monitor import REMEDIES
+
         items = self.monitor.advice()
         if not items:
             return ""
-        shown = items[:8]
-        more = f"<li>… and {len(items) - 8} more</li>" if len(items) > 8 else ""
-        lis = "".join(f"<li>{html.escape(a.message)}</li>" for a in shown)
-        return f"<div style='color:#8a5a00'><b>Under-used GPUs</b><ul>{lis}{more}</ul></div>"
+
+        def names(group: list[Any]) -> str:
+            shown = ", ".join(f"{a.node[:8]}/gpu{a.gpu} {a.mean_util:.0f}%" for a in group[:12])
+            return shown + (f" … and {len(group) - 12} more" if len(group) > 12 else "")
+
+        a0 = items[0]
+        minutes = a0.window_s / 60
+        span = f"{minutes:.0f} min" if minutes >= 1 else f"{a0.window_s:.0f} s"
+        low = [a for a in items if not a.idle]
+        idle = [a for a in items if a.idle]
+        parts = []
+        if low:
+            gpu_names = sorted({a.name for a in low})
+            parts.append(
+                f"<div><b>Under {a0.threshold:.0f}% for the last {span}</b> ({html.escape(', '.join(gpu_names))}): "
+                f"{html.escape(names(low))}. Try " + html.escape(", ".join(REMEDIES)) + ".</div>")
+        if idle:
+            parts.append(f"<div><b>Idle for the last {span}</b>: {html.escape(names(idle))}.</div>")
+        return f"<div class='gpu-notebook-monitor-advice' style='color:#8a5a00;margin-top:4px'>{''.join(parts)}</div>"
 
     # -- refresh --------------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
@@ -417,12 +435,11 @@ class MonitorWidget:
         """The static HTML table fallback (no scripts, no images)."""
         return self.monitor.snapshot_html()
 
-    def show(self) -> Any:
+    def show(self) -> None:
         """Display the dashboard and keep a handle so :meth:`stop` can leave a static snapshot behind."""
         from IPython.display import display
 
         self._handle = display(self, display_id=True)
-        return self._handle
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
