@@ -81,7 +81,11 @@ def _tensor_leaf(name: str, t: Any, copy: bool, alloc: Callable[[int], np.ndarra
     if copy and alloc is not None and nbytes:
         # copy into a recycled host buffer: fresh allocations page-fault, which is slow on some hosts
         buf = alloc(nbytes)
-        torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
+        if t.device.type == "cpu" and t.is_contiguous():
+            # a single-threaded memcpy: torch's parallel copy_ stalls badly when the CPUs are oversubscribed
+            np.copyto(buf, t.reshape(-1).view(torch.uint8).numpy())
+        else:
+            torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
         return Leaf(name, "tensor", dtype, list(t.shape), buf)
     if t.device.type != "cpu":
         host = t.to("cpu").contiguous()
