@@ -77,3 +77,11 @@ def test_show_status_exports_and_stop(ip) -> None:
     assert not mon.started
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_defaults_are_configurable_traitlets(ip) -> None:
+    from traitlets.config import Config
+
+    magics = MonitorMagics(ip, config=Config({"MonitorMagics": {"interval": 0.25, "threshold": 50.0}}))
+    assert magics.interval == 0.25 and magics.threshold == 50.0 and magics.refresh == 1.0
+    assert MonitorMagics.class_traits()["window"].metadata.get("config") is True

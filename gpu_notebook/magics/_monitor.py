@@ -7,6 +7,7 @@ from typing import Any
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
+from traitlets import Float
 
 from gpu_notebook.magics._common import BadArguments, error, parse
 
@@ -15,7 +16,14 @@ COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
 @magics_class
 class MonitorMagics(Magics):
-    """The ``%gpu_monitor`` magic."""
+    """The ``%gpu_monitor`` magic. Defaults are configurable, e.g. ``c.MonitorMagics.interval = 1.0``."""
+
+    interval = Float(0.5, config=True, help="Seconds between samples on each node (fast tier).")
+    refresh = Float(1.0, config=True, help="Seconds between dashboard refreshes.")
+    window = Float(300.0, config=True, help="Seconds of history on the dashboard charts.")
+    advice_window = Float(300.0, config=True, help="Seconds a GPU must stay under the threshold to be flagged.")
+    threshold = Float(70.0, config=True, help="Utilisation percent below which a GPU counts as under-used.")
+    max_msgs_per_s = Float(5.0, config=True, help="Cap on dashboard widget messages per second (at least 5).")
 
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
@@ -24,11 +32,11 @@ class MonitorMagics(Magics):
     @magic_arguments()
     @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
     @argument("--local", action="store_true", help="watch only this machine, even when a cluster is running")
-    @argument("--interval", type=float, default=0.5, help="sampling period on each node, seconds (default 0.5)")
-    @argument("--refresh", type=float, default=1.0, help="show: dashboard refresh period, seconds (default 1)")
-    @argument("--window", type=float, default=300.0, help="show: seconds of history on the charts (default 300)")
-    @argument("--advice-window", type=float, help="advice: seconds a GPU must stay under the threshold")
-    @argument("--threshold", type=float, help="advice: utilisation %% below which a GPU is under-used (70)")
+    @argument("--interval", type=float, help="sampling period on each node, seconds (default 0.5)")
+    @argument("--refresh", type=float, help="show: dashboard refresh period, seconds (default 1)")
+    @argument("--window", type=float, help="show: seconds of history on the charts (default 300)")
+    @argument("--advice-window", type=float, help="seconds a GPU must stay under the threshold (default 300)")
+    @argument("--threshold", type=float, help="utilisation %% below which a GPU is under-used (default 70)")
     @argument("--port", type=int, default=0, help="prometheus: TCP port (default: a free one)")
     @argument("--host", default="127.0.0.1", help="prometheus: address to bind (default 127.0.0.1)")
     @argument("--path", help="csv: write to this file instead of printing")
@@ -49,6 +57,9 @@ class MonitorMagics(Magics):
             args = parse(self.gpu_monitor, line)
         except BadArguments:
             return None
+        for name in ("interval", "refresh", "window", "advice_window", "threshold"):
+            if getattr(args, name) is None:
+                setattr(args, name, getattr(self, name))
         try:
             return getattr(self, f"_cmd_{args.command}")(args)
         except (LookupError, ValueError, RuntimeError, TimeoutError, OSError) as exc:
@@ -59,10 +70,12 @@ class MonitorMagics(Magics):
     def _monitor(args: Any) -> Any:
         from gpu_notebook.monitor import monitor_for
 
-        return monitor_for(local=args.local, interval=args.interval)
+        return monitor_for(local=args.local, interval=args.interval, advice_window=args.advice_window,
+                           advice_threshold=args.threshold)
 
     def _cmd_show(self, args: Any) -> Any:
-        w = self._monitor(args).widget(interval=args.refresh, window_s=args.window)
+        w = self._monitor(args).widget(interval=args.refresh, window_s=args.window,
+                                       max_msgs_per_s=self.max_msgs_per_s)
         self._widgets.append(w)
         w.show()
         return None
