@@ -49,6 +49,9 @@ class Monitor:
         Wall-clock seconds; inject a simulated clock in tests (then call :meth:`pull` yourself).
     autopull
         Pull in a background thread after :meth:`start` (default True).
+    sampler_cpus
+        Logical CPUs each sampler actor reserves (default 0.01). Ray's autoscaler counts a node holding such an
+        actor as busy; pass 0 on autoscaling clusters so the monitor never keeps a node alive.
 
     Examples
     --------
@@ -71,8 +74,10 @@ class Monitor:
         advice_window: float = 300.0,
         advice_threshold: float = 70.0,
         timeout: float = 0.5,
+        sampler_cpus: float = 0.01,
     ) -> None:
         self.cluster = cluster
+        self.sampler_cpus = float(sampler_cpus)
         self.interval = float(interval)
         self.pull_interval = max(0.05, float(pull_interval))
         self.slow_interval = float(slow_interval)
@@ -154,7 +159,8 @@ class Monitor:
             if node_id in self.aggregator.handles:
                 continue
             actor = cls.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+                num_cpus=self.sampler_cpus,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             ).remote(node_id=node_id, nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
                      history_s=self.history_s, labels={"ip": str(n.get("NodeManagerAddress", ""))})
             added.append((node_id, actor))
