@@ -171,7 +171,8 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
     assert all(ip in c for c in cmds if c.startswith("ssh "))
     assert rec.matching(r"uptime"), "waits for SSH with `uptime`"
     assert rec.matching(r"docker pull rayproject/ray:2\.60\.0-py311-gpu")
-    assert rec.matching(r"docker run .*--net=host.*rayproject/ray:2\.60\.0-py311-gpu")
+    (docker_run,) = rec.matching(r"docker run .*--net=host.*rayproject/ray:2\.60\.0-py311-gpu")
+    assert "--gpus" not in docker_run and "--runtime=nvidia" not in docker_run  # the head is a CPU node
     assert rec.matching(r"pip install -q -U gpu_notebook==0\.1\.0")
     assert rec.matching(r"ray start --head --port=6379 .*--ray-client-server-port=10001")
     assert rec.matching(r"python -m gpu_notebook\.cloud\._idle_watch --minutes 60 ")
@@ -179,6 +180,10 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
     installs = [i for i, c in enumerate(cmds) if "pip install -q -U gpu_notebook" in c]
     starts = [i for i, c in enumerate(cmds) if "ray start --head" in c]
     assert installs[0] < starts[0]
+
+    # status asks the EC2 API what runs under the cluster's tag
+    status = launcher.status(spec.name)
+    assert [n["id"] for n in status["nodes"] if n["kind"] == "instance"] == [head["InstanceId"]]
 
     # state survives a "kernel restart": read back from disk, without credentials
     saved = load_state(spec.name)

@@ -113,6 +113,14 @@ def test_every_cloud_validates_spot_and_on_demand(cloud, spot):
         assert prepared["auth"]["ssh_public_key"].endswith(".pub")
 
 
+def test_gpu_workers_run_the_container_with_gpus_all():
+    spec = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-dk", **PINNED)
+    docker = rc.prepare_and_validate(render_ray_config(spec, resolve(spec)))["docker"]
+    assert docker["worker_run_options"] == ["--gpus all"]
+    assert "--gpus all" not in docker["run_options"]  # the head is a CPU instance
+    assert docker["disable_automatic_runtime_detection"] is True  # no --runtime=nvidia
+
+
 def test_gcp_n1_gets_guest_accelerators_and_a2_does_not():
     t4 = ClusterSpec(cloud="gcp", gpu="T4:1", project="p", name="gnb-t4", **PINNED)
     cfg = render_ray_config(t4, resolve(t4))["available_node_types"][WORKER_TYPE]["node_config"]

@@ -244,6 +244,9 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
             "container_name": "ray_container",
             "pull_before_run": True,
             "run_options": ["--ulimit nofile=65536:65536"],
+            # GPU workers get `--gpus all` (not Ray's `--runtime=nvidia` guess); the CPU head gets no GPU flag
+            "worker_run_options": ["--gpus all"],
+            "disable_automatic_runtime_detection": True,
         },
         "provider": _provider(spec),
         "auth": _auth(spec),
