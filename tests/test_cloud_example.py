@@ -37,7 +37,7 @@ def test_cloud_example_notebook_dry_runs(tmp_path, monkeypatch):
     text = "\n".join(_outputs(c) for c in code)
     assert "dry run: nothing launched" in text
     assert "MarketType: spot" in text and "cache_stopped_nodes: false" in text
-    assert "{'preemptible': True}" in text and "\nSpot\n" in text
+    assert "'provisioningModel': 'SPOT'" in text and "\nSpot\n" in text
     assert "kind: RayCluster" in text
     assert "aws    us-east-1    p4d.24xlarge" in text
     assert "regions with 8x A100" in text  # the unmeetable request named alternatives

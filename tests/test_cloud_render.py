@@ -100,9 +100,11 @@ def test_every_cloud_validates_spot_and_on_demand(cloud, spot):
         assert {"Key": OWNER_TAG, "Value": "gnb-v"} in od_cfg["TagSpecifications"][0]["Tags"]
     elif cloud == "gcp":
         if spot_cfg:
-            assert {"preemptible": True} in spot_cfg["scheduling"]
-        assert {"preemptible": True} not in od_cfg.get("scheduling", [])
-        assert {"onHostMaintenance": "TERMINATE"} in od_cfg["scheduling"]
+            assert spot_cfg["scheduling"]["preemptible"] is True
+            assert spot_cfg["scheduling"]["provisioningModel"] == "SPOT"
+            assert spot_cfg["scheduling"]["instanceTerminationAction"] == "DELETE"
+        assert "preemptible" not in od_cfg["scheduling"] and "provisioningModel" not in od_cfg["scheduling"]
+        assert od_cfg["scheduling"]["onHostMaintenance"] == "TERMINATE"  # required with GPUs
         assert od_cfg["disks"][0]["initializeParams"]["diskSizeGb"] == 200
         assert prepared["provider"]["project_id"] == "p"
     else:

@@ -124,11 +124,13 @@ def _gcp_node(
         if machine.startswith("n1-") and gpu:
             accel = extra.get("accelerator_type") or GCP_ACCELERATORS.get(gpu.upper(), f"nvidia-tesla-{gpu.lower()}")
             node["guestAccelerators"] = [{"acceleratorType": accel, "acceleratorCount": int(gpus)}]
-    scheduling: list[dict[str, Any]] = []
+    # GCE wants `scheduling` as an object (Ray's own examples use a list: ray-project/ray#46248).
+    scheduling: dict[str, Any] = {}
+    if gpus or spot:
+        scheduling.update(onHostMaintenance="TERMINATE", automaticRestart=False)
     if spot:
-        scheduling.append({"preemptible": True})
-    if gpus:
-        scheduling.append({"onHostMaintenance": "TERMINATE"})
+        # Spot VMs (the successor of preemptible VMs), deleted rather than stopped when reclaimed.
+        scheduling.update(provisioningModel="SPOT", preemptible=True, instanceTerminationAction="DELETE")
     if scheduling:
         node["scheduling"] = scheduling
     return node
@@ -146,6 +148,7 @@ def _azure_node(spec: ClusterSpec, size: str, spot: bool) -> dict[str, Any]:
     }
     if spot:
         params["priority"] = "Spot"
+        params["evictionPolicy"] = "Delete"  # an evicted spot VM must not keep billing for its disk
         # -1: pay up to the on-demand price, never evicted for price reasons.
         params["billingProfile"] = {"maxPrice": -1}
     return {"azure_arm_parameters": params}
