@@ -332,3 +332,24 @@ def test_old_driver_without_clock_event_reasons_falls_back_to_throttle_reasons()
     assert int(s.buffer.latest()[1][col]) & 1  # GPU idle reason, read through the older call
     assert nv.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
     assert nv.calls["nvmlDeviceGetCurrentClocksThrottleReasons"] == 3
+
+
+def test_gpu_processes_are_attributed_to_cluster_ranks() -> None:
+    from types import SimpleNamespace
+
+    clock = Clock()
+    s, _ = make_node(clock, "node-a", [FakeGPU(processes=[(111, 2048), (999, 10)]), FakeGPU(processes=[(222, 4096)])])
+
+    class StubCluster:  # only what gpu_processes reads: status().workers
+        def status(self):
+            return SimpleNamespace(workers=[SimpleNamespace(rank=0, node_id="node-a", pid=111),
+                                            SimpleNamespace(rank=1, node_id="node-a", pid=222)])
+
+    mon = Monitor(samplers=[s], clock=clock, autopull=False).start()
+    mon.cluster = StubCluster()
+    assert mon.gpu_processes() == []  # the slow tier has not run yet
+    s.slow_tick()
+    mon.pull()
+    rows = mon.gpu_processes()
+    assert {(r["gpu"], r["pid"], r["rank"]) for r in rows} == {(0, 111, 0), (0, 999, None), (1, 222, 1)}
+    assert next(r for r in rows if r["pid"] == 222)["used_mib"] == 4096

@@ -254,6 +254,27 @@ class Monitor:
         """Latest slow-tier data per node (GPU processes, PCIe throughput)."""
         return {n: dict(s.slow) for n, s in self.aggregator.nodes.items()}
 
+    def gpu_processes(self) -> list[dict[str, Any]]:
+        """Processes on each GPU (slow tier), with the cluster rank when the pid is one of its workers.
+
+        Returns rows ``{"node", "gpu", "pid", "used_mib", "rank"}`` (``rank`` is None for other processes).
+        """
+        ranks: dict[tuple[str, int], int] = {}
+        status = getattr(self.cluster, "status", None)
+        if callable(status):
+            try:
+                for w in status().workers:
+                    ranks[(str(w.node_id), int(w.pid))] = int(w.rank)
+            except Exception:
+                pass
+        rows = []
+        for node, st in list(self.aggregator.nodes.items()):
+            for g in st.slow.get("gpus", []):
+                for p in g.get("processes", []):
+                    rows.append({"node": node, "gpu": int(g["index"]), "pid": int(p["pid"]),
+                                 "used_mib": float(p["used_mib"]), "rank": ranks.get((node, int(p["pid"])))})
+        return rows
+
     # -- exports --------------------------------------------------------------------------------------------------
     def prometheus_text(self) -> str:
         """Newest samples in Prometheus text exposition format."""
