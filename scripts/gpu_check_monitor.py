@@ -25,6 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", action="store_true", help="run a torch matmul loop on GPU 0 meanwhile")
     args = parser.parse_args(argv)
 
+    import importlib.util
+
+    if args.fake is None and importlib.util.find_spec("pynvml") is None:
+        print(f"FAIL: nvidia-ml-py (module pynvml) is not installed for {sys.executable}; "
+              "`pip install nvidia-ml-py` to check the real NVML path")
+        return 1
+
     from gpu_notebook.monitor import GPU_METRICS, FakeGPU, FakeNVML, Monitor, NodeSampler
 
     nvml = "auto" if args.fake is None else FakeNVML([FakeGPU(util=lambda t: 50 + 40 * math.sin(t)) for _ in range(args.fake)])
