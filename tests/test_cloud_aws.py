@@ -53,7 +53,8 @@ def aws(moto_ec2, tmp_path, monkeypatch):
 
 def _spec(**kw):
     base = dict(cloud="aws", region=REGION, gpu="A100:8", workers=2, spot=True, idle_stop_minutes=60,
-                name="gnb-moto", pip_packages=["gpu_notebook==0.1.0"], image="rayproject/ray:2.60.0-py311-gpu")
+                name="gnb-moto", pip_packages=["gpu_notebook==0.1.0"], image="rayproject/ray:2.60.0-py311-gpu",
+                connect="direct")
     base.update(kw)
     return ClusterSpec(**base)
 
@@ -136,10 +137,13 @@ def test_cache_stopped_nodes_false_terminates_instead_of_stopping(aws):
     assert state["Name"] in ("terminated", "shutting-down")  # not "stopped": a stopped node bills its disk
 
 
-def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
+def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path):
+    from gpu_notebook.cloud._testing import write_fake_ssh
+
     rec = RecordingProcessRunner()
-    launcher = CloudLauncher(check_tools=False)
-    spec = _spec()
+    ssh_log = tmp_path / "tunnel_args"
+    launcher = CloudLauncher(check_tools=False, ssh=write_fake_ssh(tmp_path / "fake_ssh", ssh_log))
+    spec = _spec(connect="tunnel")
     with rc.substitute_process_runner(rec):
         state = launcher.launch(spec, progress=print, wait_for_workers_s=0)
     console = capsys.readouterr()
@@ -156,12 +160,16 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
     assert state.status == "running"
     assert state.head_ip == head["PublicIpAddress"]
     assert state.address == f"{head['PublicIpAddress']}:6379"
-    assert state.client_address == f"ray://{head['PublicIpAddress']}:10001"
+    # the notebook reaches Ray Client through an SSH tunnel with the key Ray created
+    assert state.client_address.startswith("ray://127.0.0.1:") and state.tunnel_pid
+    tunnel = ssh_log.read_text()
+    assert f"ubuntu@{head['PublicIpAddress']}" in tunnel and ":localhost:10001" in tunnel
+    assert "/.ssh/ray-autoscaler" in tunnel and state.ssh_key in tunnel
 
     # progress stages in order
     names = [s.split("] ", 1)[1] for s in stages]
     order = ["checking credentials", "launching head", "waiting for SSH", "installing", "starting Ray",
-             "head ready", "workers joining", "ready"]
+             "head ready", "opening an SSH tunnel to the head's Ray Client port", "workers joining", "ready"]
     positions = [names.index(n) for n in order]
     assert positions == sorted(positions), names
 
@@ -200,6 +208,17 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys):
     with rc.substitute_process_runner(rec2):
         report = CloudLauncher(check_tools=False).teardown(spec.name, poll_s=0.05)
     assert report.clean, report.message()
+    import os as _os
+
+    for _ in range(100):  # the tunnel was ended
+        try:
+            _os.waitpid(state.tunnel_pid, _os.WNOHANG)
+            _os.kill(state.tunnel_pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            break
+        __import__("time").sleep(0.05)
+    else:
+        raise AssertionError("tunnel still running after teardown")
     assert [i["kind"] for i in report.found_before].count("instance") == 1
     assert "nothing tagged ray-cluster-name=gnb-moto is left" in report.message()
     assert rec2.matching(r"ray stop")

@@ -33,6 +33,7 @@ SCRIPT = textwrap.dedent(
     real_launch = CloudLauncher.launch
 
     def launch(self, spec, progress=None, **kw):
+        spec.connect = "direct"  # no ssh tunnel to a fake head
         state = real_launch(self, spec, progress=progress, wait_for_workers_s=0)
         # the head that moto "created" cannot run Ray: connect to the local multi-node cluster instead
         state.client_address, state.address = None, fake.address

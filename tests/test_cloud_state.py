@@ -63,28 +63,15 @@ def test_unknown_fields_are_ignored(cfg):
     assert load_state("gnb-e").name == "gnb-e"
 
 
-FAKE_SSH = r'''#!{python}
-import socket, sys, time
-spec = sys.argv[sys.argv.index("-L") + 1]
-with open({log!r}, "w") as f:
-    f.write(" ".join(sys.argv[1:]))
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", int(spec.split(":")[0]))); s.listen(5)
-time.sleep(120)
-'''
-
-
 def test_ssh_tunnel_is_started_recorded_and_closed(cfg, tmp_path):
     import os
-    import sys
     import time
 
     from gpu_notebook.cloud import CloudLauncher
+    from gpu_notebook.cloud._testing import write_fake_ssh
 
     log = tmp_path / "ssh_args"
-    fake = tmp_path / "fake_ssh"
-    fake.write_text(FAKE_SSH.format(python=sys.executable, log=str(log)))
-    fake.chmod(0o755)
+    fake = write_fake_ssh(tmp_path / "fake_ssh", log)
     state = ClusterState("gnb-t", "aws", "us-east-1", head_ip="198.51.100.9",
                          config={"auth": {"ssh_user": "ubuntu", "ssh_private_key": "/keys/k.pem"}})
     cmd = CloudLauncher.ssh_tunnel_command(state, 12345)

@@ -347,14 +347,17 @@ class CloudLauncher:
         AWS: verify credentials with STS before launching.
     kube_clients : tuple, optional
         ``(CustomObjectsApi, CoreV1Api)`` for ``kubernetes`` (default: from the kube config).
+    ssh : str
+        The ssh program for the Ray Client tunnel (``ClusterSpec.connect="tunnel"``).
     verbose : bool
         Show Ray's launcher output on the console; by default it goes to ``clusters/<name>.log`` next to the
         saved state and only the progress stages are shown.
     """
 
     def __init__(self, catalog: Any = None, check_tools: bool = True, verify_credentials: bool = True,
-                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False) -> None:
+                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False, ssh: str = "ssh") -> None:
         self.verbose = verbose
+        self.ssh = ssh
         self.catalog = catalog
         self.check_tools = check_tools
         self.verify_credentials = verify_credentials
@@ -425,16 +428,21 @@ class CloudLauncher:
             stages.console = output.real_stdout
             try:
                 with _ray_compat.launcher_events(stages.ray_event):
-                    _ray_compat.create_or_update_cluster(plan.config)
+                    booted = _ray_compat.create_or_update_cluster(plan.config)
+                state.ssh_key = (booted or {}).get("auth", {}).get("ssh_private_key")
                 state.head_ip = _ray_compat.get_head_node_ip(plan.config)
                 state.address = f"{state.head_ip}:6379"
                 state.client_address = f"ray://{state.head_ip}:{RAY_CLIENT_PORT}"
                 state.save()
+                if spec.connect == "tunnel":
+                    stages("opening an SSH tunnel to the head's Ray Client port")
+                    self.open_tunnel(state, ssh=self.ssh)
                 stages("workers joining")
                 self._wait_workers(plan.config, spec.workers, wait_for_workers_s, poll_s, stages)
             except BaseException as exc:
                 code, desc = _error_code(exc)
                 stages("launch failed: cleaning up what was created")
+                self.close_tunnel(state)
                 report = self._teardown_config(plan.config, stages)
                 state.status, state.error = "failed", f"{code or type(exc).__name__}: {desc}"
                 if report.clean:
@@ -745,10 +753,11 @@ class CloudLauncher:
                            key_path: str | None = None) -> list[str]:
         """``ssh -N -L`` command that forwards the head's Ray Client port to ``127.0.0.1:local_port``."""
         auth = state.config.get("auth", {})
-        key = key_path or auth.get("ssh_private_key")
+        key = key_path or state.ssh_key or auth.get("ssh_private_key")
         if key is None and state.cloud == "aws":
             key = f"~/.ssh/ray-autoscaler_{state.region}.pem"
-        cmd = ["ssh", "-N", "-o", "StrictHostKeyChecking=no", "-o", "ExitOnForwardFailure=yes",
+        cmd = ["ssh", "-N", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+               "-o", "IdentitiesOnly=yes", "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=30",
                "-L", f"{local_port}:localhost:{RAY_CLIENT_PORT}"]
         if key:
             import os

@@ -170,6 +170,10 @@ class ClusterSpec:
         Key files (Azure needs both; AWS/GCP create a key pair when absent).
     cache_stopped_nodes : bool
         Keep stopped nodes for reuse. False by default: a stopped node keeps billing for its disk.
+    connect : {"tunnel", "direct"}
+        How the notebook reaches the head's Ray Client port (10001) on a VM cloud: through an SSH tunnel
+        started by the launch (works from anywhere; the default security groups only open SSH), or directly
+        (a notebook inside the cluster's network).
     """
 
     cloud: str
@@ -197,6 +201,7 @@ class ClusterSpec:
     ssh_private_key: str | None = None
     ssh_public_key: str | None = None
     cache_stopped_nodes: bool = False
+    connect: str = "tunnel"
 
     def __post_init__(self) -> None:
         self.cloud = (self.cloud or "").lower()
@@ -228,6 +233,8 @@ class ClusterSpec:
             raise CloudRequestError("disk_gb must be at least 20")
         if self.idle_stop_minutes is not None and self.idle_stop_minutes <= 0:
             raise CloudRequestError("--idle-stop must be a positive number of minutes")
+        if self.connect not in ("tunnel", "direct"):
+            raise CloudRequestError(f"connect={self.connect!r}: choose 'tunnel' or 'direct'")
         if self.cloud == "azure" and self.resource_group is None:
             self.resource_group = f"gpu-notebook-{self.name}"
 

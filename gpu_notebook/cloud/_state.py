@@ -86,6 +86,7 @@ class ClusterState:
     updated_at: float = field(default_factory=time.time)
     hourly_usd: float | None = None
     tunnel_pid: int | None = None
+    ssh_key: str | None = None
     error: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 

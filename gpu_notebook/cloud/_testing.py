@@ -84,6 +84,31 @@ class RecordingProcessRunner:
         return [c for c in self.commands if rx.search(c)]
 
 
+FAKE_SSH = r"""#!{python}
+# A stand-in for `ssh -N -L PORT:localhost:10001 user@host`: logs its arguments, listens on PORT, waits.
+import socket, sys, time
+spec = sys.argv[sys.argv.index("-L") + 1]
+with open({log!r}, "a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\n")
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(spec.split(":")[0])))
+s.listen(5)
+time.sleep(600)
+"""
+
+
+def write_fake_ssh(path: Any, log: Any) -> str:
+    """Write an executable fake ``ssh`` for tunnels (see ``FAKE_SSH``) at ``path``; returns its path."""
+    import sys
+    from pathlib import Path
+
+    target = Path(path)
+    target.write_text(FAKE_SSH.format(python=sys.executable, log=str(log)))
+    target.chmod(0o755)
+    return str(target)
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
