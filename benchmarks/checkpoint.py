@@ -85,7 +85,9 @@ def corpus(limit: int = 4_000_000) -> torch.Tensor:
     return torch.frombuffer(bytearray(buf), dtype=torch.uint8).long()
 
 
-def train(model: nn.Module, opt: torch.optim.Optimizer, data: torch.Tensor, steps: int, g: torch.Generator) -> float:
+def train(
+    model: nn.Module, opt: torch.optim.Optimizer, data: torch.Tensor, steps: int, g: torch.Generator
+) -> float:
     loss = torch.tensor(0.0)
     for _ in range(steps):
         ix = torch.randint(0, data.numel() - SEQ - 1, (BATCH,), generator=g)
@@ -148,7 +150,11 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     ts = time.perf_counter() - t0
     t0 = time.perf_counter()
     safetensors.torch.load_file(str(work / "st.safetensors"))
-    res["safetensors"] = {"bytes": (work / "st.safetensors").stat().st_size, "save_s": ts, "restore_s": time.perf_counter() - t0}
+    res["safetensors"] = {
+        "bytes": (work / "st.safetensors").stat().st_size,
+        "save_s": ts,
+        "restore_s": time.perf_counter() - t0,
+    }
 
     d = work / "dcp"
     t0 = time.perf_counter()
@@ -157,7 +163,11 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     target = _clone_struct(sd)
     t0 = time.perf_counter()
     dcp.load(target, storage_reader=dcp.FileSystemReader(str(d)))
-    res["torch.distributed.checkpoint"] = {"bytes": _dir_bytes(d), "save_s": ts, "restore_s": time.perf_counter() - t0}
+    res["torch.distributed.checkpoint"] = {
+        "bytes": _dir_bytes(d),
+        "save_s": ts,
+        "restore_s": time.perf_counter() - t0,
+    }
     return res
 
 
@@ -184,7 +194,13 @@ def ours(ck: Checkpointer, state: dict[str, Any], step: int) -> dict[str, float]
     # lossless check against the live state
     for k, v in state["model"].state_dict().items():
         assert torch.equal(got["model"][k].view(torch.uint8), v.detach().contiguous().view(torch.uint8)), k
-    return {"bytes": info.new_bytes, "save_s": total, "stall_s": stall, "restore_s": rs, "raw": info.raw_bytes}
+    return {
+        "bytes": info.new_bytes,
+        "save_s": total,
+        "stall_s": stall,
+        "restore_s": rs,
+        "raw": info.raw_bytes,
+    }
 
 
 # ------------------------------------------------------------------------------------------- workloads
@@ -218,7 +234,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
             rows += measure(f"(a) {name}, every 10 steps", state, ck10, work, n_params)
             train(model, opt, data, long_iv - 10, g)
             state["step"] = warm + long_iv
-            rows += measure(f"(a) {name}, every {long_iv} steps", state, ck100, work, n_params, delta_only=False)
+            rows += measure(
+                f"(a) {name}, every {long_iv} steps", state, ck100, work, n_params, delta_only=False
+            )
             if dtype == torch.float32:
                 pretrained = {k: v.clone() for k, v in model.state_dict().items()}
         # (b) fine-tuning with most layers frozen
@@ -238,13 +256,26 @@ def run(quick: bool) -> list[dict[str, Any]]:
         ckf.save(state, 3).result()
         train(model, opt, data, 10, g)
         state["step"] = 13
-        rows += measure(f"(b) frozen ({100 * frac:.1f}% trainable), every 10 steps", state, ckf, work, sum(p.numel() for p in model.parameters()))
+        rows += measure(
+            f"(b) frozen ({100 * frac:.1f}% trainable), every 10 steps",
+            state,
+            ckf,
+            work,
+            sum(p.numel() for p in model.parameters()),
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
-def measure(label: str, state: dict[str, Any], ck_delta: Checkpointer, work: Path, n_params: int, delta_only: bool = False) -> list[dict[str, Any]]:
+def measure(
+    label: str,
+    state: dict[str, Any],
+    ck_delta: Checkpointer,
+    work: Path,
+    n_params: int,
+    delta_only: bool = False,
+) -> list[dict[str, Any]]:
     sd = {"model": state["model"].state_dict(), "optim": state["optim"].state_dict(), "step": state["step"]}
     bdir = work / f"base-{abs(hash(label))}"
     bdir.mkdir()

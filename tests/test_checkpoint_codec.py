@@ -8,7 +8,16 @@ import torch
 
 from gpu_notebook.checkpoint._codec import FRAME_MAGIC, decode_chunk, encode_chunk
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int8, torch.uint8]
+DTYPES = [
+    torch.float32,
+    torch.bfloat16,
+    torch.float16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.int8,
+    torch.uint8,
+]
 
 
 def _u8(t: torch.Tensor) -> np.ndarray:
@@ -27,7 +36,9 @@ def _pair(dtype: torch.dtype, n: int = 50_000) -> tuple[torch.Tensor, torch.Tens
         info = torch.iinfo(dtype)
         a = torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
         b = a.clone()
-        b[::7] = torch.randint(info.min, info.max, (b[::7].numel(),), generator=g, dtype=torch.int64).to(dtype)
+        b[::7] = torch.randint(info.min, info.max, (b[::7].numel(),), generator=g, dtype=torch.int64).to(
+            dtype
+        )
     return a, b
 
 

@@ -28,7 +28,9 @@ def _text(cell: dict) -> str:
 @pytest.mark.timeout(420)
 def test_checkpoint_resume_example_runs(tmp_path: pathlib.Path) -> None:
     nb = nbformat.read(EXAMPLE, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
     client.execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [(c.source[:40], _text(c)) for c in code if any(o.output_type == "error" for o in c.outputs)]

@@ -19,8 +19,8 @@ import torch
 
 from gpu_notebook import checkpoint
 from gpu_notebook.checkpoint import (
-    CheckpointSaveError,
     Checkpointer,
+    CheckpointSaveError,
     FormatVersionError,
     IntegrityError,
     LocalStore,
@@ -314,7 +314,7 @@ def test_policy_every_steps_and_minutes(tmp_path: Path) -> None:
     saved = [s for s in range(12) if ckpt.maybe_save({"x": torch.tensor([s]), "step": s}, s) is not None]
     assert saved == [0, 5, 10]
     ck2 = Checkpointer(tmp_path / "m", every_minutes=60)
-    assert ck2.maybe_save({"step": 0}, 0) is None  # nothing due yet: the clock starts at the first call
+    assert ck2.maybe_save({"step": 0}, 0) is None  # nothing due yet: the clock starts with the Checkpointer
     assert ck2.maybe_save({"step": 1}, 1, force=True) is not None
     ck2._last_save_time = time.time() - 3601
     assert ck2.maybe_save({"step": 2}, 2) is not None
@@ -538,5 +538,31 @@ def test_list_show_diff_displays(tmp_path: Path) -> None:
     shown = ck.show(lst[1].id)
     assert "model/0.weight" in shown["tensors"] and "model/0.weight" in repr(shown)
     d = ck.diff(lst[0].id, lst[1].id)
-    assert "model/0.weight" in d["changed"] and d["values"]["lr"] == (0.1, 0.05) and d["values"]["step"] == (0, 1)
+    assert (
+        "model/0.weight" in d["changed"]
+        and d["values"]["lr"] == (0.1, 0.05)
+        and d["values"]["step"] == (0, 1)
+    )
     assert "model/0.weight" in repr(d)
+
+
+def test_progress_reports_bytes(tmp_path: Path) -> None:
+    seen: list[tuple[str, int, int]] = []
+    ck = Checkpointer(
+        tmp_path, progress=lambda label, done, total, elapsed: seen.append((label, done, total))
+    )
+    w = torch.randn(300_000)
+    ck.save({"w": w, "step": 0}, block=True)
+    ck.restore()
+    saves = [s for s in seen if s[0].startswith("checkpoint ")]
+    restores = [s for s in seen if s[0].startswith("restore ")]
+    assert saves and restores
+    assert saves[-1][1] == saves[-1][2] == 1_200_000 and restores[-1][1] == restores[-1][2] == 1_200_000
+
+
+def test_progress_line_text() -> None:
+    from gpu_notebook.checkpoint._progress import describe
+
+    assert describe("restore x", 50_000_000, 100_000_000, 2.0) == (
+        "restore x: 50.0 MB / 100.0 MB (50%) at 25.0 MB/s, 2.0 s"
+    )

@@ -46,7 +46,7 @@ def test_list_show_diff(ip: Any, store: Any, capsys: pytest.CaptureFixture[str])
     assert all(i in out for i in ids) and "delta" in out and "base" in out
     ip.run_line_magic("gpu_checkpoint", f"show {ids[1]}")
     out = capsys.readouterr().out
-    assert "model/weight" in out and f"step=1" in out
+    assert "model/weight" in out and "step=1" in out
     ip.run_line_magic("gpu_checkpoint", f"diff {ids[0]} {ids[3]}")
     out = capsys.readouterr().out
     assert "model/weight" in out and "step: 0 -> 3" in out and "lr: 0.1 -> 0.025" in out
@@ -75,7 +75,9 @@ def test_gc(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert [c.id for c in ck.list()] == ids[-1:]
 
 
-def test_bad_arguments_print_usage_not_traceback(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_print_usage_not_traceback(
+    ip: Any, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     ck, ids = store
     assert ip.run_line_magic("gpu_checkpoint", "explode") is None
     err = capsys.readouterr().err

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-
-from gpu_notebook.checkpoint import CheckpointSaveError, Checkpointer, S3Store, StoreError
-
 from _s3server import S3Server, fake_credentials
+
+from gpu_notebook.checkpoint import Checkpointer, CheckpointSaveError, S3Store, StoreError
 
 pytest.importorskip("moto")
 
@@ -56,7 +55,9 @@ def test_round_trip_over_http_with_deltas_and_gc(s3: S3Server, bucket: str) -> N
     assert "runs/exp1/FORMAT" in keys and any(k.startswith("runs/exp1/manifests/") for k in keys)
     m2 = torch.nn.Linear(256, 256)
     o2 = torch.optim.AdamW(m2.parameters(), lr=1e-3)
-    state = Checkpointer(f"s3://{bucket}/runs/exp1", endpoint_url=s3.endpoint).restore(into={"model": m2, "optim": o2})
+    state = Checkpointer(f"s3://{bucket}/runs/exp1", endpoint_url=s3.endpoint).restore(
+        into={"model": m2, "optim": o2}
+    )
     assert state["step"] == 3 and torch.equal(m2.weight, model.weight)
     assert torch.equal(o2.state_dict()["state"][0]["exp_avg_sq"], opt.state_dict()["state"][0]["exp_avg_sq"])
     res = ckpt.gc(keep=1, grace_s=0)
@@ -119,7 +120,9 @@ class _GatedS3(S3Store):
 def test_endpoint_down_mid_upload(bucket: str) -> None:
     srv = S3Server().start()
     srv.client().create_bucket(Bucket=bucket)
-    store = _GatedS3(f"s3://{bucket}/run", endpoint_url=srv.endpoint, retries=2, backoff_s=0.01, connect_timeout_s=1)
+    store = _GatedS3(
+        f"s3://{bucket}/run", endpoint_url=srv.endpoint, retries=2, backoff_s=0.01, connect_timeout_s=1
+    )
     ckpt = Checkpointer(store, chunk_mb=0.25, pack_kb=1, threads=1, retries=1, retry_backoff_s=0.01)
     torch.manual_seed(0)
     w = torch.randn(300_000)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu_notebook.checkpoint import CheckpointError, Checkpointer
+from gpu_notebook.checkpoint import Checkpointer, CheckpointError
 
 
 def _rank_main(rank: int, world: int, root: str) -> None:
@@ -75,7 +75,9 @@ def test_each_rank_saves_and_restores_its_shard(ranks_dir: str) -> None:
     for r in range(2):
         got = Checkpointer(f"{ranks_dir}/sharded", rank=r, world_size=2, sharded=True).restore()
         assert torch.equal(got["shard"], torch.load(f"{ranks_dir}/own-{r}.pt"))
-    assert not list(Path(f"{ranks_dir}/sharded").glob("shards/*/*.json"))  # shard records folded into the manifest
+    assert not list(
+        Path(f"{ranks_dir}/sharded").glob("shards/*/*.json")
+    )  # shard records folded into the manifest
 
 
 def test_sharded_state_refuses_a_different_world_size(ranks_dir: str) -> None:
@@ -99,4 +101,3 @@ def test_replicated_state_restores_onto_another_world_size(ranks_dir: str) -> No
     same = Checkpointer(f"{ranks_dir}/same", rank=2, world_size=3)
     assert same.manifest()["replicated"] is True
     assert torch.equal(same.restore()["w"], torch.ones(1000))
-

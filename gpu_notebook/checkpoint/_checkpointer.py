@@ -286,6 +286,7 @@ class Checkpointer:
         self._since_base = 0
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
+        self._created = time.time()  # the every_minutes clock starts here
         self.last_info: CheckpointInfo | None = None
         self._open_store()
         _set_current(self)
@@ -434,12 +435,13 @@ class Checkpointer:
     def _due(self, step: int) -> bool:
         if self.every_steps is None and self.every_minutes is None:
             return True
-        if self._last_save_step is None:
-            return True if self.every_minutes is None else self._last_save_time is None and step > 0
-        if self.every_steps is not None and step - self._last_save_step >= self.every_steps:
-            return True
-        if self.every_minutes is not None and self._last_save_time is not None:
-            return time.time() - self._last_save_time >= 60.0 * self.every_minutes
+        if self.every_steps is not None:
+            if self._last_save_step is None or step - self._last_save_step >= self.every_steps:
+                return True
+        if self.every_minutes is not None:
+            ref = self._last_save_time if self._last_save_time is not None else self._created
+            if time.time() - ref >= 60.0 * self.every_minutes:
+                return True
         return False
 
     def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
@@ -465,11 +467,17 @@ class Checkpointer:
                 if attempt < self.retries:
                     delay = self.retry_backoff_s * 2**attempt
                     log.warning(
-                        "checkpoint %s: save attempt %d failed (%s); retrying in %.1f s", ckpt_id, attempt + 1, e, delay
+                        "checkpoint %s: save attempt %d failed (%s); retrying in %.1f s",
+                        ckpt_id,
+                        attempt + 1,
+                        e,
+                        delay,
                     )
                     time.sleep(delay)
         assert err is not None
-        msg = f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        msg = (
+            f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        )
         log.error(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=1)
         with self._lock:
@@ -496,8 +504,8 @@ class Checkpointer:
         hashes = list(self._pool.map(lambda w: _sha(memoryview(w[0].data[w[2] : w[2] + w[3]])), work))
         # 2) decide reuse / encode (sequential, cheap)
         known: dict[str, dict[str, Any]] = {}
-        for sh in self._shadow.values():
-            for e in sh["chunks"]:
+        for prev in self._shadow.values():
+            for e in prev["chunks"]:
                 if not is_base or e.get("depth", 0) == 0:
                     known.setdefault(e["raw"], e)
         plan: list[tuple[int, dict[str, Any] | None, np.ndarray | None, dict[str, Any] | None]] = []
@@ -514,7 +522,8 @@ class Checkpointer:
                 reused_bytes += ln
                 continue
             pending_raw[h] = k
-            base_arr = base_entry = None
+            base_arr: np.ndarray | None = None
+            base_entry: dict[str, Any] | None = None
             sh = self._shadow.get(leaf.name)
             if (
                 not is_base
@@ -628,7 +637,12 @@ class Checkpointer:
         # 5) the committed snapshot becomes the base of the next delta; the old base's buffers are reused
         old = self._shadow
         self._shadow = {
-            leaf.name: {"dtype": leaf.dtype, "nbytes": leaf.nbytes, "data": leaf.data, "chunks": leaves_doc[leaf.name]["chunks"]}
+            leaf.name: {
+                "dtype": leaf.dtype,
+                "nbytes": leaf.nbytes,
+                "data": leaf.data,
+                "chunks": leaves_doc[leaf.name]["chunks"],
+            }
             for leaf in snap.leaves
         }
         self._parent = ckpt_id
@@ -705,7 +719,9 @@ class Checkpointer:
         }
         data = json.dumps(doc, separators=(",", ":")).encode()
         if not self.store.put(manifest_key(ckpt_id), data, create_only=True):
-            raise CheckpointError(f"manifest {manifest_key(ckpt_id)} already exists; refusing to overwrite it")
+            raise CheckpointError(
+                f"manifest {manifest_key(ckpt_id)} already exists; refusing to overwrite it"
+            )
         if self.sharded:
             for r in range(1, self.world_size):
                 self.store.delete(f"{SHARD_PREFIX}{ckpt_id}/rank-{r:05d}.json")
@@ -751,7 +767,11 @@ class Checkpointer:
                 raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
         newest = lst[-1].id if lst else ""
         for cid, err in self.unreadable:  # a newer checkpoint we cannot read must not be skipped silently
-            if isinstance(err, FormatVersionError) and cid > newest and (step is None or cid.startswith(f"{step:012d}-")):
+            if (
+                isinstance(err, FormatVersionError)
+                and cid > newest
+                and (step is None or cid.startswith(f"{step:012d}-"))
+            ):
                 raise err
         if not lst:
             raise NoCheckpointError(f"no checkpoint in {self.store.url}")
@@ -780,7 +800,12 @@ class Checkpointer:
                     "transforms": ts,
                     "max_depth": max((c.get("depth", 0) for c in lf["chunks"]), default=0),
                 }
-        return _Show(info=CheckpointInfo.from_manifest(doc), stats=doc.get("stats", {}), writer=doc.get("writer", {}), tensors=tensors)
+        return _Show(
+            info=CheckpointInfo.from_manifest(doc),
+            stats=doc.get("stats", {}),
+            writer=doc.get("writer", {}),
+            tensors=tensors,
+        )
 
     def diff(self, a: str, b: str) -> DiffResult:
         """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
@@ -876,11 +901,18 @@ class Checkpointer:
         # continue the delta chain from what was restored
         if not doc.get("sharded") or shard["rank"] == self.rank:
             self._shadow = {
-                name: {"dtype": lf["dtype"], "nbytes": lf["nbytes"], "data": datas[name], "chunks": lf["chunks"]}
+                name: {
+                    "dtype": lf["dtype"],
+                    "nbytes": lf["nbytes"],
+                    "data": datas[name],
+                    "chunks": lf["chunks"],
+                }
                 for name, lf in shard["leaves"].items()
             }
             self._parent = doc["id"]
-            depth = max((c.get("depth", 0) for lf in shard["leaves"].values() for c in lf["chunks"]), default=0)
+            depth = max(
+                (c.get("depth", 0) for lf in shard["leaves"].values() for c in lf["chunks"]), default=0
+            )
             self._since_base = 0 if doc.get("is_base") else depth
         self._last_save_step = int(doc.get("step", 0))
         self._last_save_time = time.time()
@@ -938,11 +970,15 @@ class Checkpointer:
                             blob = obj_cache[key] = self.store.get(key)
                     frame = blob[e["off"] : e["off"] + e["size"]]
                 else:
-                    frame = self.store.get_range(key, e["off"], e["size"]) if e["off"] else self.store.get(key)
+                    frame = (
+                        self.store.get_range(key, e["off"], e["size"]) if e["off"] else self.store.get(key)
+                    )
             except ObjectMissingError:
                 raise ObjectMissingError(key, f"needed by {where(name, idx, e)}") from None
             if verify and (len(frame) != e["size"] or _sha(frame) != e["hash"]):
-                raise IntegrityError(f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash")
+                raise IntegrityError(
+                    f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash"
+                )
             return frame
 
         def decode(name: str, idx: int, e: dict[str, Any]) -> np.ndarray:
@@ -956,8 +992,10 @@ class Checkpointer:
                 raw = decode_chunk(frame, base)
             except ValueError as err:
                 raise IntegrityError(f"cannot decode {where(name, idx, e)}: {err}") from err
-            if verify and _sha(memoryview(raw)) != e["raw"]:
-                raise IntegrityError(f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash")
+            if verify and _sha(raw.data) != e["raw"]:
+                raise IntegrityError(
+                    f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
+                )
             with cache_lock:
                 raw_cache[e["raw"]] = raw
             return raw
@@ -984,9 +1022,15 @@ class Checkpointer:
             pos += n
             data = np.concatenate(chunks) if n > 1 else (chunks[0] if n else np.zeros(0, np.uint8))
             if data.nbytes != lf["nbytes"]:
-                raise IntegrityError(f"tensor {name!r} of checkpoint {doc['id']} has {data.nbytes} bytes, expected {lf['nbytes']}")
+                raise IntegrityError(
+                    f"tensor {name!r} of checkpoint {doc['id']} has {data.nbytes} bytes, expected {lf['nbytes']}"
+                )
             datas[name] = data
-            values[name] = leaf_from_bytes({**lf, "name": name}, data.copy() if lf.get("kind") != "pickle" else data, allow_pickle=allow_pickle)
+            values[name] = leaf_from_bytes(
+                {**lf, "name": name},
+                data.copy() if lf.get("kind") != "pickle" else data,
+                allow_pickle=allow_pickle,
+            )
         return values, datas
 
     # ------------------------------------------------------------------ gc
@@ -1058,8 +1102,8 @@ class _Show(dict):  # type: ignore[type-arg]
 def _diff_values(a: Any, b: Any, path: str, out: dict[str, Any]) -> None:
     if isinstance(a, dict) and isinstance(b, dict):
         if len(a) == 1 and len(b) == 1:
-            (ka, va), = a.items()
-            (kb, vb), = b.items()
+            ((ka, va),) = a.items()
+            ((kb, vb),) = b.items()
             if ka in ("$tensor", "$ndarray", "$pickle") or kb in ("$tensor", "$ndarray", "$pickle"):
                 return
             if ka == kb == "$state":
@@ -1138,7 +1182,12 @@ def _apply(target: Any, state: Any) -> None:
     if isinstance(target, dict):
         for k, v in target.items():
             if k in state:
-                if _is_tensor(v) or isinstance(v, np.ndarray) or hasattr(v, "load_state_dict") or isinstance(v, dict | list):
+                if (
+                    _is_tensor(v)
+                    or isinstance(v, np.ndarray)
+                    or hasattr(v, "load_state_dict")
+                    or isinstance(v, dict | list)
+                ):
                     _apply(v, state[k])
         return
     if isinstance(target, list):

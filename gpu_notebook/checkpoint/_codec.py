@@ -93,7 +93,7 @@ def _forward(cur: np.ndarray, base: np.ndarray, transform: int, width: int) -> n
 
 def _inverse(data: np.ndarray, base: np.ndarray, transform: int, width: int) -> np.ndarray:
     """Undo a transform; returns a fresh array (``data`` may be scratch)."""
-    u = _UINT[width]
+    u: Any = _UINT[width]
     z = data.view(u)
     b = base.view(u)
     if transform == 1:
@@ -151,7 +151,7 @@ def _encode_planes(
 
 
 def _raw_frame(buf: np.ndarray) -> bytes:
-    return _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_RAW, 0, 1, buf.nbytes) + memoryview(buf).tobytes()
+    return _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_RAW, 0, 1, buf.nbytes) + buf.tobytes()
 
 
 def _estimate(buf: np.ndarray, width: int, level: int) -> tuple[int, frozenset[int]]:
@@ -233,7 +233,14 @@ def encode_chunk(
 def frame_info(frame: bytes | memoryview) -> dict[str, Any]:
     """Decode a frame's header (for ``show`` and debugging)."""
     magic, ver, mode, transform, width, n = _HDR.unpack_from(frame, 0)
-    return {"magic": magic, "version": ver, "mode": mode, "transform": transform, "width": width, "raw_len": n}
+    return {
+        "magic": magic,
+        "version": ver,
+        "mode": mode,
+        "transform": transform,
+        "width": width,
+        "raw_len": n,
+    }
 
 
 def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> np.ndarray:

@@ -110,7 +110,11 @@ class S3Store(Store):
                 "max_pool_connections": max(10, 2 * self.max_concurrency),
             }
             try:
-                cfg = Config(request_checksum_calculation=checksum, response_checksum_validation="when_required", **cfg_kwargs)
+                cfg = Config(
+                    request_checksum_calculation=checksum,
+                    response_checksum_validation="when_required",
+                    **cfg_kwargs,
+                )
             except TypeError:  # botocore < 1.36
                 cfg = Config(**cfg_kwargs)
             client = boto3.session.Session().client(
@@ -169,12 +173,20 @@ class S3Store(Store):
             self._call("head_bucket", "", lambda: self.client.head_bucket(Bucket=self.bucket))
             self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
         except NoCredentialsError as e:
-            raise StoreError(f"no AWS credentials found for {where} (configure the usual boto3 credential chain)") from e
+            raise StoreError(
+                f"no AWS credentials found for {where} (configure the usual boto3 credential chain)"
+            ) from e
         except ClientError as e:
             code, status = self._code(e)
             if status == 404 or code in ("NoSuchBucket", "404", "NotFound"):
                 raise StoreError(f"bucket {self.bucket!r} does not exist ({where})") from None
-            if status == 403 or code in ("AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+            if status == 403 or code in (
+                "AccessDenied",
+                "403",
+                "Forbidden",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            ):
                 raise StoreError(
                     f"access denied to {where} ({code or status}); check the credentials and the bucket policy"
                 ) from None
@@ -186,7 +198,9 @@ class S3Store(Store):
 
     def _put_plain(self, key: str, data: bytes | memoryview) -> None:
         body = bytes(data)
-        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=body))
+        self._call(
+            "put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=body)
+        )
 
     def put(self, key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
         from botocore.exceptions import ClientError
@@ -206,7 +220,9 @@ class S3Store(Store):
                 self._call(
                     "put",
                     key,
-                    lambda: self.client.put_object(Bucket=self.bucket, Key=self._k(key), Body=body, IfNoneMatch="*"),
+                    lambda: self.client.put_object(
+                        Bucket=self.bucket, Key=self._k(key), Body=body, IfNoneMatch="*"
+                    ),
                 )
                 self._conditional = True
                 return True
@@ -227,9 +243,16 @@ class S3Store(Store):
     def _put_multipart(self, key: str, data: bytes | memoryview) -> None:
         mv = memoryview(data)
         k = self._k(key)
-        up = self._call("create_multipart_upload", key, lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=k))
+        up = self._call(
+            "create_multipart_upload",
+            key,
+            lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=k),
+        )
         upload_id = up["UploadId"]
-        ranges = [(i + 1, o, min(self.part_size, len(mv) - o)) for i, o in enumerate(range(0, len(mv), self.part_size))]
+        ranges = [
+            (i + 1, o, min(self.part_size, len(mv) - o))
+            for i, o in enumerate(range(0, len(mv), self.part_size))
+        ]
 
         def part(r: tuple[int, int, int]) -> dict[str, Any]:
             num, off, ln = r
@@ -237,7 +260,9 @@ class S3Store(Store):
             resp = self._call(
                 f"upload_part {num}",
                 key,
-                lambda: self.client.upload_part(Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=num, Body=body),
+                lambda: self.client.upload_part(
+                    Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=num, Body=body
+                ),
             )
             return {"PartNumber": num, "ETag": resp["ETag"]}
 
@@ -303,7 +328,9 @@ class S3Store(Store):
                 kwargs["ContinuationToken"] = token
             resp = self._call("list", prefix, lambda kw=kwargs: self.client.list_objects_v2(**kw))  # type: ignore[misc]
             for o in resp.get("Contents", []):
-                out.append(ObjectInfo(o["Key"][len(self.prefix) :], int(o["Size"]), o["LastModified"].timestamp()))
+                out.append(
+                    ObjectInfo(o["Key"][len(self.prefix) :], int(o["Size"]), o["LastModified"].timestamp())
+                )
             if not resp.get("IsTruncated"):
                 break
             token = resp.get("NextContinuationToken")

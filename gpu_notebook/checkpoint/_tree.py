@@ -99,7 +99,10 @@ def _tensor_leaf(name: str, t: Any, copy: bool, alloc: Callable[[int], np.ndarra
 
 
 def flatten(
-    state: Any, allow_pickle: bool = False, copy: bool = True, alloc: Callable[[int], np.ndarray] | None = None
+    state: Any,
+    allow_pickle: bool = False,
+    copy: bool = True,
+    alloc: Callable[[int], np.ndarray] | None = None,
 ) -> tuple[Any, list[Leaf]]:
     """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
 
@@ -161,7 +164,11 @@ def flatten(
             if obj.dtype.name not in DTYPES or obj.dtype.hasobject:
                 return pickled(obj, path)
             arr = np.ascontiguousarray(obj).astype(obj.dtype.newbyteorder("<"), copy=True)
-            return {"$ndarray": add_leaf(Leaf(path, "ndarray", arr.dtype.name, list(obj.shape), arr.reshape(-1).view(np.uint8)))}
+            return {
+                "$ndarray": add_leaf(
+                    Leaf(path, "ndarray", arr.dtype.name, list(obj.shape), arr.reshape(-1).view(np.uint8))
+                )
+            }
         if isinstance(obj, np.generic):
             return walk(obj.item(), path)
         mod = type(obj).__module__ or ""
@@ -189,7 +196,13 @@ def flatten(
                     kind = "optimizer"
             except ImportError:  # pragma: no cover
                 pass
-            return {"$state": {"kind": kind, "class": type(obj).__qualname__, "value": walk(obj.state_dict(), path)}}
+            return {
+                "$state": {
+                    "kind": kind,
+                    "class": type(obj).__qualname__,
+                    "value": walk(obj.state_dict(), path),
+                }
+            }
         return pickled(obj, path)
 
     def pickled(obj: Any, path: str) -> Any:
@@ -222,7 +235,11 @@ def leaf_from_bytes(meta: dict[str, Any], data: np.ndarray, allow_pickle: bool =
 
         return pickle.loads(data.tobytes())
     if kind == "ndarray":
-        return data.view(np.dtype(dtype).newbyteorder("<")).reshape(shape).copy() if data.nbytes else np.zeros(shape, dtype)
+        return (
+            data.view(np.dtype(dtype).newbyteorder("<")).reshape(shape).copy()
+            if data.nbytes
+            else np.zeros(shape, dtype)
+        )
     import torch
 
     tdt = getattr(torch, dtype)
@@ -241,7 +258,7 @@ def unflatten(tree: Any, values: dict[str, Any]) -> Any:
         if not isinstance(node, dict):
             return node
         if len(node) == 1:
-            (tag, val), = node.items()
+            ((tag, val),) = node.items()
             if tag.startswith("$"):
                 if tag == "$dict":
                     return {_hashable(walk(k)): walk(v) for k, v in val}
@@ -287,7 +304,7 @@ def tree_leaf_names(tree: Any) -> list[str]:
                 walk(v)
         elif isinstance(node, dict):
             if len(node) == 1:
-                (tag, val), = node.items()
+                ((tag, val),) = node.items()
                 if tag in ("$tensor", "$ndarray", "$pickle"):
                     out.append(val)
                     return

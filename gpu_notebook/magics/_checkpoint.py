@@ -28,12 +28,27 @@ class CheckpointMagics(Magics):
     @argument("--store", help="the store (folder or s3://bucket/prefix); default: the current checkpointer's")
     @argument("--endpoint-url", help="S3-compatible endpoint (MinIO, ...)")
     @argument("--step", type=int, help="restore/show: the newest checkpoint at this step")
-    @argument("--into", help="restore: load in place into notebook variables, KEY=VAR[,KEY=VAR] (KEY alone: VAR=KEY)")
-    @argument("-o", "--out", default="ckpt_state", help="restore: variable that receives the state (default ckpt_state)")
+    @argument(
+        "--into",
+        help="restore: load in place into notebook variables, KEY=VAR[,KEY=VAR] (KEY alone: VAR=KEY)",
+    )
+    @argument(
+        "-o",
+        "--out",
+        default="ckpt_state",
+        help="restore: variable that receives the state (default ckpt_state)",
+    )
     @argument("--keep", type=int, default=3, help="gc: checkpoints to keep (default 3)")
-    @argument("--grace", type=float, default=3600.0, help="gc: keep unreferenced objects younger than this, s (3600)")
+    @argument(
+        "--grace",
+        type=float,
+        default=3600.0,
+        help="gc: keep unreferenced objects younger than this, s (3600)",
+    )
     @argument("--dry-run", action="store_true", help="gc: only report what would be deleted")
-    @argument("--allow-pickle", action="store_true", help="restore: allow pickled values (trusted stores only)")
+    @argument(
+        "--allow-pickle", action="store_true", help="restore: allow pickled values (trusted stores only)"
+    )
     @line_magic
     def gpu_checkpoint(self, line: str) -> Any:
         """List, inspect, restore, compare and garbage-collect delta checkpoints.
@@ -113,10 +128,15 @@ class CheckpointMagics(Magics):
                 if var not in ns:
                     raise LookupError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
-        state = ck.restore(self._one_id(args, "restore"), step=args.step, into=into, allow_pickle=args.allow_pickle or None)
+        state = ck.restore(
+            self._one_id(args, "restore"), step=args.step, into=into, allow_pickle=args.allow_pickle or None
+        )
         ns[args.out] = state
         info = ck.last_info
-        print(f"restored {info.id} (step {info.step}) into {args.out}" + (f" and {args.into}" if args.into else ""))
+        print(
+            f"restored {info.id} (step {info.step}) into {args.out}"
+            + (f" and {args.into}" if args.into else "")
+        )
 
     def _cmd_diff(self, args: Any, checkpoint: Any) -> None:
         if len(args.ids) != 2:
