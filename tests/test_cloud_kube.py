@@ -82,11 +82,12 @@ def test_wait_head_ready_times_out_with_the_state():
 
 def test_launch_and_teardown_through_the_api(cfg_dir):
     fake = FakeKube(ready_after=2, pods_linger=2)
-    launcher = CloudLauncher(kube_clients=(fake, fake))
+    launcher = CloudLauncher(kube_clients=(fake, fake), kubectl="/nonexistent/kubectl")
     stages = []
     state = launcher.launch(_spec(), progress=stages.append, poll_s=0.0)
     assert state.status == "running"
     assert state.client_address == "ray://gnb-kube-head-svc.ml.svc.cluster.local:10001"
+    assert any("no kubectl here" in s for s in stages)
     assert ("ml", "gnb-kube") in fake.objects
     names = [s.split("] ", 1)[1] for s in stages]
     assert names[:3] == ["checking credentials", "applying RayCluster", "waiting for the head pod"]
@@ -121,3 +122,30 @@ def test_kubernetes_client_is_optional(cfg_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed
     with pytest.raises(CredentialsError, match="pip install kubernetes"):
         check_kubernetes()
+
+
+def test_port_forward_with_kubectl_and_stop_ends_it(cfg_dir, tmp_path):
+    import os
+    import time
+
+    from gpu_notebook.cloud._testing import write_fake_ssh
+
+    log = tmp_path / "kubectl_args"
+    kubectl = write_fake_ssh(tmp_path / "kubectl", log)
+    fake = FakeKube(ready_after=0)
+    launcher = CloudLauncher(kube_clients=(fake, fake), kubectl=kubectl)
+    state = launcher.launch(_spec(name="gnb-pf"), poll_s=0.0)
+    assert state.client_address.startswith("ray://127.0.0.1:")
+    port = state.client_address.rsplit(":", 1)[1]
+    assert log.read_text().split() == ["port-forward", "-n", "ml", "svc/gnb-pf-head-svc", f"{port}:10001"]
+    pid = state.tunnel_pid
+    assert launcher.teardown("gnb-pf", poll_s=0.0).clean
+    for _ in range(100):
+        try:
+            os.waitpid(pid, os.WNOHANG)
+            os.kill(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("port-forward still running after stop")

@@ -347,17 +347,20 @@ class CloudLauncher:
         AWS: verify credentials with STS before launching.
     kube_clients : tuple, optional
         ``(CustomObjectsApi, CoreV1Api)`` for ``kubernetes`` (default: from the kube config).
-    ssh : str
-        The ssh program for the Ray Client tunnel (``ClusterSpec.connect="tunnel"``).
+    ssh, kubectl : str
+        Programs for the Ray Client tunnel (``ClusterSpec.connect="tunnel"``): ``ssh -N -L`` on VM clouds,
+        ``kubectl port-forward`` on Kubernetes.
     verbose : bool
         Show Ray's launcher output on the console; by default it goes to ``clusters/<name>.log`` next to the
         saved state and only the progress stages are shown.
     """
 
     def __init__(self, catalog: Any = None, check_tools: bool = True, verify_credentials: bool = True,
-                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False, ssh: str = "ssh") -> None:
+                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False, ssh: str = "ssh",
+                 kubectl: str = "kubectl") -> None:
         self.verbose = verbose
         self.ssh = ssh
+        self.kubectl = kubectl
         self.catalog = catalog
         self.check_tools = check_tools
         self.verify_credentials = verify_credentials
@@ -562,6 +565,18 @@ class CloudLauncher:
             raise LaunchError(f"Applying RayCluster {spec.name} failed: {exc}\nCleanup: {report.message()}",
                               report) from exc
         state.client_address = _kube.head_service_address(str(spec.name), spec.namespace)
+        if spec.connect == "tunnel":
+            import shutil
+
+            if shutil.which(self.kubectl):
+                stages("port-forwarding the head's Ray Client port (kubectl)")
+                try:
+                    self.open_kube_port_forward(state, kubectl=self.kubectl)
+                except Exception as exc:
+                    stages(f"port-forward failed ({exc}); using the in-cluster address")
+            else:
+                stages("no kubectl here: using the in-cluster address (run the notebook in the cluster, or "
+                       f"kubectl port-forward svc/{spec.name}-head-svc 10001)")
         state.status = "running"
         stages("ready")
         state.save()
@@ -701,36 +716,19 @@ class CloudLauncher:
         The ssh process id is saved in the state (``tunnel_pid``) and ended by :meth:`close_tunnel` and by
         :meth:`teardown`.
         """
-        import socket
-        import subprocess
-
-        if local_port is None:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                local_port = int(probe.getsockname()[1])
-        port = local_port
+        port = local_port or _free_local_port()
         cmd = cls.ssh_tunnel_command(state, port)
         cmd[0] = ssh
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()
-                raise RuntimeError(f"ssh tunnel to {state.head_ip} exited ({proc.returncode}): {err[-500:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    proc.kill()
-                    raise TimeoutError(f"ssh tunnel to {state.head_ip} not listening after {timeout_s:.0f} s") \
-                        from None
-                time.sleep(0.1)
-        state.tunnel_pid = proc.pid
-        state.client_address = f"ray://127.0.0.1:{port}"
-        state.save()
-        return state.client_address
+        return _start_forward(state, cmd, port, timeout_s, f"ssh tunnel to {state.head_ip}")
+
+    @classmethod
+    def open_kube_port_forward(cls, state: ClusterState, local_port: int | None = None, timeout_s: float = 60.0,
+                               kubectl: str = "kubectl") -> str:
+        """``kubectl port-forward`` to the RayCluster's head service; returns ``ray://127.0.0.1:<port>``."""
+        port = local_port or _free_local_port()
+        ns = state.spec.get("namespace", "default")
+        cmd = [kubectl, "port-forward", "-n", ns, f"svc/{state.name}-head-svc", f"{port}:{RAY_CLIENT_PORT}"]
+        return _start_forward(state, cmd, port, timeout_s, f"kubectl port-forward to {ns}/{state.name}")
 
     @staticmethod
     def close_tunnel(state: ClusterState) -> bool:
@@ -765,6 +763,40 @@ class CloudLauncher:
             cmd += ["-i", os.path.expanduser(key)]
         cmd.append(f"{auth.get('ssh_user', 'ubuntu')}@{state.head_ip}")
         return cmd
+
+
+def _free_local_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start_forward(state: ClusterState, cmd: list[str], port: int, timeout_s: float, what: str) -> str:
+    """Start a port-forwarding process, wait until 127.0.0.1:port accepts, record its pid in the state."""
+    import socket
+    import subprocess
+
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()
+            raise RuntimeError(f"{what} exited ({proc.returncode}): {err[-500:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if time.monotonic() >= deadline:
+                proc.kill()
+                raise TimeoutError(f"{what} not listening after {timeout_s:.0f} s") from None
+            time.sleep(0.1)
+    state.tunnel_pid = proc.pid
+    state.client_address = f"ray://127.0.0.1:{port}"
+    state.save()
+    return state.client_address
 
 
 def plan_cluster(spec: ClusterSpec, catalog: Any = None) -> Plan:

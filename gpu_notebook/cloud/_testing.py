@@ -85,9 +85,11 @@ class RecordingProcessRunner:
 
 
 FAKE_SSH = r"""#!{python}
-# A stand-in for `ssh -N -L PORT:localhost:10001 user@host`: logs its arguments, listens on PORT, waits.
-import socket, sys, time
-spec = sys.argv[sys.argv.index("-L") + 1]
+# A stand-in for `ssh -N -L PORT:localhost:10001 user@host` or `kubectl port-forward ... PORT:10001`:
+# logs its arguments, listens on PORT, waits.
+import re, socket, sys, time
+args = sys.argv[1:]
+spec = args[args.index("-L") + 1] if "-L" in args else [a for a in args if re.match(r"^\d+:", a)][0]
 with open({log!r}, "a") as f:
     f.write(" ".join(sys.argv[1:]) + "\n")
 s = socket.socket()
@@ -99,7 +101,7 @@ time.sleep(600)
 
 
 def write_fake_ssh(path: Any, log: Any) -> str:
-    """Write an executable fake ``ssh`` for tunnels (see ``FAKE_SSH``) at ``path``; returns its path."""
+    """Write an executable fake ``ssh``/``kubectl`` for tunnels (see ``FAKE_SSH``) at ``path``; returns its path."""
     import sys
     from pathlib import Path
 
