@@ -975,11 +975,14 @@ class Checkpointer:
                     )
             except ObjectMissingError:
                 raise ObjectMissingError(key, f"needed by {where(name, idx, e)}") from None
-            if verify and (len(frame) != e["size"] or _sha(frame) != e["hash"]):
-                raise IntegrityError(
+            return frame
+
+        def corrupt_frame(name: str, idx: int, e: dict[str, Any], frame: bytes) -> IntegrityError | None:
+            if len(frame) != e["size"] or _sha(frame) != e["hash"]:
+                return IntegrityError(
                     f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash"
                 )
-            return frame
+            return None
 
         def decode(name: str, idx: int, e: dict[str, Any]) -> np.ndarray:
             with cache_lock:
@@ -988,12 +991,16 @@ class Checkpointer:
                 return hit
             base = decode(name, idx, e["base"]) if e.get("base") else None
             frame = fetch(name, idx, e)
+            # the decoded bytes' hash is the end-to-end check; the stored bytes' hash is only computed to say
+            # which one is wrong when something does not match
             try:
                 raw = decode_chunk(frame, base)
             except ValueError as err:
-                raise IntegrityError(f"cannot decode {where(name, idx, e)}: {err}") from err
+                raise corrupt_frame(name, idx, e, frame) or IntegrityError(
+                    f"cannot decode {where(name, idx, e)}: {err}"
+                ) from err
             if verify and _sha(raw.data) != e["raw"]:
-                raise IntegrityError(
+                raise corrupt_frame(name, idx, e, frame) or IntegrityError(
                     f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
                 )
             with cache_lock:

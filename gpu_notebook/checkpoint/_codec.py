@@ -122,7 +122,9 @@ def _merge(planes: np.ndarray, width: int, out: np.ndarray | None = None) -> np.
     if width == 1:
         np.copyto(out, planes.reshape(-1))
     else:
-        np.copyto(out.reshape(-1, width), planes.T)
+        o = out.reshape(-1, width)
+        for i in range(width):  # one strided column at a time: ~3x faster than copying the transpose
+            o[:, i] = planes[i]
     return out
 
 
