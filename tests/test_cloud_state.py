@@ -91,3 +91,12 @@ def test_ssh_tunnel_is_started_recorded_and_closed(cfg, tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError("tunnel process still alive")
+
+
+def test_launch_refuses_a_name_that_is_still_running(cfg):
+    from gpu_notebook.cloud import CloudLauncher, CloudRequestError, ClusterSpec
+
+    ClusterState("gnb-dup", "aws", "us-east-1", status="running").save()
+    with pytest.raises(CloudRequestError, match="already exists .*stop it first"):
+        CloudLauncher(check_tools=False).launch(ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-dup"))
+    assert load_state("gnb-dup").status == "running"  # untouched

@@ -414,6 +414,7 @@ class CloudLauncher:
         torn down and verified, and :class:`LaunchError` says why, what was cleaned, and what to try instead.
         """
         plan = self.plan(spec)
+        self._refuse_duplicate(str(spec.name))
         state = ClusterState(name=str(spec.name), cloud=spec.cloud, region=spec.region, spec=spec.to_dict(),
                              config=plan.config, hourly_usd=plan.hourly("spot" if spec.spot else "on_demand"))
         stages = _Stages(progress, state)
@@ -466,6 +467,19 @@ class CloudLauncher:
         stages("ready")
         state.save()
         return state
+
+    @staticmethod
+    def _refuse_duplicate(name: str) -> None:
+        try:
+            old = load_state(name)
+        except KeyError:
+            return
+        if old.status in ("launching", "running", "stopping", "stop-incomplete"):
+            started = time.strftime("%Y-%m-%d %H:%M", time.localtime(old.created_at))
+            raise CloudRequestError(
+                f"a {old.cloud} cluster named {name!r} already exists (status {old.status}, started {started}); "
+                f"stop it first (%gpu_cluster stop {name}) or pick another name"
+            )
 
     def _check_aws_quota(self, spec: ClusterSpec, plan: Plan) -> None:
         worker = plan.resolved.worker
