@@ -118,6 +118,16 @@ def test_node_provider_spot_and_on_demand_create_list_terminate(aws):
     assert sorted(listed) == sorted(i["InstanceId"] for i in insts)
     assert len(provider.non_terminated_nodes({"ray-user-node-type": WORKER_SPOT_TYPE})) == 2
 
+    # "workers joining" counts workers the head's autoscaler marked up-to-date
+    from gpu_notebook.cloud._launcher import _Stages
+
+    ec2.create_tags(Resources=listed[:2], Tags=[{"Key": "ray-node-status", "Value": "up-to-date"}])
+    seen = []
+    assert CloudLauncher()._wait_workers(config, 2, 5.0, 0.0, _Stages(seen.append)) == 2
+    assert seen[-1].endswith("workers joining: 2/2 up")
+    assert CloudLauncher()._wait_workers(config, 4, 0.01, 0.0, _Stages(seen.append)) == 2
+    assert "only 2/4 up" in seen[-1] and "monitor" in seen[-1]
+
     provider.terminate_nodes(listed)
     assert _instances(ec2, spec.name) == []
     assert [x for x in aws_leftovers(spec.name, REGION) if x["kind"] == "instance"] == []

@@ -510,7 +510,12 @@ class CloudLauncher:
             ready = sum(1 for n in nodes
                         if provider.node_tags(n).get(_ray_compat.TAG_NODE_STATUS) == "up-to-date")
             stages(f"workers joining: {ready}/{want} up")
-            if ready >= want or time.monotonic() >= deadline:
+            if ready >= want:
+                return ready
+            if time.monotonic() >= deadline:
+                stages(f"workers joining: only {ready}/{want} up after {timeout_s / 60:.0f} min; the head keeps "
+                       "trying (capacity or quota?). Its autoscaler log: ray exec <config> "
+                       "'tail -n 100 /tmp/ray/session_latest/logs/monitor*'")
                 return ready
             time.sleep(poll_s)
 
