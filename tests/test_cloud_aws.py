@@ -168,6 +168,7 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path)
     assert _tags(head)["ray-node-type"] == "head"
     assert head["InstanceType"] == "m5.xlarge" and head.get("InstanceLifecycle") != "spot"
     assert state.status == "running"
+    assert (state.gpus_per_node, state.world_size) == (8, 16)
     assert state.head_ip == head["PublicIpAddress"]
     assert state.address == f"{head['PublicIpAddress']}:6379"
     # the notebook reaches Ray Client through an SSH tunnel with the key Ray created

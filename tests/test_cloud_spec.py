@@ -95,6 +95,7 @@ def test_plan_prices_on_demand_vs_spot_and_shows_config():
     html = plan._repr_html_()
     assert "<table>" in html and "p4d.24xlarge" in html and "full config" in html
     assert "p4d.24xlarge x2" in repr(plan)
+    assert (plan.gpus_per_node, plan.world_size) == (8, 16)
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])

@@ -117,6 +117,16 @@ class Plan:
         return total
 
     @property
+    def gpus_per_node(self) -> int:
+        """GPUs per worker node."""
+        return int(self.resolved.worker.gpus_per_node)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks for one rank per GPU on the initial workers (``workers * gpus_per_node``)."""
+        return int(self.spec.workers) * self.gpus_per_node
+
+    @property
     def yaml(self) -> str:
         """The config (or manifest) as YAML."""
         return to_yaml(self.config)
@@ -416,7 +426,8 @@ class CloudLauncher:
         plan = self.plan(spec)
         self._refuse_duplicate(str(spec.name))
         state = ClusterState(name=str(spec.name), cloud=spec.cloud, region=spec.region, spec=spec.to_dict(),
-                             config=plan.config, hourly_usd=plan.hourly("spot" if spec.spot else "on_demand"))
+                             config=plan.config, hourly_usd=plan.hourly("spot" if spec.spot else "on_demand"),
+                             gpus_per_node=plan.gpus_per_node, world_size=plan.world_size)
         stages = _Stages(progress, state)
         stages("checking credentials")
         self.check_credentials(spec)

@@ -69,6 +69,8 @@ class ClusterState:
     created_at : float
     hourly_usd : float, optional
         Estimated cost per hour of the launched nodes.
+    gpus_per_node, world_size : int
+        GPUs per worker node, and ranks for one rank per GPU (``workers * gpus_per_node``).
     events : list of dict
         Progress stages with elapsed seconds.
     """
@@ -87,6 +89,8 @@ class ClusterState:
     hourly_usd: float | None = None
     tunnel_pid: int | None = None
     ssh_key: str | None = None
+    gpus_per_node: int = 0
+    world_size: int = 0
     error: str | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
 
