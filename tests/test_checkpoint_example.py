@@ -31,7 +31,12 @@ def test_checkpoint_resume_example_runs(tmp_path: pathlib.Path) -> None:
     client = nbclient.NotebookClient(
         nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
     )
-    client.execute()
+    try:
+        client.execute()
+    finally:
+        for c in nb.cells:  # shown by pytest when an assertion below fails
+            if c.cell_type == "code":
+                print(f">>> {c.source[:60]!r}\n{_text(c)[-1500:]}")
     code = [c for c in nb.cells if c.cell_type == "code"]
     errors = [(c.source[:40], _text(c)) for c in code if any(o.output_type == "error" for o in c.outputs)]
     # exactly one cell fails: the training cell whose worker was killed (tagged raises-exception)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -60,6 +61,14 @@ def test_round_trip_over_http_with_deltas_and_gc(s3: S3Server, bucket: str) -> N
     )
     assert state["step"] == 3 and torch.equal(m2.weight, model.weight)
     assert torch.equal(o2.state_dict()["state"][0]["exp_avg_sq"], opt.state_dict()["state"][0]["exp_avg_sq"])
+    manifest = json.dumps(ckpt.manifest())
+    for secret in (
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_ACCESS_KEY_ID",
+        "aws_secret",
+        os.environ["AWS_SECRET_ACCESS_KEY"] * 2,
+    ):
+        assert secret not in manifest  # credentials never end up in a manifest
     res = ckpt.gc(keep=1, grace_s=0)
     assert len(res["manifests"]) == 3 and res["objects"]
     assert ckpt.restore()["step"] == 3
