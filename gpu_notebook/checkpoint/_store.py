@@ -105,11 +105,16 @@ class LocalStore(Store):
                 os.fsync(f.fileno())
             if create_only:
                 try:
-                    os.link(tmp, path)
+                    os.link(tmp, path)  # atomic and fails if the name exists
                 except FileExistsError:
                     return False
+                except OSError:  # a file system without hard links: check, then rename
+                    if path.exists():
+                        return False
+                    os.replace(tmp, path)
                 finally:
-                    os.unlink(tmp)
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
             else:
                 os.replace(tmp, path)
             try:
