@@ -25,7 +25,7 @@ import time
 import uuid
 import warnings
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ from ._manifest import (
 )
 from ._progress import Progress
 from ._store import Store, open_store
-from ._tree import DTYPES, Leaf, flatten, leaf_from_bytes, tree_leaf_names, unflatten
+from ._tree import Leaf, flatten, leaf_from_bytes, unflatten
 
 __all__ = ["Checkpointer", "SaveHandle", "current", "GcResult", "DiffResult"]
 
@@ -287,6 +287,7 @@ class Checkpointer:
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
         self._created = time.time()  # the every_minutes clock starts here
+        self._info_cache: dict[str, CheckpointInfo] = {}
         self.last_info: CheckpointInfo | None = None
         self._open_store()
         _set_current(self)
@@ -738,8 +739,14 @@ class Checkpointer:
             cid = id_from_key(o.key)
             if cid is None:
                 continue
+            cached = self._info_cache.get(cid)  # manifests are immutable: read each one once
+            if cached is not None:
+                out.append(cached)
+                continue
             try:
-                out.append(CheckpointInfo.from_manifest(read_manifest(self.store, cid)))
+                info = CheckpointInfo.from_manifest(read_manifest(self.store, cid))
+                self._info_cache[cid] = info
+                out.append(info)
             except CheckpointError as e:
                 log.warning("skipping unreadable manifest %s: %s", o.key, e)
                 self.unreadable.append((cid, e))
@@ -1213,13 +1220,3 @@ def _apply(target: Any, state: Any) -> None:
 
 def _is_tensor(v: Any) -> bool:
     return "torch" in sys.modules and isinstance(v, sys.modules["torch"].Tensor)
-
-
-def iter_manifest_ids(store: Store) -> Iterable[str]:
-    for o in store.list(MANIFEST_PREFIX):
-        cid = id_from_key(o.key)
-        if cid:
-            yield cid
-
-
-_ = (DTYPES, tree_leaf_names)  # re-exported helpers used by tests
