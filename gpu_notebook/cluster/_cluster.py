@@ -315,7 +315,11 @@ class Cluster:
         cluster_gpus = int(total.get("GPU", 0))
         cluster_cpus = float(total.get("CPU", os.cpu_count() or 1))
         gpus = self.gpus_per_worker if self.gpus_per_worker is not None else (1 if cluster_gpus else 0)
-        workers = self.requested_workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
+        cloud_ranks = getattr(self, "_cloud_ranks", None)
+        if cloud_ranks:
+            workers = int(cloud_ranks)
+        else:
+            workers = self.requested_workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
         if self.cpus_per_worker is not None:
             cpus = self.cpus_per_worker
         else:
@@ -359,7 +363,9 @@ class Cluster:
         from gpu_notebook.cloud import spec_from_options
 
         o = self.options
-        extra = {k: o[k] for k in ("head_instance_type", "image", "disk_gb", "spot_fallback") if o.get(k)}
+        keys = ("head_instance_type", "image", "disk_gb", "spot_fallback", "max_workers", "project", "namespace",
+                "connect")
+        extra = {k: o[k] for k in keys if o.get(k)}
         return spec_from_options(
             o["cloud"], region=o.get("region"), gpu=o.get("gpu"), instance_type=o.get("instance_type"),
             workers=self.requested_workers or 1, spot=bool(o.get("spot")), idle_stop=o.get("idle_stop"),
@@ -381,6 +387,8 @@ class Cluster:
         state = launcher.launch(self.cloud_spec(), progress=say)  # cleans up itself when the launch fails
         self.cloud_state = state
         self.address = state.client_address or state.address
+        # --workers counts cloud nodes; ranks are one per GPU of all worker nodes
+        self._cloud_ranks = getattr(state, "world_size", None)
 
     def _teardown_cloud(self, say: Progress | None, reason: str) -> str:
         state = getattr(self, "cloud_state", None)

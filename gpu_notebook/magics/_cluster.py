@@ -38,6 +38,10 @@ class ClusterMagics(Magics):
     @argument("--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge")
     @argument("--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)")
     @argument("--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing")
+    @argument("--max-workers", type=int, help="start --cloud: autoscaling limit of worker nodes")
+    @argument("--project", help="start --cloud gcp: the GCP project")
+    @argument("--namespace", help="start --cloud kubernetes: the namespace")
+    @argument("--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH")
     @argument("--idle-stop", type=float, metavar="MINUTES", help="start: stop the cluster after this many idle minutes")
     @argument("--budget", type=float, metavar="USD", help="start: warn at 80%%, checkpoint and stop at 100%% of this")
     @argument("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)")
@@ -98,7 +102,8 @@ class ClusterMagics(Magics):
             self._usage("--budget must be a positive amount of US dollars")
         if args.idle_stop is not None and args.idle_stop <= 0:
             self._usage("--idle-stop must be a positive number of minutes")
-        cloud_only = [o for o in ("region", "gpu", "instance_type", "spot", "dry_run") if getattr(args, o)]
+        cloud_only = [o for o in ("region", "gpu", "instance_type", "spot", "dry_run", "max_workers", "project",
+                                  "namespace", "no_tunnel") if getattr(args, o)]
         if cloud_only and not args.cloud:
             self._usage(f"--{cloud_only[0].replace('_', '-')} needs --cloud aws|gcp|azure|kubernetes")
         options = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
@@ -106,7 +111,8 @@ class ClusterMagics(Magics):
             if args.address:
                 self._usage("--cloud launches a new cluster; --address connects to an existing one: pick one")
             options.update(cloud=args.cloud, region=args.region, gpu=args.gpu, instance_type=args.instance_type,
-                           spot=args.spot)
+                           spot=args.spot, max_workers=args.max_workers, project=args.project,
+                           namespace=args.namespace, connect="direct" if args.no_tunnel else None)
         cluster = Cluster(
             name=args.name,
             workers=args.workers,
@@ -124,6 +130,16 @@ class ClusterMagics(Magics):
         cluster.start(progress=progress_printer())
 
     def _cmd_status(self, args: Any) -> None:
+        from gpu_notebook.cluster import get_manager
+
+        if args.args and get_manager().get(args.args[0], None) is None and _saved_cloud(args.args[0]):
+            from gpu_notebook.cloud import CloudLauncher
+
+            info = CloudLauncher().status(args.args[0])
+            show(info["state"])
+            nodes = info.get("nodes")
+            print(f"cloud API: {len(nodes) if nodes is not None else 'unknown'} instance(s) tagged with this cluster")
+            return
         cluster = self._pick(args)
         show(cluster.status())
 
