@@ -10,7 +10,7 @@ sources (no download). For each workload the *same* training state is checkpoint
 
 Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
 every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
-(b) fine-tuning with most layers frozen.
+(b) fine-tuning with most layers frozen; (c) full fine-tuning of the warmed-up model with a small learning rate.
 
 Run: ``python benchmarks/checkpoint.py`` (about 2-3 minutes on 2 cores); ``--quick`` for a smoke run.
 Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
@@ -19,6 +19,7 @@ Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import json
 import math
@@ -213,6 +214,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     warm, long_iv = (5, 20) if quick else (30, 100)
     try:
         pretrained: dict[str, torch.Tensor] | None = None
+        pretrained_opt: dict[str, Any] | None = None
         for dtype in (torch.float32, torch.bfloat16):
             torch.manual_seed(0)
             model = TinyGPT()
@@ -239,6 +241,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             )
             if dtype == torch.float32:
                 pretrained = {k: v.clone() for k, v in model.state_dict().items()}
+                pretrained_opt = copy.deepcopy(opt.state_dict())
         # (b) fine-tuning with most layers frozen
         assert pretrained is not None
         model = TinyGPT()
@@ -263,6 +266,23 @@ def run(quick: bool) -> list[dict[str, Any]]:
             work,
             sum(p.numel() for p in model.parameters()),
         )
+        # (c) full fine-tuning of the warmed-up model with a small learning rate: with a fresh AdamW (its moments
+        # still growing fast) and continuing the run's own AdamW
+        for label, opt_state in (("fresh AdamW", None), ("AdamW continued", pretrained_opt)):
+            model = TinyGPT()
+            model.load_state_dict(pretrained)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+            if opt_state is not None:
+                opt.load_state_dict(opt_state)
+                for pg in opt.param_groups:
+                    pg["lr"] = 1e-5
+            train(model, opt, data, 10, g)
+            ckc = Checkpointer(work / f"finetune-{label[:5]}", full_every=10)
+            state = {"model": model, "optim": opt, "step": 10}
+            ckc.save(state, 10).result()
+            train(model, opt, data, 10, g)
+            state["step"] = 20
+            rows += measure(f"(c) fp32 at lr 1e-5, {label}, every 10 steps", state, ckc, work, n_params)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
