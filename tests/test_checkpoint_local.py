@@ -485,32 +485,49 @@ def test_partial_manifest_temp_file_is_ignored(tmp_path: Path) -> None:
     assert ckpt.restore()["step"] == 1
 
 
+_WRITER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from gpu_notebook.checkpoint import Checkpointer
+    root, name, seed, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    while not __import__("os").path.exists(root + "/GO"):  # start both writers together
+        time.sleep(0.01)
+    ck = Checkpointer(root, full_every=3, chunk_mb=0.1)
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(100_000, generator=g)
+    shared = torch.ones(50_000)  # identical bytes in both writers: the same objects
+    saved = {}
+    for step in range(6):
+        w = w + 1e-3 * torch.randn(100_000, generator=g)
+        h = ck.save({"w": w, "shared": shared, "writer": name, "step": step})
+        saved[h.id] = w.clone()
+    ck.wait()
+    torch.save(saved, out)
+    """
+)
+
+
 def test_two_writers_on_one_prefix(tmp_path: Path) -> None:
-    results: dict[str, list] = {"a": [], "b": []}
-
-    def writer(name: str, seed: int) -> None:
-        ck = Checkpointer(tmp_path, full_every=3, chunk_mb=0.1)
-        g = torch.Generator().manual_seed(seed)
-        w = torch.randn(100_000, generator=g)
-        shared = torch.ones(50_000)  # identical bytes in both writers: same objects, written once
-        for step in range(6):
-            w = w + 1e-3 * torch.randn(100_000, generator=g)
-            h = ck.save({"w": w, "shared": shared, "writer": name, "step": step})
-            results[name].append((h.id, w.clone()))
-        ck.wait()
-
-    threads = [threading.Thread(target=writer, args=("a", 1)), threading.Thread(target=writer, args=("b", 2))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    reader = Checkpointer(tmp_path)
+    store = tmp_path / "store"
+    store.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(store), name, str(seed), str(tmp_path / f"{name}.pt")]
+        )
+        for name, seed in (("a", 1), ("b", 2))
+    ]
+    (store / "GO").write_text("")
+    for p in procs:
+        assert p.wait(120) == 0
+    reader = Checkpointer(store)
     lst = reader.list()
     assert len(lst) == 12 and len({c.id for c in lst}) == 12
-    for name, saved in results.items():
-        for ckpt_id, w in saved:
+    for name in ("a", "b"):
+        saved = torch.load(tmp_path / f"{name}.pt")
+        assert len(saved) == 6
+        for ckpt_id, w in saved.items():
             got = reader.restore(ckpt_id)
-            assert got["writer"] == name
+            assert got["writer"] == name  # each manifest is consistent: its own writer's state only
             assert torch.equal(got["w"], w)
             assert torch.equal(got["shared"], torch.ones(50_000))
 
