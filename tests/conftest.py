@@ -12,6 +12,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+# moto's in-process servers share one global backend state, created on first use: Ray's AWS bootstrap needs
+# the AWS-managed IAM policies, which moto only loads when this is set before any test starts a server.
+os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
 
 
 def _short_tmp(prefix: str) -> str:
@@ -46,12 +49,30 @@ def python_exe() -> str:
     return sys.executable
 
 
-@pytest.fixture(scope="session")
-def ip():
-    """A real IPython InteractiveShell with ``%load_ext gpu_notebook`` done."""
-    from IPython.testing.globalipapp import start_ipython
+@pytest.fixture(scope="session", autouse=True)
+def _notebook_like_shell():
+    """Create the one global test shell first, rendering HTML as a notebook kernel does, whichever test runs first."""
+    from IPython.testing.globalipapp import get_ipython
 
-    shell = start_ipython()
+    shell = get_ipython()
+    fmt = shell.display_formatter
+    fmt.formatters["text/html"].enabled = True
+    if "text/html" not in fmt.active_types:
+        fmt.active_types = [*fmt.active_types, "text/html"]
+    return shell
+
+
+@pytest.fixture(scope="session")
+def ip(_notebook_like_shell):
+    """A real IPython InteractiveShell with ``%load_ext gpu_notebook`` done."""
+    from IPython.testing.globalipapp import get_ipython
+
+    shell = get_ipython()  # the one global test shell (start_ipython() returns None once it exists)
+    # render HTML as a notebook kernel does (the terminal shell only renders text/plain)
+    fmt = shell.display_formatter
+    fmt.formatters["text/html"].enabled = True
+    if "text/html" not in fmt.active_types:
+        fmt.active_types = [*fmt.active_types, "text/html"]
     shell.run_line_magic("load_ext", "gpu_notebook")
     return shell
 
