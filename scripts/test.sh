@@ -14,4 +14,9 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
 fi
 export RAY_USAGE_STATS_ENABLED=0
+if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then every test
+    echo "==> ruff and mypy"
+    .venv/bin/ruff check gpu_notebook tests benchmarks scripts
+    .venv/bin/mypy gpu_notebook
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -20,7 +20,7 @@ def parse(magic_func: Callable[..., Any], line: str) -> Any:
     try:
         return parse_argstring(magic_func, line)
     except (UsageError, SystemExit) as exc:
-        parser = getattr(magic_func, "parser")  # set by @magic_arguments
+        parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
         msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
         print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %{parser.prog}? for help.", file=sys.stderr)
         raise BadArguments(msg) from None
