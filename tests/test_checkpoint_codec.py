@@ -110,3 +110,59 @@ def test_bad_frames_are_refused() -> None:
         with pytest.raises(ValueError, match="base"):
             decode_chunk(frame, None)
     assert frame[:4] == FRAME_MAGIC
+
+
+def _v1_frame(raw: np.ndarray, width: int) -> bytes:
+    """A version-1 frame (no flags/rotation/offset), as the first release wrote them: planes, stored."""
+    import struct
+
+    planes = raw.reshape(-1, width).T.copy()
+    head = struct.pack("<4sBBBBQ", FRAME_MAGIC, 1, 1, 0, width, raw.nbytes)
+    heads = b"".join(struct.pack("<BQ", 0, p.nbytes) for p in planes)
+    return head + heads + b"".join(p.tobytes() for p in planes)
+
+
+def test_version_1_frames_still_decode() -> None:
+    raw = _u8(torch.randn(1000))
+    assert decode_chunk(_v1_frame(raw, 4)).tobytes() == raw.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int32], ids=str)
+@pytest.mark.parametrize("rot", [0, 1, 3, 4, 7])
+@pytest.mark.parametrize("perm", [False, True])
+@pytest.mark.parametrize("t", [1, 2])
+def test_every_rotation_order_and_offset_round_trips(dtype: torch.dtype, rot: int, perm: bool, t: int) -> None:
+    a, b = _pair(dtype, 20_000)
+    w = a.element_size()
+    base, cur = _u8(a), _u8(b)
+    for use_off in (False, True):
+        chosen: dict = {}
+        frame, name = encode_chunk(cur, w, base, hint=(t, rot, perm, use_off, frozenset()), chosen=chosen)
+        assert chosen["hint"][:3] == (t, rot, perm)  # the hint was used as given
+        assert name == ("xor", "sub")[t - 1]
+        assert decode_chunk(frame, base).tobytes() == cur.tobytes()
+        out = np.zeros(cur.nbytes, np.uint8)
+        assert decode_chunk(frame, base, out) is out and out.tobytes() == cur.tobytes()
+
+
+def test_order_and_offset_pay_for_adam_like_updates() -> None:
+    # weights of very different magnitudes, all moved by updates of about the same size (as AdamW does):
+    # the base-exponent order groups elements whose integer differences have the same size
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(200_000, generator=g) * torch.exp(2 * torch.randn(200_000, generator=g))
+    b = a - 1e-4 * torch.sign(torch.randn(200_000, generator=g)) * (0.5 + torch.rand(200_000, generator=g))
+    chosen: dict = {}
+    frame, t = encode_chunk(_u8(b), 4, _u8(a), chosen=chosen)
+    assert t == "sub" and chosen["hint"][2] is True
+    plain, _ = encode_chunk(_u8(b), 4, _u8(a), hint=(2, 0, False, False, frozenset()))
+    assert len(frame) < 0.97 * len(plain)
+    assert decode_chunk(frame, _u8(a)).tobytes() == _u8(b).tobytes()
+
+
+def test_permuted_frame_needs_its_base_and_a_right_sized_output() -> None:
+    a, b = _pair(torch.float32, 20_000)
+    frame, _ = encode_chunk(_u8(b), 4, _u8(a), hint=(1, 0, True, False, frozenset()))
+    with pytest.raises(ValueError, match="base"):
+        decode_chunk(frame, None)
+    with pytest.raises(ValueError, match="output buffer"):
+        decode_chunk(frame, _u8(a), np.zeros(10, np.uint8))

@@ -271,6 +271,39 @@ def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
         ckpt.restore()
 
 
+def test_corrupted_base_of_a_delta_chain_is_named(tmp_path: Path) -> None:
+    # only the end of a delta chain is hashed on restore; a corrupted base still fails, naming the base's object
+    ckpt = Checkpointer(tmp_path)
+    a = torch.randn(200_000)
+    ckpt.save({"big": a, "step": 0}, block=True)
+    base_obj = ckpt.manifest()["shards"][0]["leaves"]["big"]["chunks"][0]["obj"]
+    ckpt.save({"big": a + 1e-3 * torch.randn(200_000), "step": 1}, block=True)
+    entry = ckpt.manifest()["shards"][0]["leaves"]["big"]["chunks"][0]
+    assert entry["base"]["obj"] == base_obj and entry["obj"] != base_obj
+    path = tmp_path / base_obj
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=rf"tensor 'big' chunk 0 \(object {base_obj}\)"):
+        ckpt.restore()
+
+
+def test_encoding_choices_are_reused_across_saves_and_stay_bit_exact(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, full_every=4)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(6):
+        _train(model, opt, 2)
+        ckpt.save({"model": model, "optim": opt, "step": step}, block=True)
+    assert ckpt._hints  # choices made by the first delta were remembered
+    got = ckpt.restore()
+    for k, v in model.state_dict().items():
+        assert torch.equal(got["model"][k].view(torch.uint8), v.view(torch.uint8)), k
+    for pid, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            assert torch.equal(got["optim"]["state"][pid][k], v), (pid, k)
+
+
 def test_newer_format_version_is_refused(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save({"x": torch.ones(3), "step": 0}, block=True)

@@ -66,6 +66,10 @@ log = logging.getLogger("gpu_notebook.checkpoint")
 _current: weakref.ref[Checkpointer] | None = None
 
 
+#: an encoding choice is reused for this many saves, then searched afresh
+_HINT_SAVES = 8
+
+
 def current() -> Checkpointer | None:
     """The most recently created (or used) :class:`Checkpointer` in this process, or None."""
     return _current() if _current is not None else None
@@ -288,6 +292,9 @@ class Checkpointer:
         self._last_save_time: float | None = None
         self._created = time.time()  # the every_minutes clock starts here
         self._info_cache: dict[str, CheckpointInfo] = {}
+        self._hints: dict[
+            tuple[str, int, str, bool], tuple[Any, int]
+        ] = {}  # chunk kind -> (encoding choice, seq)
         self.last_info: CheckpointInfo | None = None
         self._open_store()
         _set_current(self)
@@ -551,7 +558,15 @@ class Checkpointer:
                 prog.add(ln)
                 return k, reuse, None
             raw = leaf.data[o : o + ln]
-            frame, t = encode_chunk(raw, leaf.width, base_arr, level=self.level)
+            # a chunk reuses the encoding chosen for it by an earlier save (the best transform, order and
+            # rotation of a tensor change slowly); the choice is searched afresh every few saves
+            kind = (leaf.name, i, leaf.dtype, base_arr is not None)
+            cached = self._hints.get(kind)
+            hint = cached[0] if cached is not None and self._seq - cached[1] < _HINT_SAVES else None
+            chosen: dict[str, Any] = {}
+            frame, t = encode_chunk(raw, leaf.width, base_arr, level=self.level, hint=hint, chosen=chosen)
+            if hint is None and "hint" in chosen:
+                self._hints[kind] = (chosen["hint"], self._seq)
             entry: dict[str, Any] = {"raw": hashes[k], "len": ln, "t": t, "size": len(frame)}
             if t in ("xor", "sub") and base_entry is not None:
                 entry["base"] = base_entry
@@ -961,7 +976,7 @@ class Checkpointer:
                     refs[e["obj"]] = refs.get(e["obj"], 0) + 1
         obj_cache: dict[str, bytes] = {}
         obj_locks: dict[str, threading.Lock] = {k: threading.Lock() for k in refs}
-        raw_cache: dict[str, np.ndarray] = {}
+        raw_cache: dict[str, np.ndarray] = {}  # decoded chunks by raw hash: the bases of delta chains
         cache_lock = threading.Lock()
 
         def where(name: str, idx: int, e: dict[str, Any]) -> str:
@@ -991,60 +1006,85 @@ class Checkpointer:
                 )
             return None
 
-        def decode(name: str, idx: int, e: dict[str, Any]) -> np.ndarray:
+        def diagnose(name: str, idx: int, e: dict[str, Any]) -> IntegrityError:
+            """Find which frame of a chain that decoded to the wrong bytes is at fault (slow path)."""
+            chain = walk_chunks(e)
+            for link in reversed(chain):  # oldest base first
+                frame = fetch(name, idx, link)
+                err = corrupt_frame(name, idx, link, frame)
+                if err is not None:
+                    return err
+            return IntegrityError(
+                f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
+            )
+
+        def decode(name: str, idx: int, e: dict[str, Any], out: np.ndarray | None, check: bool) -> np.ndarray:
+            """Decode a chunk (into ``out`` if given). Only ``check``ed chunks are hashed: a delta's decoded
+            bytes depend on every byte of its base, so checking the end of a chain checks the chain."""
             with cache_lock:
                 hit = raw_cache.get(e["raw"])
             if hit is not None:
-                return hit
-            base = decode(name, idx, e["base"]) if e.get("base") else None
+                if out is None:
+                    return hit
+                out[:] = hit
+                return out
+            base = decode(name, idx, e["base"], None, False) if e.get("base") else None
             frame = fetch(name, idx, e)
-            # the decoded bytes' hash is the end-to-end check; the stored bytes' hash is only computed to say
-            # which one is wrong when something does not match
             try:
-                raw = decode_chunk(frame, base)
+                raw = decode_chunk(frame, base, out)
             except ValueError as err:
-                raise corrupt_frame(name, idx, e, frame) or IntegrityError(
-                    f"cannot decode {where(name, idx, e)}: {err}"
-                ) from err
-            if verify and _sha(raw.data) != e["raw"]:
-                raise corrupt_frame(name, idx, e, frame) or IntegrityError(
-                    f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
-                )
+                raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e) from err
+            if check and _sha(raw.data) != e["raw"]:
+                raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e)
             with cache_lock:
                 raw_cache[e["raw"]] = raw
             return raw
 
-        tasks = [(name, i, c) for name, lf in leaves.items() for i, c in enumerate(lf["chunks"])]
+        # decode every chunk straight into its tensor's buffer (the delta base of the next save), then copy
+        # it into the buffer handed to the caller, chunk by chunk in the worker threads
+        datas: dict[str, np.ndarray] = {}
+        outs: dict[str, np.ndarray] = {}
+        tasks: list[tuple[str, int, dict[str, Any], int]] = []
+        for name, lf in leaves.items():
+            n = int(lf["nbytes"])
+            if sum(int(c["len"]) for c in lf["chunks"]) != n:
+                raise IntegrityError(
+                    f"tensor {name!r} of checkpoint {doc['id']} has chunks that do not add up to {n} bytes"
+                )
+            datas[name] = np.empty(n, dtype=np.uint8)
+            outs[name] = np.empty(n, dtype=np.uint8) if lf.get("kind") != "pickle" else datas[name]
+            off = 0
+            for i, c in enumerate(lf["chunks"]):
+                tasks.append((name, i, c, off))
+                off += int(c["len"])
+        # big chunks first, so that the threads finish together
+        tasks.sort(key=lambda t: -int(t[2]["len"]))
 
-        def run(t: tuple[str, int, dict[str, Any]]) -> np.ndarray:
-            out = decode(*t)
-            prog.add(t[2]["len"])
-            return out
+        def run(t: tuple[str, int, dict[str, Any], int]) -> None:
+            name, i, c, off = t
+            ln = int(c["len"])
+            dst = datas[name][off : off + ln]
+            got = decode(name, i, c, dst, verify)
+            if got.nbytes != ln:
+                raise IntegrityError(f"{where(name, i, c)} decoded to {got.nbytes} bytes, expected {ln}")
+            if outs[name] is not datas[name]:
+                outs[name][off : off + ln] = dst
+            prog.add(ln)
 
-        pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
-        try:
-            parts = list(pool.map(run, tasks))
-        finally:
-            pool.shutdown(wait=True)
+        if len(tasks) > 1 and self.threads > 1:
+            pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
+            try:
+                for _ in pool.map(run, tasks):
+                    pass
+            finally:
+                pool.shutdown(wait=True)
+        else:
+            for t in tasks:
+                run(t)
         prog.finish()
         values: dict[str, Any] = {}
-        datas: dict[str, np.ndarray] = {}
-        pos = 0
         for name, lf in leaves.items():
-            n = len(lf["chunks"])
-            chunks = parts[pos : pos + n]
-            pos += n
-            data = np.concatenate(chunks) if n > 1 else (chunks[0] if n else np.zeros(0, np.uint8))
-            if data.nbytes != lf["nbytes"]:
-                raise IntegrityError(
-                    f"tensor {name!r} of checkpoint {doc['id']} has {data.nbytes} bytes, expected {lf['nbytes']}"
-                )
-            datas[name] = data
-            values[name] = leaf_from_bytes(
-                {**lf, "name": name},
-                data.copy() if lf.get("kind") != "pickle" else data,
-                allow_pickle=allow_pickle,
-            )
+            values[name] = leaf_from_bytes({**lf, "name": name}, outs[name], allow_pickle=allow_pickle)
         return values, datas
 
     # ------------------------------------------------------------------ gc

@@ -4,13 +4,18 @@ A *frame* is the stored form of one chunk of raw tensor bytes. It is self-descri
 
     header  "<4sBBBBQ"  magic b"GNCK", frame version, mode, transform, width, raw length
     mode 0 (raw):    the raw bytes follow
-    mode 1 (planes): width x "<BQ" (plane kind, payload length), then the payloads;
+    mode 1 (planes): (version >= 2) "<BBq" flags, rotation, offset; then
+                     width x "<BQ" (plane kind, payload length), then the payloads;
                      plane kind 0 = stored as is, 1 = zstd
 
 The transform is 0 (none), 1 (XOR against the base chunk) or 2 (wrapping integer difference of the
-unsigned bit patterns against the base chunk, zigzag mapped). Width is the element size in bytes; the
-(transformed) elements are split into ``width`` byte planes, which compress separately (sign and exponent
-bytes compress far better than mantissa bytes).  Everything is pure numpy + zstandard.
+unsigned bit patterns against the base chunk, minus ``offset``, zigzag mapped). The transformed elements are
+then rotated left by ``rotation`` bits (this moves the byte-plane boundaries, e.g. the sign bit of a float
+out of its exponent byte) and, when ``flags & 1``, permuted into the stable order of their base element's
+exponent bits (a context model for free: elements of similar magnitude change by similar amounts, so each
+zstd block sees a homogeneous population). Width is the element size in bytes; the elements are split into
+``width`` byte planes, which compress separately (sign and exponent bytes compress far better than
+mantissa bytes). Version 1 frames (no flags/rotation/offset) are still read. Pure numpy + zstandard.
 """
 
 from __future__ import annotations
@@ -24,24 +29,40 @@ import numpy as np
 __all__ = ["encode_chunk", "decode_chunk", "TRANSFORMS", "FRAME_MAGIC"]
 
 FRAME_MAGIC = b"GNCK"
-FRAME_VERSION = 1
+FRAME_VERSION = 2
 _HDR = struct.Struct("<4sBBBBQ")
+_EXT = struct.Struct("<BBq")  # flags, rotation, offset (planes frames of version >= 2)
+_FLAG_PERM = 1
 _PLANE = struct.Struct("<BQ")
 TRANSFORMS = ("none", "xor", "sub")
 _MODE_RAW, _MODE_PLANES = 0, 1
 _KIND_STORED, _KIND_ZSTD = 0, 1
-#: chunks up to this size try every transform fully; larger ones choose on a sample
-_FULL_TRY_BYTES = 32 * 1024
-_SAMPLE_BYTES = 16 * 1024
+#: the encoding of a chunk is chosen on samples from its middle: this size for transform and rotation ...
+_SAMPLE_BYTES = 24 * 1024
+#: ... and this size for the order (its gain only shows on a population of many exponents)
+_ORDER_SAMPLE_BYTES = 64 * 1024
 #: a plane is stored as is when zstd does not get it below this fraction of its size
-_STORE_RATIO = 0.98
+_STORE_RATIO = 0.995
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 _local = threading.local()
 
 
+#: chunks below this size only try the plain transforms (no rotation, no permutation)
+_SMALL_BYTES = 4 * 1024
+#: rotations tried (left, in bits) after the transform; 0 is always tried
+_ROTATIONS = (2, 3, 4, 7)
+#: (transform, rotation, permute, offset): one way to encode a chunk
+Variant = tuple[int, int, bool, int]
+#: (transform, rotation, permute, use an offset, planes stored without trying zstd): a choice to reuse for
+#: chunks of the same kind
+Hint = tuple[int, int, bool, bool, frozenset[int]]
+
+
 def _zc(level: int) -> Any:
+    """A per-thread zstd compressor. ``min_match=7`` keeps zstd from trading good Huffman-coded literals
+    for short, costly matches in the noisy byte planes (smaller and faster than plain level 1 here)."""
     import zstandard
 
     cache = getattr(_local, "zc", None)
@@ -49,7 +70,8 @@ def _zc(level: int) -> Any:
         cache = _local.zc = {}
     c = cache.get(level)
     if c is None:
-        c = cache[level] = zstandard.ZstdCompressor(level=level)
+        params = zstandard.ZstdCompressionParameters.from_level(level, min_match=7)
+        c = cache[level] = zstandard.ZstdCompressor(compression_params=params)
     return c
 
 
@@ -73,38 +95,95 @@ def _scratch(slot: str, nbytes: int) -> np.ndarray:
     return b[:nbytes]
 
 
-def _forward(cur: np.ndarray, base: np.ndarray, transform: int, width: int) -> np.ndarray:
-    """Apply a transform to uint8 buffers; returns a (per-thread scratch) uint8 buffer of the same length."""
+def _order(base: np.ndarray, width: int) -> np.ndarray:
+    """The permutation that sorts elements stably by their base element's top exponent bits.
+
+    Encoder and decoder compute it from the base alone. Key and index are packed into one unsigned integer
+    and sorted (a plain sort of unique integers is deterministic and several times faster than argsort).
+    """
+    u: Any = _UINT[width]
+    bits = 8 * width
+    n = base.nbytes // width
+    key = np.right_shift(base.view(u), u(bits - 9)).astype(np.uint32 if n < (1 << 24) else np.uint64)
+    ib = max(1, (n - 1).bit_length())
+    k: Any = key.dtype.type
+    np.bitwise_and(key, k(0xFF), out=key)
+    np.left_shift(key, k(ib), out=key)
+    np.bitwise_or(key, np.arange(n, dtype=key.dtype), out=key)
+    key.sort()
+    np.bitwise_and(key, k((1 << ib) - 1), out=key)
+    return key
+
+
+def _forward(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int) -> np.ndarray:
+    """Apply a variant to a ``uint8`` chunk; returns ``cur`` itself or a per-thread scratch buffer."""
+    t, rot, perm, off = v
+    if t == 0 and not rot:
+        return cur
     n = cur.nbytes
-    u = _UINT[width]
+    u: Any = _UINT[width]
     out = _scratch("fwd", n)
-    if transform == 1:
-        np.bitwise_xor(cur.view(u), base.view(u), out=out.view(u))
-        return out
-    s = _INT[width]
-    d = out.view(s)
-    np.subtract(cur.view(s), base.view(s), out=d)  # wraps
-    sign = _scratch("tmp", n).view(s)
-    np.right_shift(d, 8 * width - 1, out=sign)
-    np.left_shift(d, 1, out=d)
-    np.bitwise_xor(d, sign, out=d)  # zigzag
+    if t == 0:
+        np.copyto(out, cur)
+    elif t == 1:
+        np.bitwise_xor(cur.view(u), base.view(u), out=out.view(u))  # type: ignore[union-attr]
+    else:
+        s: Any = _INT[width]
+        d = out.view(s)
+        np.subtract(cur.view(s), base.view(s), out=d)  # type: ignore[union-attr]  # wraps
+        if off:
+            np.subtract(d, s(off), out=d)
+        sign = _scratch("tmp", n).view(s)
+        np.right_shift(d, 8 * width - 1, out=sign)
+        np.left_shift(d, 1, out=d)
+        np.bitwise_xor(d, sign, out=d)  # zigzag
+    if rot:
+        x = out.view(u)
+        tmp = _scratch("tmp", n).view(u)
+        np.right_shift(x, u(8 * width - rot), out=tmp)
+        np.left_shift(x, u(rot), out=x)
+        np.bitwise_or(x, tmp, out=x)
+    if perm:
+        res = _scratch("perm", n)
+        np.take(out.view(u), _order(base, width), out=res.view(u))  # type: ignore[arg-type]
+        return res
     return out
 
 
-def _inverse(data: np.ndarray, base: np.ndarray, transform: int, width: int) -> np.ndarray:
-    """Undo a transform; returns a fresh array (``data`` may be scratch)."""
+def _inverse(
+    data: np.ndarray, base: np.ndarray | None, v: Variant, width: int, out: np.ndarray
+) -> np.ndarray:
+    """Undo a variant: ``data`` (scratch, modified) -> ``out`` (``uint8``, same length)."""
+    t, rot, perm, off = v
     u: Any = _UINT[width]
+    n = data.nbytes
     z = data.view(u)
-    b = base.view(u)
-    if transform == 1:
-        return np.bitwise_xor(z, b).view(np.uint8)
-    d = np.right_shift(z, u(1))
-    neg = _scratch("tmp", data.nbytes).view(u)
+    if perm:
+        y = _scratch("dperm", n).view(u)
+        y[_order(base, width)] = z  # type: ignore[arg-type]
+        z = y
+    if rot:
+        tmp = _scratch("tmp", n).view(u)
+        np.left_shift(z, u(8 * width - rot), out=tmp)
+        np.right_shift(z, u(rot), out=z)
+        np.bitwise_or(z, tmp, out=z)
+    o = out.view(u)
+    if t == 0:
+        np.copyto(o, z)
+        return out
+    b = base.view(u)  # type: ignore[union-attr]
+    if t == 1:
+        np.bitwise_xor(z, b, out=o)
+        return out
+    neg = _scratch("tmp", n).view(u)
     np.bitwise_and(z, u(1), out=neg)
     np.negative(neg, out=neg)  # 0 -> 0, 1 -> all ones (unsigned wrap)
-    np.bitwise_xor(d, neg, out=d)
-    np.add(d, b, out=d)  # wraps
-    return d.view(np.uint8)
+    np.right_shift(z, u(1), out=z)
+    np.bitwise_xor(z, neg, out=z)
+    if off:
+        np.add(z, np.array(off).astype(_INT[width]).view(u), out=z)  # wraps
+    np.add(z, b, out=o)  # wraps
+    return out
 
 
 def _split(buf: np.ndarray, width: int) -> np.ndarray:
@@ -116,9 +195,7 @@ def _split(buf: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
-def _merge(planes: np.ndarray, width: int, out: np.ndarray | None = None) -> np.ndarray:
-    if out is None:
-        out = np.empty(planes.size, dtype=np.uint8)
+def _merge(planes: np.ndarray, width: int, out: np.ndarray) -> np.ndarray:
     if width == 1:
         np.copyto(out, planes.reshape(-1))
     else:
@@ -128,9 +205,7 @@ def _merge(planes: np.ndarray, width: int, out: np.ndarray | None = None) -> np.
     return out
 
 
-def _encode_planes(
-    buf: np.ndarray, transform: int, width: int, level: int, store: frozenset[int] = frozenset()
-) -> bytes:
+def _encode_planes(buf: np.ndarray, v: Variant, width: int, level: int, store: frozenset[int]) -> bytes:
     planes = _split(buf, width)
     zc = _zc(level)
     heads: list[bytes] = []
@@ -148,8 +223,10 @@ def _encode_planes(
         else:
             heads.append(_PLANE.pack(_KIND_STORED, p.nbytes))
             bodies.append(memoryview(p))
-    hdr = _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_PLANES, transform, width, buf.nbytes)
-    return b"".join([hdr, *heads, *bodies])
+    t, rot, perm, off = v
+    hdr = _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_PLANES, t, width, buf.nbytes)
+    ext = _EXT.pack(_FLAG_PERM if perm else 0, rot, off)
+    return b"".join([hdr, ext, *heads, *bodies])
 
 
 def _raw_frame(buf: np.ndarray) -> bytes:
@@ -172,12 +249,78 @@ def _estimate(buf: np.ndarray, width: int, level: int) -> tuple[int, frozenset[i
     return total, frozenset(store)
 
 
+def _median_offset(cur: np.ndarray, base: np.ndarray, width: int) -> int:
+    """The median integer difference of a strided sample (as a signed integer of ``width`` bytes)."""
+    s: Any = _INT[width]
+    c = cur.view(s)
+    step = max(1, c.size // 1024)
+    d = c[::step] - base.view(s)[::step]  # wraps, like the transform
+    off = int(np.median(d.astype(np.int64)))
+    return int(np.array(off).astype(s))
+
+
+def _sample(raw: np.ndarray, base: np.ndarray | None, width: int, nbytes: int) -> tuple[np.ndarray, Any]:
+    """A contiguous, element aligned slice of about ``nbytes`` from the middle of the chunk (and its base)."""
+    n = raw.nbytes
+    if n <= nbytes:
+        return raw, base
+    m = (nbytes // width) * width
+    lo = max(0, min(((n // 2) // width) * width, n - m))
+    return raw[lo : lo + m], (base[lo : lo + m] if base is not None else None)
+
+
+def _choose(
+    raw: np.ndarray, base: np.ndarray | None, width: int, level: int, off: int, transforms: tuple[str, ...]
+) -> tuple[Variant, frozenset[int]]:
+    """Pick the variant with the smallest estimated size, greedily and on samples: the transform, then the
+    order (on a larger sample: its gain only shows on a population of many exponents), then the rotation,
+    then the order and the offset again with that rotation."""
+    small = _sample(raw, base, width, _SAMPLE_BYTES)
+    large = _sample(raw, base, width, _ORDER_SAMPLE_BYTES)
+
+    def est(v: Variant, smp: tuple[np.ndarray, Any] = small) -> tuple[int, frozenset[int]]:
+        return _estimate(_forward(smp[0], smp[1], v, width), width, level)
+
+    ts: list[Variant] = [(0, 0, False, 0)]
+    if base is not None:
+        for name in transforms:
+            t = TRANSFORMS.index(name)
+            if t:
+                ts.append((t, 0, False, 0))
+                if t == 2 and off:
+                    ts.append((t, 0, False, off))
+    scored = [(*est(v), v) for v in ts]
+    size, store, v = min(scored, key=lambda x: x[0])
+    if width == 1 or raw.nbytes < _SMALL_BYTES:
+        return v, store
+    t, _, _, o = v
+    perm = False
+    if t:  # delta: does the base-exponent order pay?
+        perm = est((t, 0, True, o), large)[0] < est(v, large)[0]
+        if perm:
+            v = (t, 0, True, o)
+            size, store = est(v)
+    for r in _ROTATIONS:
+        vr = (t, r, perm, o)
+        s2, st2 = est(vr)
+        if s2 < size:
+            size, store, v = s2, st2, vr
+    if t == 2 and off:  # with that rotation, revisit the offset
+        va = (t, v[1], v[2], off if v[3] == 0 else 0)
+        s2, st2 = est(va)
+        if s2 < size:
+            size, store, v = s2, st2, va
+    return v, store
+
+
 def encode_chunk(
     raw: np.ndarray,
     width: int,
     base: np.ndarray | None = None,
     level: int = 1,
     transforms: tuple[str, ...] = TRANSFORMS,
+    hint: Hint | None = None,
+    chosen: dict[str, Any] | None = None,
 ) -> tuple[bytes, str]:
     """Encode one chunk.
 
@@ -193,49 +336,46 @@ def encode_chunk(
         zstd level.
     transforms
         Which transforms may be tried when ``base`` is given.
+    hint
+        The choice made for an earlier chunk of the same kind (``chosen["hint"]`` of that call): it is
+        used as is, without searching (when it applies: a delta hint needs a base).
+    chosen
+        A dict that receives ``"hint"``, the choice made for this chunk.
 
     Returns
     -------
     (frame, transform)
         The frame bytes and the transform used (``"none"``, ``"xor"``, ``"sub"``, or ``"raw"`` when the
-        chunk did not shrink and is stored raw).
+        chunk did not shrink and is stored raw). Only ``"xor"`` and ``"sub"`` frames need the base to decode.
     """
     raw = raw.reshape(-1)
     if width not in _UINT or raw.nbytes % width:
         width = 1
     n = raw.nbytes
-    cands = [0]
-    if base is not None and base.nbytes == n and n:
-        base = base.reshape(-1)
-        cands += [TRANSFORMS.index(t) for t in transforms if t != "none"]
-    best: tuple[int, int, frozenset[int]] | None = None
-    if n > _FULL_TRY_BYTES:
-        # choose on a contiguous sample, element aligned
-        m = (_SAMPLE_BYTES // width) * width
-        lo = ((n // 2) // width) * width
-        lo = max(0, min(lo, n - m))
-        s_cur = raw[lo : lo + m]
-        s_base = base[lo : lo + m] if base is not None else None
-        for t in cands:
-            sb = s_cur if t == 0 else _forward(s_cur, s_base, t, width)  # type: ignore[arg-type]
-            est, store = _estimate(sb, width, level)
-            if best is None or est < best[0]:
-                best = (est, t, store)
-        cands = [best[1]]  # type: ignore[index]
-    frames: list[tuple[bytes, int]] = []
-    for t in cands:
-        buf = raw if t == 0 else _forward(raw, base, t, width)  # type: ignore[arg-type]
-        frames.append((_encode_planes(buf, t, width, level, best[2] if best else frozenset()), t))
-    frame, t = min(frames, key=lambda ft: len(ft[0]))
+    delta = base is not None and base.nbytes == n and n > 0
+    if delta:
+        base = base.reshape(-1)  # type: ignore[union-attr]
+    else:
+        base = None
+    if hint is not None and (delta or (hint[0] == 0 and not hint[2])) and (width > 1 or hint[1] == 0):
+        off = _median_offset(raw, base, width) if hint[3] and delta else 0  # type: ignore[arg-type]
+        v: Variant = (hint[0], hint[1], hint[2], off)
+        store: frozenset[int] = hint[4]
+    else:
+        off = _median_offset(raw, base, width) if delta and "sub" in transforms else 0  # type: ignore[arg-type]
+        v, store = _choose(raw, base, width, level, off, transforms)
+    if chosen is not None:
+        chosen["hint"] = (v[0], v[1], v[2], bool(v[3]), store)
+    frame = _encode_planes(_forward(raw, base, v, width), v, width, level, store)
     if len(frame) >= n + _HDR.size:
         return _raw_frame(raw), "raw"
-    return frame, TRANSFORMS[t]
+    return frame, TRANSFORMS[v[0]]
 
 
 def frame_info(frame: bytes | memoryview) -> dict[str, Any]:
     """Decode a frame's header (for ``show`` and debugging)."""
     magic, ver, mode, transform, width, n = _HDR.unpack_from(frame, 0)
-    return {
+    info = {
         "magic": magic,
         "version": ver,
         "mode": mode,
@@ -243,10 +383,29 @@ def frame_info(frame: bytes | memoryview) -> dict[str, Any]:
         "width": width,
         "raw_len": n,
     }
+    if mode == _MODE_PLANES and ver >= 2:
+        flags, rot, off = _EXT.unpack_from(frame, _HDR.size)
+        info.update(permuted=bool(flags & _FLAG_PERM), rotation=rot, offset=off)
+    return info
 
 
-def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> np.ndarray:
-    """Decode a frame back into raw bytes (a fresh writable ``uint8`` array).
+def decode_chunk(
+    frame: bytes | memoryview, base: np.ndarray | None = None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Decode a frame back into raw bytes.
+
+    Parameters
+    ----------
+    frame
+        The stored frame.
+    base
+        The decoded base chunk, for ``xor``/``sub`` frames.
+    out
+        A writable ``uint8`` array of the raw length to decode into (default: a fresh array).
+
+    Returns
+    -------
+    ``out`` (or a fresh writable ``uint8`` array) holding the raw bytes.
 
     Raises
     ------
@@ -261,21 +420,40 @@ def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> n
         raise ValueError("not a chunk frame (bad magic)")
     if ver > FRAME_VERSION:
         raise ValueError(f"chunk frame version {ver} is newer than this library supports ({FRAME_VERSION})")
+    if out is None:
+        out = np.empty(n, dtype=np.uint8)
+    elif out.nbytes != n:
+        raise ValueError(f"output buffer has {out.nbytes} bytes, the frame holds {n}")
     if mode == _MODE_RAW:
         body = mv[_HDR.size :]
         if len(body) != n:
             raise ValueError("raw frame has the wrong length")
-        return np.frombuffer(bytearray(body), dtype=np.uint8)
-    if mode != _MODE_PLANES or width not in _UINT or transform > 2:
+        out[:] = np.frombuffer(body, dtype=np.uint8)
+        return out
+    if mode != _MODE_PLANES or width not in _UINT or transform > 2 or n % width:
         raise ValueError("unknown frame mode")
+    pos = _HDR.size
+    flags, rot, off = 0, 0, 0
+    if ver >= 2:
+        if len(mv) < pos + _EXT.size:
+            raise ValueError("frame is truncated")
+        flags, rot, off = _EXT.unpack_from(mv, pos)
+        pos += _EXT.size
+        if flags & ~_FLAG_PERM or rot >= 8 * width:
+            raise ValueError("unknown frame flags")
     nplanes = width
     plane_len = n // width
-    pos = _HDR.size
+    if len(mv) < pos + nplanes * _PLANE.size:
+        raise ValueError("frame is truncated")
     heads = []
     for _ in range(nplanes):
         heads.append(_PLANE.unpack_from(mv, pos))
         pos += _PLANE.size
-    planes = _scratch("dplanes", n).reshape(nplanes, plane_len)
+    perm = bool(flags & _FLAG_PERM)
+    if (transform or perm) and (base is None or base.nbytes != n):
+        raise ValueError("delta frame needs its base chunk")
+    simple = width == 1 and not transform and not rot and not perm
+    planes = out.reshape(1, n) if simple else _scratch("dplanes", n).reshape(nplanes, plane_len)
     zd = _zd()
     for i, (kind, clen) in enumerate(heads):
         payload = mv[pos : pos + clen]
@@ -283,16 +461,20 @@ def decode_chunk(frame: bytes | memoryview, base: np.ndarray | None = None) -> n
             raise ValueError("frame is truncated")
         pos += clen
         if kind == _KIND_ZSTD:
-            out = zd.decompress(payload, max_output_size=plane_len)
-            if len(out) != plane_len:
+            dec = zd.decompress(payload, max_output_size=plane_len)
+            if len(dec) != plane_len:
                 raise ValueError("plane has the wrong length")
-            planes[i] = np.frombuffer(out, dtype=np.uint8)
+            planes[i] = np.frombuffer(dec, dtype=np.uint8)
         elif kind == _KIND_STORED:
+            if clen != plane_len:
+                raise ValueError("plane has the wrong length")
             planes[i] = np.frombuffer(payload, dtype=np.uint8)
         else:
             raise ValueError("unknown plane kind")
-    if transform:
-        if base is None or base.nbytes != n:
-            raise ValueError("delta frame needs its base chunk")
-        return _inverse(_merge(planes, width, _scratch("dmerge", n)), base.reshape(-1), transform, width)
-    return _merge(planes, width, np.empty(n, dtype=np.uint8))
+    if simple:
+        return out
+    if not transform and not rot and not perm:
+        return _merge(planes, width, out)
+    merged = _merge(planes, width, _scratch("dmerge", n))
+    b = base.reshape(-1) if base is not None else None
+    return _inverse(merged, b, (transform, rot, perm, off), width, out)
