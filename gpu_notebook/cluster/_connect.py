@@ -92,6 +92,10 @@ def connect(
             f"dashboard {'on' if dashboard else 'off'})")
         mem = _total_memory()
         store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
+        # Ray warns on every local start that it enabled token authentication (it stays enabled): not news.
+        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = auth_log.level
+        auth_log.setLevel(logging.ERROR)
         try:
             ctx: Any = ray.init(  # type: ignore[no-redef]
                 address="local",
@@ -105,6 +109,8 @@ def connect(
             )
         except Exception as exc:
             raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
+        finally:
+            auth_log.setLevel(level)
         _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
         return _CONNECTION
     say(f"connecting to the Ray cluster at {address}")
