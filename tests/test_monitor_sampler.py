@@ -67,6 +67,24 @@ def test_ring_buffer_overwrites_oldest_and_reports_drops() -> None:
     assert list(r["t"]) == [9] and r["dropped"] == 2
 
 
+def test_ring_buffer_append_many_wraps_like_appending_one_by_one() -> None:
+    one, many = RingBuffer(["a", "b"], capacity=4), RingBuffer(["a", "b"], capacity=4)
+    batches = [3, 0, 2, 6]  # the last batch alone is bigger than the capacity
+    k = 0
+    for n in batches:
+        t = np.arange(k, k + n, dtype=float)
+        rows = np.stack([t, 10 * t], axis=1) if n else np.zeros((0, 2))
+        many.append_many(t, rows)
+        for ti, row in zip(t, rows, strict=True):
+            one.append(ti, row)
+        k += n
+        assert many.seq == one.seq
+        assert np.array_equal(many.read_since(0)["data"], one.read_since(0)["data"])
+    assert list(many.read_since(0)["t"]) == [7, 8, 9, 10]
+    with pytest.raises(ValueError):
+        many.append_many(np.arange(2.0), np.zeros((2, 3)))
+
+
 def test_ring_buffer_rejects_wrong_width() -> None:
     rb = RingBuffer(["a", "b"], capacity=2)
     with pytest.raises(ValueError):

@@ -99,7 +99,9 @@ def test_load_64_nodes_x_8_gpus_stays_within_message_cap(clock: Clock, wire: Wir
     sent = wire.comm_msgs(after=start)
     assert wire.max_in_any_second(after=start) <= 5
     assert len(sent) <= 5 * 30 + 5
-    assert w.refreshes >= 25 and w.skipped >= attempts - w.refreshes - 1  # data kept flowing, ~1 Hz
+    # data kept flowing, ~1 Hz; every other tick was held back by the cap or had nothing new to send
+    assert w.refreshes >= 25 and w.skipped + w.unchanged >= attempts - w.refreshes - 1
+    assert w.unchanged > 0 and w.skipped > 0
     assert w.messages_sent - own_before == len(wire.comm_msgs()) - wire_before  # our own counter agrees
 
 
@@ -200,5 +202,47 @@ def test_background_thread_refreshes(wire: Wire) -> None:
         n = w.refreshes
         time.sleep(0.3)
         assert w.refreshes == n and "paused" in repr(w)
+    finally:
+        mon.stop()
+
+
+def test_nothing_new_sends_nothing_and_stale_traces_are_not_resent(clock: Clock, wire: Wire) -> None:
+    from gpu_notebook.widgets import MonitorWidget
+
+    mon, samplers = fake_cluster(clock, 2, 1)
+    advance(clock, mon, samplers, 3)
+    w = MonitorWidget(mon, autostart=False, clock=clock)
+    n0 = len(wire.comm_msgs())
+    clock.t += 1.0
+    assert not w.refresh() and w.unchanged == 1  # no new rows: no work, no message
+    assert len(wire.comm_msgs()) == n0
+    restyles: list[list[int]] = []
+    orig = w.fig.plotly_restyle
+    w.fig.plotly_restyle = lambda data, idx=None: (restyles.append(list(idx)), orig(data, idx))  # type: ignore
+    clock.t += 0.5
+    samplers[0].tick()  # only node-00 has something new
+    mon.pull()
+    assert w.refresh() and len(wire.comm_msgs()) > n0
+    sent = {w._traces[i][2][1] for i in restyles[-1]}
+    assert sent == {"node-00"}  # node-01's traces did not change, so they were not resent
+    y = np.asarray(w.fig.data[0].y)
+    assert y.dtype == np.float64 and len(y) >= 6  # binary float64 buffers, not lists of objects
+    x = np.asarray(w.fig.data[0].x)
+    assert x.dtype == np.float64 and x[-1] > x[0] and w.fig.layout.xaxis.type == "date"
+
+
+def test_busy_kernel_refreshes_less_often(wire: Wire) -> None:
+    from gpu_notebook.widgets import MonitorWidget
+
+    mon = Monitor.local(nvml=lambda: FakeNVML(1), interval=0.1, pull_interval=0.1).start()
+    try:
+        w = MonitorWidget(mon, interval=0.1, busy_interval=2.0)
+        t_end = time.monotonic() + 1.5
+        x = 0
+        while time.monotonic() < t_end:  # this (main) thread computes: the kernel is busy
+            x += 1
+        busy_refreshes, deferred = w.refreshes, w.deferred
+        w.stop(snapshot=False)
+        assert deferred >= 3 and busy_refreshes <= 3  # at most the first one plus one per busy_interval
     finally:
         mon.stop()

@@ -60,9 +60,20 @@ class RingBuffer:
             self._seq += 1
 
     def append_many(self, t: np.ndarray, rows: np.ndarray) -> None:
-        """Append several rows at once (used by the aggregator)."""
-        for ti, row in zip(np.asarray(t), np.asarray(rows), strict=True):
-            self.append(float(ti), row)
+        """Append several rows at once (used by the aggregator): one vectorised copy, no per-row loop."""
+        ts = np.asarray(t, dtype=np.float64).reshape(-1)
+        values = np.asarray(rows, dtype=np.float64)
+        if values.ndim != 2 or values.shape != (len(ts), len(self.columns)):
+            raise ValueError(f"rows have shape {values.shape}, expected ({len(ts)}, {len(self.columns)})")
+        n = len(ts)
+        if n == 0:
+            return
+        with self._lock:
+            skip = max(0, n - self.capacity)  # more rows than fit: only the newest capacity rows stay
+            idx = (self._seq + np.arange(skip, n)) % self.capacity
+            self._t[idx] = ts[skip:]
+            self._data[idx] = values[skip:]
+            self._seq += n
 
     def _slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         idx = np.arange(start, stop) % self.capacity

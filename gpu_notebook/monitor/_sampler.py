@@ -216,11 +216,47 @@ class GpuSource:
         return result
 
 
+class _ProcFile:
+    """A ``/proc`` file kept open and re-read with ``pread`` (no open/close per sample)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def read(self) -> str:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_RDONLY)
+        chunks = []
+        offset = 0
+        while True:
+            chunk = os.pread(self.fd, 65536, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+            if len(chunk) < 65536:
+                break
+        return b"".join(chunks).decode("ascii", "replace")
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class HostSource:
     """CPU %, memory and network rates of this machine, from ``/proc`` (Linux) or ``psutil`` elsewhere."""
 
     def __init__(self) -> None:
         self._proc = os.path.exists("/proc/stat") and os.path.exists("/proc/meminfo")
+        self._stat, self._meminfo, self._netdev = _ProcFile("/proc/stat"), _ProcFile("/proc/meminfo"), _ProcFile(
+            "/proc/net/dev")
         self._psutil: Any = None
         if not self._proc:
             try:
@@ -238,8 +274,7 @@ class HostSource:
 
     def _cpu(self) -> float:
         if self._proc:
-            with open("/proc/stat") as f:
-                fields = [float(x) for x in f.readline().split()[1:]]
+            fields = [float(x) for x in self._stat.read().split("\n", 1)[0].split()[1:]]
             idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
             total = sum(fields[:8])
         elif self._psutil is not None:
@@ -260,11 +295,12 @@ class HostSource:
     def _mem(self) -> tuple[float, float]:
         if self._proc:
             info: dict[str, float] = {}
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    key, _, rest = line.partition(":")
-                    if key in ("MemTotal", "MemAvailable"):
-                        info[key] = float(rest.split()[0]) / 1024.0
+            for line in self._meminfo.read().splitlines():
+                key, _, rest = line.partition(":")
+                if key in ("MemTotal", "MemAvailable"):
+                    info[key] = float(rest.split()[0]) / 1024.0
+                    if len(info) == 2:
+                        break
             total = info.get("MemTotal", math.nan)
             return total - info.get("MemAvailable", math.nan), total
         if self._psutil is not None:
@@ -276,14 +312,13 @@ class HostSource:
         rx = tx = 0.0
         try:
             if os.path.exists("/proc/net/dev"):
-                with open("/proc/net/dev") as f:
-                    for line in f.readlines()[2:]:
-                        name, _, rest = line.partition(":")
-                        if name.strip() == "lo":
-                            continue
-                        cols = rest.split()
-                        rx += float(cols[0])
-                        tx += float(cols[8])
+                for line in self._netdev.read().splitlines()[2:]:
+                    name, _, rest = line.partition(":")
+                    if name.strip() == "lo":
+                        continue
+                    cols = rest.split()
+                    rx += float(cols[0])
+                    tx += float(cols[8])
             elif self._psutil is not None:
                 io = self._psutil.net_io_counters()
                 rx, tx = float(io.bytes_recv), float(io.bytes_sent)

@@ -89,11 +89,53 @@ def _binned(parts: list[tuple[np.ndarray, np.ndarray]], since: float, now: float
     return since + (uniq + 0.5) * width, vals
 
 
-def _to_dt(t: np.ndarray) -> np.ndarray:
-    """Epoch seconds to naive local-time datetimes (plotly shows datetimes as given)."""
+def _to_ms(t: np.ndarray) -> np.ndarray:
+    """Epoch seconds to local-time epoch milliseconds (float64) for a ``type="date"`` axis.
+
+    plotly.js reads numbers on a date axis as UTC milliseconds; adding the local UTC offset makes it show local
+    wall-clock time. A float64 array travels as one binary buffer (no per-point datetime objects, no JSON).
+    """
     t = np.asarray(t, dtype=np.float64)
     offset = time.localtime(float(t[-1]) if len(t) else time.time()).tm_gmtoff
-    return ((t + offset) * 1000).astype("datetime64[ms]")
+    return np.round((t + offset) * 1000.0)
+
+
+def _y_out(y: np.ndarray) -> np.ndarray:
+    """Values rounded to 2 decimals as float64 (NaN stays NaN: plotly.js draws a gap there)."""
+    return np.round(np.asarray(y, dtype=np.float64), 2)
+
+
+class _MainThreadLoad:
+    """CPU share of one core used by the main thread (the one running cells) since the previous call.
+
+    Reads ``/proc/self/task/<tid>/stat`` (a few µs); where that does not exist it always answers 0.
+    """
+
+    def __init__(self) -> None:
+        import os
+
+        tid = threading.main_thread().native_id
+        self.path = f"/proc/self/task/{tid}/stat"
+        self.ok = os.path.exists(self.path)
+        self.tick = float(os.sysconf("SC_CLK_TCK")) if self.ok else 100.0
+        self.last: tuple[float, float] | None = None
+
+    def _cpu(self) -> float:
+        with open(self.path, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self.tick  # utime + stime
+
+    def share(self) -> float:
+        if not self.ok:
+            return 0.0
+        try:
+            now, cpu = time.monotonic(), self._cpu()
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        last, self.last = self.last, (now, cpu)
+        if last is None or now <= last[0]:
+            return 0.0
+        return (cpu - last[1]) / (now - last[0])
 
 
 class MonitorWidget:
@@ -116,6 +158,11 @@ class MonitorWidget:
         Most lines per chart before falling back to per-node means, then cluster mean/min/max (default 16).
     heatmap_min_gpus
         Show the node x GPU heat map from this many GPUs on (default 9).
+    busy_interval
+        Seconds between refreshes while the kernel is computing (its main thread used more than half a core
+        since the last timer tick), so an in-kernel training loop shares its interpreter with the dashboard
+        less often (default 3 s; ``None`` keeps ``interval`` always). Cells that wait on cluster workers
+        (``%%distributed``) use no CPU in the kernel, so the dashboard stays at ``interval`` then.
     autostart
         Start the refresh thread now (default True).
     clock
@@ -137,6 +184,7 @@ class MonitorWidget:
         max_msgs_per_s: float = 5.0,
         max_traces: int = 16,
         heatmap_min_gpus: int = 9,
+        busy_interval: float | None = 3.0,
         autostart: bool = True,
         clock: Callable[[], float] | None = None,
         height: int | None = None,
@@ -151,11 +199,18 @@ class MonitorWidget:
         self.max_points = int(max_points)
         self.max_traces = int(max_traces)
         self.heatmap_min_gpus = int(heatmap_min_gpus)
+        self.busy_interval = None if busy_interval is None else max(self.interval, float(busy_interval))
         self.clock: Callable[[], float] = clock or getattr(monitor, "clock", None) or time.time
         self.height = height
         self.rate = RateCap(max(5.0, float(max_msgs_per_s)), self.clock)
         self.refreshes = 0
         self.skipped = 0
+        self.unchanged = 0  # timer ticks with no new rows since the last refresh (nothing sent)
+        self.deferred = 0  # timer ticks skipped because the kernel was busy (see busy_interval)
+        self._version: tuple[Any, ...] | None = None
+        self._sent: dict[int, tuple[int, float]] = {}  # trace index -> (points, last x) last sent
+        self._last_refresh = -math.inf
+        self._load = _MainThreadLoad()
         self._fig_cost = 4
         self._advice = ""
         self._structure: tuple[Any, ...] | None = None
@@ -260,9 +315,14 @@ class MonitorWidget:
                           uirevision="gpu-notebook-monitor", template="plotly_white",
                           legend={"orientation": "h", "y": -0.05})
         fig.update_yaxes(rangemode="tozero")
+        # x arrives as local-time epoch milliseconds (binary float64), shown as dates
+        for r, (metric, _title) in enumerate(rows, start=1):
+            if metric != "heat":
+                fig.update_xaxes(type="date", row=r, col=1)
         if plan[0] == "gpu" or plan[0] == "host":
             fig.update_yaxes(range=[0, 100], row=1, col=1)
         self._structure = plan
+        self._sent = {}
         return go.FigureWidget(fig)
 
     # -- data -----------------------------------------------------------------------------------------------------
@@ -291,7 +351,7 @@ class MonitorWidget:
         t, y = _binned([(s["t"], s["y"]) for s in series], since, now, self.max_points, node)
         return t, y * scale
 
-    def _heat(self) -> tuple[list[list[float]], list[str], list[str]]:
+    def _heat(self) -> tuple[list[list[float | None]], list[str], list[str]]:
         latest = self.monitor.aggregator.latest()["gpus"]
         nodes: list[str] = []
         for r in latest:
@@ -302,7 +362,8 @@ class MonitorWidget:
         pos = {n: i for i, n in enumerate(nodes)}
         for r in latest:
             z[pos[r["node"]], r["index"]] = r["util_gpu"]
-        return z.round(1).tolist(), [f"gpu{i}" for i in range(max(width, 1))], [n[:8] for n in nodes]
+        zl = [[None if math.isnan(v) else v for v in row] for row in z.round(1).tolist()]
+        return zl, [f"gpu{i}" for i in range(max(width, 1))], [n[:8] for n in nodes]
 
     def _header_html(self) -> str:
         mon = self.monitor
@@ -367,34 +428,70 @@ class MonitorWidget:
         return f"<div class='gpu-notebook-monitor-advice' style='color:#8a5a00;margin-top:4px'>{''.join(parts)}</div>"
 
     # -- refresh --------------------------------------------------------------------------------------------------
+    def _data_version(self) -> tuple[Any, ...]:
+        """Changes whenever the aggregator received rows or a node went up/down."""
+        agg = self.monitor.aggregator
+        return (agg.rows_in, len(agg.nodes), tuple(st.up for st in list(agg.nodes.values())))
+
     def refresh(self, force: bool = False) -> bool:
         """Push new data to the browser unless the message cap says wait; returns whether it updated.
 
-        The figure update costs a fixed number of messages (4 with plotly's FigureWidget); the header (numbers
-        and advice, one message) is sent only when it changed and only if it still fits in the budget.
+        Nothing is computed or sent when no new rows arrived since the last refresh (unless ``force``, or the
+        window needs sliding after 10 s). The figure update is one ``restyle`` of only the traces whose data
+        changed, with x and y as binary float64 buffers; it costs a fixed number of messages (4 with plotly's
+        FigureWidget); the header (numbers and advice, one message) is sent only when it changed and only if
+        it still fits in the budget.
         """
+        from plotly.basedatatypes import Undefined  # "leave this trace's property alone" in a restyle
+
         with self._lock:
+            now = self.clock()
+            version = self._data_version()
+            if not force and version == self._version and now - self._last_refresh < 10.0:
+                self.unchanged += 1
+                return False
             if not force and not self.rate.allows(self._fig_cost + 1):
                 self.skipped += 1
                 return False
-            now = self.clock()
             if self._plan() != self._structure:
                 self.fig = self._build_figure()
                 self._count(self.fig)
                 self.box.children = (self.header, self.fig)
+            self._version = version
+            self._last_refresh = now
             before = self.rate.total
             since = now - self.window_s
             cache: dict[str, list[dict[str, Any]]] = {}
-            with self.fig.batch_update():
-                for trace, (metric, _kind, key) in zip(self.fig.data, self._traces, strict=True):
-                    if metric == "heat":
-                        z, xs, ys = self._heat()
-                        trace.z, trace.x, trace.y = z, xs, ys
-                        continue
-                    t, y = self._series(metric, key, since, now, cache)
-                    trace.x = _to_dt(t)
-                    trace.y = np.where(np.isfinite(y), np.round(y, 2), None)  # type: ignore[call-overload]
-            self._fig_cost = max(1, self.rate.total - before)
+            idx: list[int] = []
+            xs: list[Any] = []
+            ys: list[Any] = []
+            zs: list[Any] = []
+            heat_at: int | None = None
+            for i, (metric, _kind, key) in enumerate(self._traces):
+                if metric == "heat":
+                    heat_at = i
+                    continue
+                t, y = self._series(metric, key, since, now, cache)
+                mark = (len(t), float(t[-1]) if len(t) else math.nan)
+                if not force and self._sent.get(i) == mark:
+                    continue  # this trace got nothing new (a stale node): do not resend it
+                self._sent[i] = mark
+                idx.append(i)
+                xs.append(_to_ms(t))
+                ys.append(_y_out(y))
+                zs.append(Undefined)
+            if heat_at is not None:
+                z, hx, hy = self._heat()
+                idx.append(heat_at)
+                xs.append(hx)
+                ys.append(hy)
+                zs.append(z)
+            if idx:
+                restyle: dict[str, Any] = {"x": xs, "y": ys}
+                if heat_at is not None:
+                    restyle["z"] = zs
+                self.fig.plotly_restyle(restyle, idx)
+                self._fig_cost = max(1, self.rate.total - before)
             if now - self._advice_at >= 10.0:
                 self._advice_at = now
                 self._advice = self._advice_html()
@@ -405,8 +502,13 @@ class MonitorWidget:
             return True
 
     def _run(self) -> None:
+        self._load.share()
         while not self._stop.wait(self.interval):
             try:
+                busy = self.busy_interval is not None and self._load.share() > 0.5
+                if busy and self.clock() - self._last_refresh < float(self.busy_interval or 0.0):
+                    self.deferred += 1
+                    continue
                 self.refresh()
             except Exception:
                 pass
