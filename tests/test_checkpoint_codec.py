@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_notebook.checkpoint._codec import FRAME_MAGIC, decode_chunk, encode_chunk
+from gpu_notebook.checkpoint._codec import (
+    FRAME_MAGIC,
+    _encode_variant,
+    _median_offset,
+    decode_chunk,
+    encode_chunk,
+)
 
 DTYPES = [
     torch.float32,
@@ -131,15 +137,14 @@ def test_version_1_frames_still_decode() -> None:
 @pytest.mark.parametrize("rot", [0, 1, 3, 4, 7])
 @pytest.mark.parametrize("perm", [False, True])
 @pytest.mark.parametrize("t", [1, 2])
-def test_every_rotation_order_and_offset_round_trips(dtype: torch.dtype, rot: int, perm: bool, t: int) -> None:
+def test_every_rotation_order_and_offset_round_trips(
+    dtype: torch.dtype, rot: int, perm: bool, t: int
+) -> None:
     a, b = _pair(dtype, 20_000)
     w = a.element_size()
     base, cur = _u8(a), _u8(b)
-    for use_off in (False, True):
-        chosen: dict = {}
-        frame, name = encode_chunk(cur, w, base, hint=(t, rot, perm, use_off, frozenset()), chosen=chosen)
-        assert chosen["hint"][:3] == (t, rot, perm)  # the hint was used as given
-        assert name == ("xor", "sub")[t - 1]
+    for off in (0, _median_offset(cur, base, w), 12345):
+        frame = _encode_variant(cur, w, base, (t, rot, perm, off if t == 2 else 0))
         assert decode_chunk(frame, base).tobytes() == cur.tobytes()
         out = np.zeros(cur.nbytes, np.uint8)
         assert decode_chunk(frame, base, out) is out and out.tobytes() == cur.tobytes()
@@ -154,15 +159,31 @@ def test_order_and_offset_pay_for_adam_like_updates() -> None:
     chosen: dict = {}
     frame, t = encode_chunk(_u8(b), 4, _u8(a), chosen=chosen)
     assert t == "sub" and chosen["hint"][2] is True
-    plain, _ = encode_chunk(_u8(b), 4, _u8(a), hint=(2, 0, False, False, frozenset()))
+    plain = _encode_variant(_u8(b), 4, _u8(a), (2, 0, False, 0))
     assert len(frame) < 0.97 * len(plain)
     assert decode_chunk(frame, _u8(a)).tobytes() == _u8(b).tobytes()
 
 
 def test_permuted_frame_needs_its_base_and_a_right_sized_output() -> None:
     a, b = _pair(torch.float32, 20_000)
-    frame, _ = encode_chunk(_u8(b), 4, _u8(a), hint=(1, 0, True, False, frozenset()))
+    frame = _encode_variant(_u8(b), 4, _u8(a), (1, 0, True, 0))
     with pytest.raises(ValueError, match="base"):
         decode_chunk(frame, None)
     with pytest.raises(ValueError, match="output buffer"):
         decode_chunk(frame, _u8(a), np.zeros(10, np.uint8))
+
+
+def test_an_earlier_choice_is_kept_only_while_it_pays() -> None:
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(200_000, generator=g) * torch.exp(2 * torch.randn(200_000, generator=g))
+    b = a - 1e-4 * torch.sign(torch.randn(200_000, generator=g))
+    first: dict = {}
+    encode_chunk(_u8(b), 4, _u8(a), chosen=first)
+    again: dict = {}
+    encode_chunk(_u8(b), 4, _u8(a), hint=first["hint"], chosen=again)
+    assert again["hint"][:4] == first["hint"][:4]
+    # a hint that is plainly bad here (no transform, but the chunk barely changed) is searched away
+    bad: dict = {}
+    frame, t = encode_chunk(_u8(b), 4, _u8(a), hint=(0, 5, False, False, frozenset()), chosen=bad)
+    assert t == "sub" and bad["hint"][0] == 2
+    assert decode_chunk(frame, _u8(a)).tobytes() == _u8(b).tobytes()

@@ -974,30 +974,49 @@ class Checkpointer:
             for c in lf["chunks"]:
                 for e in walk_chunks(c):
                     refs[e["obj"]] = refs.get(e["obj"], 0) + 1
-        obj_cache: dict[str, bytes] = {}
-        obj_locks: dict[str, threading.Lock] = {k: threading.Lock() for k in refs}
         raw_cache: dict[str, np.ndarray] = {}  # decoded chunks by raw hash: the bases of delta chains
         cache_lock = threading.Lock()
+        # read-ahead: every object this restore needs is fetched by its own pool (I/O bound: as many requests in
+        # flight as the store allows), oldest base first; a blob is dropped once its last frame is decoded
+        singles: dict[str, tuple[int, int]] = {}
+        order: list[str] = []
+        for lf in sorted(leaves.values(), key=lambda lf: -int(lf["nbytes"])):
+            for c in lf["chunks"]:
+                for e in reversed(walk_chunks(c)):
+                    if e["obj"] not in singles:
+                        order.append(e["obj"])
+                        singles[e["obj"]] = (int(e["off"]), int(e["size"]))
+        io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
+        fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
+
+        def get_object(key: str) -> tuple[int, bytes]:
+            """(offset of the returned bytes in the object, bytes)."""
+            if refs[key] == 1 and singles[key][0]:  # one frame of somebody else's pack: read just that
+                off, size = singles[key]
+                return off, self.store.get_range(key, off, size)
+            return 0, self.store.get(key)
+
+        futures = {k: fetch_pool.submit(get_object, k) for k in order}
+        left = dict(refs)
+        left_lock = threading.Lock()
 
         def where(name: str, idx: int, e: dict[str, Any]) -> str:
             return f"tensor {name!r} chunk {idx} (object {e['obj']}) of checkpoint {doc['id']}"
 
-        def fetch(name: str, idx: int, e: dict[str, Any]) -> bytes:
+        def fetch(name: str, idx: int, e: dict[str, Any], reread: bool = False) -> bytes:
             key = e["obj"]
             try:
-                if refs[key] > 1:
-                    with obj_locks[key]:
-                        blob = obj_cache.get(key)
-                        if blob is None:
-                            blob = obj_cache[key] = self.store.get(key)
-                    frame = blob[e["off"] : e["off"] + e["size"]]
-                else:
-                    frame = (
-                        self.store.get_range(key, e["off"], e["size"]) if e["off"] else self.store.get(key)
-                    )
+                if reread:
+                    return self.store.get_range(key, e["off"], e["size"])
+                at, blob = futures[key].result()
             except ObjectMissingError:
                 raise ObjectMissingError(key, f"needed by {where(name, idx, e)}") from None
-            return frame
+            with left_lock:
+                left[key] -= 1
+                if left[key] <= 0:
+                    futures.pop(key, None)  # the last frame of this object: let the blob go
+            o = int(e["off"]) - at
+            return blob[o : o + int(e["size"])] if (o or len(blob) != e["size"]) else blob
 
         def corrupt_frame(name: str, idx: int, e: dict[str, Any], frame: bytes) -> IntegrityError | None:
             if len(frame) != e["size"] or _sha(frame) != e["hash"]:
@@ -1010,7 +1029,7 @@ class Checkpointer:
             """Find which frame of a chain that decoded to the wrong bytes is at fault (slow path)."""
             chain = walk_chunks(e)
             for link in reversed(chain):  # oldest base first
-                frame = fetch(name, idx, link)
+                frame = fetch(name, idx, link, reread=True)
                 err = corrupt_frame(name, idx, link, frame)
                 if err is not None:
                     return err
@@ -1071,16 +1090,19 @@ class Checkpointer:
                 outs[name][off : off + ln] = dst
             prog.add(ln)
 
-        if len(tasks) > 1 and self.threads > 1:
-            pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
-            try:
-                for _ in pool.map(run, tasks):
-                    pass
-            finally:
-                pool.shutdown(wait=True)
-        else:
-            for t in tasks:
-                run(t)
+        try:
+            if len(tasks) > 1 and self.threads > 1:
+                pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
+                try:
+                    for _ in pool.map(run, tasks):
+                        pass
+                finally:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                for t in tasks:
+                    run(t)
+        finally:
+            fetch_pool.shutdown(wait=True, cancel_futures=True)
         prog.finish()
         values: dict[str, Any] = {}
         for name, lf in leaves.items():

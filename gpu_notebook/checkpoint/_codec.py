@@ -270,7 +270,13 @@ def _sample(raw: np.ndarray, base: np.ndarray | None, width: int, nbytes: int) -
 
 
 def _choose(
-    raw: np.ndarray, base: np.ndarray | None, width: int, level: int, off: int, transforms: tuple[str, ...]
+    raw: np.ndarray,
+    base: np.ndarray | None,
+    width: int,
+    level: int,
+    off: int,
+    transforms: tuple[str, ...],
+    hint: Variant | None = None,
 ) -> tuple[Variant, frozenset[int]]:
     """Pick the variant with the smallest estimated size, greedily and on samples: the transform, then the
     order (on a larger sample: its gain only shows on a population of many exponents), then the rotation,
@@ -291,6 +297,10 @@ def _choose(
                     ts.append((t, 0, False, off))
     scored = [(*est(v), v) for v in ts]
     size, store, v = min(scored, key=lambda x: x[0])
+    if hint is not None and hint not in ts:  # an earlier choice for this chunk: keep it while it still pays
+        hs, hst = est(hint)
+        if hs <= size:
+            return hint, hst
     if width == 1 or raw.nbytes < _SMALL_BYTES:
         return v, store
     t, _, _, o = v
@@ -311,6 +321,18 @@ def _choose(
         if s2 < size:
             size, store, v = s2, st2, va
     return v, store
+
+
+def _encode_variant(
+    raw: np.ndarray,
+    width: int,
+    base: np.ndarray | None,
+    v: Variant,
+    level: int = 1,
+    store: frozenset[int] = frozenset(),
+) -> bytes:
+    """Encode a chunk in one given way (no search; for tests and tools)."""
+    return _encode_planes(_forward(raw.reshape(-1), base, v, width), v, width, level, store)
 
 
 def encode_chunk(
@@ -337,8 +359,8 @@ def encode_chunk(
     transforms
         Which transforms may be tried when ``base`` is given.
     hint
-        The choice made for an earlier chunk of the same kind (``chosen["hint"]`` of that call): it is
-        used as is, without searching (when it applies: a delta hint needs a base).
+        The choice made for this chunk by an earlier save (``chosen["hint"]`` of that call): it is kept
+        without a full search while, on a sample, it still beats the plain transforms.
     chosen
         A dict that receives ``"hint"``, the choice made for this chunk.
 
@@ -357,16 +379,14 @@ def encode_chunk(
         base = base.reshape(-1)  # type: ignore[union-attr]
     else:
         base = None
+    off = _median_offset(raw, base, width) if delta and "sub" in transforms else 0  # type: ignore[arg-type]
+    hv: Variant | None = None
     if hint is not None and (delta or (hint[0] == 0 and not hint[2])) and (width > 1 or hint[1] == 0):
-        off = _median_offset(raw, base, width) if hint[3] and delta else 0  # type: ignore[arg-type]
-        v: Variant = (hint[0], hint[1], hint[2], off)
-        store: frozenset[int] = hint[4]
-    else:
-        off = _median_offset(raw, base, width) if delta and "sub" in transforms else 0  # type: ignore[arg-type]
-        v, store = _choose(raw, base, width, level, off, transforms)
+        hv = (hint[0], hint[1], hint[2], off if hint[3] else 0)
+    v, store = _choose(raw, base, width, level, off, transforms, hv)
     if chosen is not None:
         chosen["hint"] = (v[0], v[1], v[2], bool(v[3]), store)
-    frame = _encode_planes(_forward(raw, base, v, width), v, width, level, store)
+    frame = _encode_variant(raw, width, base, v, level, store)
     if len(frame) >= n + _HDR.size:
         return _raw_frame(raw), "raw"
     return frame, TRANSFORMS[v[0]]

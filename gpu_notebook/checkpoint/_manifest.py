@@ -2,7 +2,7 @@
 
 Store layout (same for a folder and an S3 prefix)::
 
-    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 1}
+    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 2}
     objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = sha256 of the stored bytes
     manifests/<id>.json            one per checkpoint, written last and create-only: the commit point
     shards/<id>/rank-<r>.json      per-rank shard records of a sharded save, before rank 0 commits
@@ -20,7 +20,7 @@ from ._errors import FormatVersionError, IntegrityError, ObjectMissingError
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
 FORMAT_NAME = "gpu_notebook.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST_PREFIX = "manifests/"
 OBJECT_PREFIX = "objects/"
 SHARD_PREFIX = "shards/"
