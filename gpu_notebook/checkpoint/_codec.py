@@ -41,6 +41,10 @@ _KIND_STORED, _KIND_ZSTD = 0, 1
 _SAMPLE_BYTES = 24 * 1024
 #: ... and this size for the order (its gain only shows on a population of many exponents)
 _ORDER_SAMPLE_BYTES = 64 * 1024
+#: the order costs a sort when saving and restoring: used when its estimate is below this fraction
+_ORDER_GAIN = 1.0
+#: ... and only for elements of at least this many bytes (2-byte elements: twice the sort per byte)
+_ORDER_MIN_WIDTH = 4
 #: a plane is stored as is when zstd does not get it below this fraction of its size
 _STORE_RATIO = 0.995
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -53,6 +57,8 @@ _local = threading.local()
 _SMALL_BYTES = 4 * 1024
 #: rotations tried (left, in bits) after the transform; 0 is always tried
 _ROTATIONS = (2, 3, 4, 7)
+#: check an earlier choice against the plain transforms on a sample before using it
+_CHECK_HINTS = False
 #: (transform, rotation, permute, offset): one way to encode a chunk
 Variant = tuple[int, int, bool, int]
 #: (transform, rotation, permute, use an offset, planes stored without trying zstd): a choice to reuse for
@@ -297,7 +303,7 @@ def _choose(
                     ts.append((t, 0, False, off))
     scored = [(*est(v), v) for v in ts]
     size, store, v = min(scored, key=lambda x: x[0])
-    if hint is not None and hint not in ts:  # an earlier choice for this chunk: keep it while it still pays
+    if hint is not None and hint not in ts and _CHECK_HINTS:  # an earlier choice: keep it while it pays
         hs, hst = est(hint)
         if hs <= size:
             return hint, hst
@@ -305,8 +311,8 @@ def _choose(
         return v, store
     t, _, _, o = v
     perm = False
-    if t:  # delta: does the base-exponent order pay?
-        perm = est((t, 0, True, o), large)[0] < est(v, large)[0]
+    if t and width >= _ORDER_MIN_WIDTH:  # delta: does the base-exponent order pay?
+        perm = est((t, 0, True, o), large)[0] < _ORDER_GAIN * est(v, large)[0]
         if perm:
             v = (t, 0, True, o)
             size, store = est(v)
@@ -359,8 +365,8 @@ def encode_chunk(
     transforms
         Which transforms may be tried when ``base`` is given.
     hint
-        The choice made for this chunk by an earlier save (``chosen["hint"]`` of that call): it is kept
-        without a full search while, on a sample, it still beats the plain transforms.
+        The choice made for this chunk by an earlier save (``chosen["hint"]`` of that call): it is used
+        without a search (with ``_CHECK_HINTS``, only while it still beats the plain transforms on a sample).
     chosen
         A dict that receives ``"hint"``, the choice made for this chunk.
 
@@ -383,7 +389,10 @@ def encode_chunk(
     hv: Variant | None = None
     if hint is not None and (delta or (hint[0] == 0 and not hint[2])) and (width > 1 or hint[1] == 0):
         hv = (hint[0], hint[1], hint[2], off if hint[3] else 0)
-    v, store = _choose(raw, base, width, level, off, transforms, hv)
+    if hv is not None and not _CHECK_HINTS:
+        v, store = hv, hint[4]  # type: ignore[index]
+    else:
+        v, store = _choose(raw, base, width, level, off, transforms, hv)
     if chosen is not None:
         chosen["hint"] = (v[0], v[1], v[2], bool(v[3]), store)
     frame = _encode_variant(raw, width, base, v, level, store)
