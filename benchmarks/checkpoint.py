@@ -6,13 +6,21 @@ sources (no download). For each workload the *same* training state is checkpoint
 * ``torch.save`` (the normaliser), ``torch.save`` + zstd (level 3), safetensors (tensors) + JSON,
   ``torch.distributed.checkpoint`` (single process, FileSystemWriter),
 * ours, full (a fresh store: what the first checkpoint of a run costs),
-* ours, delta (the store already holds the checkpoint from ``interval`` steps earlier).
+* ours, delta: the steady state of a run. The store holds a base checkpoint and a first delta (two and one
+  intervals earlier); the measured save is the next delta. Its save speed is reported together with the
+  first delta's, which also searches each chunk's encoding (later saves reuse the choice).
+
+Restore times are the best of 3 runs: ``torch.load`` of the ``torch.save`` file from the local disk against
+ours from the local store (the delta, i.e. its whole chain); and, from S3 (a moto server on loopback, in a
+child process), ``torch.load`` of the file plus downloading it with boto3 against ours from a copy of the
+store on the same server.
 
 Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
 every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
 (b) fine-tuning with most layers frozen; (c) full fine-tuning of the warmed-up model with a small learning rate.
 
-Run: ``python benchmarks/checkpoint.py`` (about 2-3 minutes on 2 cores); ``--quick`` for a smoke run.
+Run: ``python benchmarks/checkpoint.py`` (about 3 minutes on 2 cores); ``--quick`` for a smoke run,
+``--no-s3`` without the S3 restore.
 Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
 """
 

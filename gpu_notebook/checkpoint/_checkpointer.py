@@ -883,7 +883,7 @@ class Checkpointer:
         allow_pickle
             Allow pickled values (default: the Checkpointer's setting).
         verify
-            Check every chunk's hash (stored bytes and decoded bytes).
+            Check every chunk's decoded bytes against its hash (a delta chain end to end).
         missing_ok
             Return None instead of raising :class:`NoCheckpointError` when the store is empty.
         map_location
