@@ -162,6 +162,15 @@ import functools, json, statistics, time
 import torch
 from gpu_notebook.monitor import FakeNVML, Monitor
 
+def _sched():
+    # (run, run-queue wait) seconds of this thread so far, from /proc/thread-self/schedstat (Linux)
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            run, wait = f.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return float("nan"), float("nan")
+
 def _train(steps):
     import time
     import torch
@@ -172,16 +181,24 @@ def _train(steps):
     x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
     for _ in range(20):
         opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
-    t0 = time.perf_counter()
+    s0, t0 = _sched(), time.perf_counter()
     for _ in range(steps):
         opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
-    return (time.perf_counter() - t0) / steps
+    wall, s1 = time.perf_counter() - t0, _sched()
+    # wall = running + runnable-but-not-running (other processes had the CPU) + blocked; this thread does no
+    # I/O, so blocked time is time spent waiting for the GIL held by another thread of the same process
+    blocked = max(0.0, wall - (s1[0] - s0[0]) - (s1[1] - s0[1]))
+    return wall / steps, blocked / wall, (s1[1] - s0[1]) / wall
 
 def _monitor_cpu():
+    # CPU seconds of (our monitor threads, every other thread but the main one: IOPub, ZeroMQ I/O, ...)
     import threading
     import psutil
     ids = {t.native_id for t in threading.enumerate() if t.name.startswith("gpu_notebook-")}
-    return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id in ids)
+    main = threading.main_thread().native_id
+    ts = psutil.Process().threads()
+    ours = sum(t.user_time + t.system_time for t in ts if t.id in ids)
+    return ours, sum(t.user_time + t.system_time for t in ts if t.id != main) - ours
 
 def _block(on, steps, where, busy=3.0, cluster=None):
     mon = w = None
@@ -193,15 +210,18 @@ def _block(on, steps, where, busy=3.0, cluster=None):
         w = mon.widget(interval=1.0, busy_interval=busy)
         w.show()
         time.sleep(1.5)  # let every thread reach its steady state before timing
+    else:
+        time.sleep(1.5)  # the same pause in "off" blocks, so both start from the same idle state
     c0, t0 = _monitor_cpu(), time.perf_counter()
     try:
-        per = _train(steps) if where == "kernel" else cluster.call(_train, steps)[0]
-        share = (_monitor_cpu() - c0) / (time.perf_counter() - t0)
+        per, blocked, rq = _train(steps) if where == "kernel" else cluster.call(_train, steps)[0]
+        c1, dt = _monitor_cpu(), time.perf_counter() - t0
+        share, others = (c1[0] - c0[0]) / dt, (c1[1] - c0[1]) / dt
     finally:
         if on:
             w.stop(snapshot=False)
             mon.stop()
-    return {"per": per, "refreshes": w.refreshes if w else 0, "deferred": w.deferred if w else 0, "cpu": share}
+    return {"per": per, "blocked": blocked, "rq": rq, "others": others, "refreshes": w.refreshes if w else 0, "deferred": w.deferred if w else 0, "cpu": share}
 """
 
 
@@ -209,7 +229,9 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
     """Training-step slowdown with the monitor + dashboard live vs off, in a real kernel, paired blocks.
 
     Blocks of ``block_s`` seconds alternate off/on/on/off (ABBA, so a linear drift in machine load cancels);
-    each pair gives one on/off ratio and the row shows their median. Three cases:
+    each pair gives one on/off ratio and the rows show their mean ± standard error, on wall-clock step time and
+    on step time minus the run-queue wait from ``schedstat`` (time the OS gave the CPU to other processes, the
+    main noise on a shared machine). Three cases:
 
     * the training loop in the kernel's own main thread (worst case: it shares the interpreter and GIL with
       the sampler, pull and dashboard threads), with the default busy back-off, and with it disabled;
@@ -233,58 +255,75 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
             return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
 
         def block(on: bool, steps: int, where: str, busy: float | None) -> dict[str, float]:
+            c0 = time.process_time()
             out = run(f"print(json.dumps(_block({on}, {steps}, {where!r}, busy={busy!r}, "
                       f"cluster=globals().get('cluster'))))")
-            return json.loads(out.strip().splitlines()[-1])
+            r = json.loads(out.strip().splitlines()[-1])
+            r["client"] = time.process_time() - c0  # this process plays the frontend: receives every message
+            return r
 
-        def measure(where: str, busy: float | None) -> tuple[float, list[float], float, float, float]:
+        def measure(where: str, busy: float | None) -> dict[str, Any]:
             per = block(False, 200, where, busy)["per"]  # calibrate the block length
             steps = max(200, int(block_s / per))
-            ratios, offs, refreshes, deferred, cpu = [], [], 0.0, 0.0, 0.0
+            m: dict[str, Any] = {"wall": [], "blocked": [], "rq": [], "offs": [], "refreshes": 0.0, "deferred": 0.0,
+                                 "cpu": 0.0, "others": 0.0, "client": 0.0}
             for _ in range(pairs):
                 a = block(False, steps, where, busy)
                 b = block(True, steps, where, busy)
                 c = block(True, steps, where, busy)
                 d = block(False, steps, where, busy)
-                ratios.append((b["per"] + c["per"]) / (a["per"] + d["per"]))
-                offs += [a["per"], d["per"]]
-                refreshes += b["refreshes"] + c["refreshes"]
-                deferred += b["deferred"] + c["deferred"]
-                cpu += b["cpu"] + c["cpu"]
-            n = 2 * pairs
-            return statistics.median(offs), ratios, refreshes / n, deferred / n, cpu / n
+                m["wall"].append((b["per"] + c["per"]) / (a["per"] + d["per"]))
+                m["blocked"].append((b["blocked"] + c["blocked"] - a["blocked"] - d["blocked"]) / 2)
+                m["rq"].append((b["rq"] + c["rq"] - a["rq"] - d["rq"]) / 2)
+                m["others"] += (b["others"] + c["others"] - a["others"] - d["others"]) / (2 * pairs)
+                m["client"] += (b["client"] + c["client"] - a["client"] - d["client"]) / (2 * pairs)
+                m["offs"] += [a["per"], d["per"]]
+                for k in ("refreshes", "deferred", "cpu"):
+                    m[k] += (b[k] + c[k]) / (2 * pairs)
+            m["base"] = statistics.median(m["offs"])
+            return m
 
         def effect(r: list[float]) -> str:
             q = [(x - 1) * 100 for x in r]
             se = statistics.stdev(q) / len(q) ** 0.5 if len(q) > 1 else float("nan")
-            return f"{statistics.mean(q):+.2f}% ± {se:.2f}% vs off"
+            return f"{statistics.mean(q):+.2f}% ± {se:.2f}%"
 
-        def spread(r: list[float]) -> str:
-            q = sorted((x - 1) * 100 for x in r)
-            return (f"mean ± s.e. of {len(r)} ABBA pairs of {block_s:g} s blocks (pairs {q[0]:+.1f}..{q[-1]:+.1f}%, "
-                    f"median {statistics.median(q):+.1f}%)")
+        def note(m: dict[str, Any]) -> str:
+            q = sorted((x - 1) * 100 for x in m["wall"])
+            return (f"mean ± s.e. of {len(q)} ABBA pairs of {block_s:g} s blocks; wall-clock pairs ranged "
+                    f"{q[0]:+.1f}..{q[-1]:+.1f}%; monitor threads in the kernel used {m['cpu'] * 100:.2f}% of a core, "
+                    f"{m['refreshes']:.1f} refreshes ({m['deferred']:.1f} deferred) per block")
+
+        def add(label: str, m: dict[str, Any], target: str = "") -> None:
+            rows.append((f"{label}: wall clock", effect(m["wall"]) + " vs off" + target, note(m)))
+            g = [x * 100 for x in m["blocked"]]
+            se = statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else float("nan")
+            rows.append((f"{label}: GIL waits", f"{statistics.mean(g):+.2f}% ± {se:.2f}% of step time",
+                         "extra time the training thread sat blocked (schedstat: wall - running - run-queue), "
+                         "immune to machine load"))
+            q = [x * 100 for x in m["rq"]]
+            rows.append((f"{label}: waiting for a CPU", f"{statistics.mean(q):+.2f}% of step time",
+                         f"extra run-queue wait (other processes had both cores); meanwhile the kernel's other "
+                         f"threads (IOPub, ZeroMQ) used {m['others'] * 100:+.2f}% of a core more and the nbclient "
+                         f"frontend {m['client']:+.3f} s CPU more per block"))
 
         run(_KERNEL_SETUP)
-        for busy, label in ((3.0, "busy back-off on (default)"), (None, "busy back-off off: refresh every 1 s")):
-            base, ratios, refr, defer, cpu = measure("kernel", busy)
+        for busy, label in ((3.0, "default (3 s while busy)"), (None, "back-off off (1 s always)")):
+            m = measure("kernel", busy)
             if busy is not None:
-                rows.append(("training loop IN the kernel, monitor off (worst case below)", f"{base * 1e3:.3f} ms/step",
-                             "torch MLP, 1 thread, in the kernel's main thread"))
-            rows.append((f"  same, monitor + dashboard live, {label}", effect(ratios),
-                         f"monitor threads used {cpu * 100:.2f}% of a core meanwhile; {refr:.1f} refreshes, "
-                         f"{defer:.1f} deferred per block; " + spread(ratios)))
+                rows.append(("WORST CASE training loop IN the kernel, monitor off", f"{m['base'] * 1e3:.3f} ms/step",
+                             "torch MLP, 1 thread, in the kernel's main thread (shares the GIL with the monitor)"))
+            add(f"  + monitor & dashboard live, {label}", m)
         if worker:
             run("from gpu_notebook import Cluster\ncluster = Cluster(workers=1, cpus_per_worker=1.0).start()")
             try:
-                base, ratios, refr, _, cpu = measure("worker", 3.0)
+                m = measure("worker", 3.0)
             finally:
                 run("cluster.stop()")
-            rows.append(("training loop in a cluster worker process, monitor off", f"{base * 1e3:.3f} ms/step",
-                         "cluster.call(train) on a local 1-worker Cluster (what %%distributed runs)"))
-            rows.append(("  same, sampler actor + pull + dashboard live (kernel idle)",
-                         effect(ratios) + " (target < 1%)",
-                         f"kernel's monitor threads used {cpu * 100:.2f}% of a core; {refr:.1f} refreshes per block; "
-                         + spread(ratios)))
+            rows.append(("USER CASE training loop in a cluster worker process, monitor off",
+                         f"{m['base'] * 1e3:.3f} ms/step",
+                         "cluster.call(train) on a local 1-worker Cluster, as %%distributed runs it"))
+            add("  + sampler actor, pull & dashboard live", m, " (target < 1%)")
     return rows
 
 

@@ -216,15 +216,18 @@ def test_nothing_new_sends_nothing_and_stale_traces_are_not_resent(clock: Clock,
     clock.t += 1.0
     assert not w.refresh() and w.unchanged == 1  # no new rows: no work, no message
     assert len(wire.comm_msgs()) == n0
-    restyles: list[list[int]] = []
-    orig = w.fig.plotly_restyle
-    w.fig.plotly_restyle = lambda data, idx=None: (restyles.append(list(idx)), orig(data, idx))  # type: ignore
+    updates: list[tuple[dict, list[int]]] = []
+    orig = w.fig._send_update_msg
+    w.fig._send_update_msg = lambda style, layout, idx=None, **k: (updates.append((layout, list(idx))),
+                                                                  orig(style, layout, idx, **k))
     clock.t += 0.5
     samplers[0].tick()  # only node-00 has something new
     mon.pull()
     assert w.refresh() and len(wire.comm_msgs()) > n0
-    sent = {w._traces[i][2][1] for i in restyles[-1]}
-    assert sent == {"node-00"}  # node-01's traces did not change, so they were not resent
+    layout, idx = updates[-1]
+    assert {w._traces[i][2][1] for i in idx} == {"node-00"}  # node-01's traces did not change: not resent
+    # plotly.js resets an axis type when x is restyled; the same message must name the date type again
+    assert layout == {"xaxis.type": "date", "xaxis2.type": "date", "xaxis3.type": "date"}
     y = np.asarray(w.fig.data[0].y)
     assert y.dtype == np.float64 and len(y) >= 6  # binary float64 buffers, not lists of objects
     x = np.asarray(w.fig.data[0].x)

@@ -214,6 +214,7 @@ class MonitorWidget:
         self._fig_cost = 4
         self._advice = ""
         self._structure: tuple[Any, ...] | None = None
+        self._date_axes: dict[str, str] = {}
         self._traces: list[tuple[str, str, Any]] = []
         self._advice_at = -math.inf
         self._lock = threading.Lock()
@@ -316,9 +317,11 @@ class MonitorWidget:
                           legend={"orientation": "h", "y": -0.05})
         fig.update_yaxes(rangemode="tozero")
         # x arrives as local-time epoch milliseconds (binary float64), shown as dates
+        self._date_axes = {}
         for r, (metric, _title) in enumerate(rows, start=1):
             if metric != "heat":
                 fig.update_xaxes(type="date", row=r, col=1)
+                self._date_axes[f"xaxis{'' if r == 1 else r}.type"] = "date"
         if plan[0] == "gpu" or plan[0] == "host":
             fig.update_yaxes(range=[0, 100], row=1, col=1)
         self._structure = plan
@@ -428,6 +431,24 @@ class MonitorWidget:
         return f"<div class='gpu-notebook-monitor-advice' style='color:#8a5a00;margin-top:4px'>{''.join(parts)}</div>"
 
     # -- refresh --------------------------------------------------------------------------------------------------
+    def _push(self, restyle: dict[str, Any], idx: list[int]) -> None:
+        """One ``Plotly.update``: the new trace data plus the x axes' ``type="date"``.
+
+        plotly.js resets an axis type to "autodetect" whenever a restyle replaces x, and numbers would then
+        autodetect as a linear axis; an update that names the type in the same message keeps the date axis.
+        plotly.py only sends the layout keys that changed on its side, so the message is built here from its
+        (long-standing) internal steps: apply to the Python-side figure, then send one update message.
+        """
+        fig = self.fig
+        perform = getattr(fig, "_perform_plotly_restyle", None)
+        send = getattr(fig, "_send_update_msg", None)
+        if perform is None or send is None:  # pragma: no cover - a plotly without them: public API, numeric axes
+            fig.plotly_restyle(restyle, idx)
+            return
+        changes = perform(restyle, idx)
+        if changes:
+            send(changes, dict(self._date_axes), idx)
+
     def _data_version(self) -> tuple[Any, ...]:
         """Changes whenever the aggregator received rows or a node went up/down."""
         agg = self.monitor.aggregator
@@ -490,7 +511,7 @@ class MonitorWidget:
                 restyle: dict[str, Any] = {"x": xs, "y": ys}
                 if heat_at is not None:
                     restyle["z"] = zs
-                self.fig.plotly_restyle(restyle, idx)
+                self._push(restyle, idx)
                 self._fig_cost = max(1, self.rate.total - before)
             if now - self._advice_at >= 10.0:
                 self._advice_at = now
