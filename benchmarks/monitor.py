@@ -11,13 +11,19 @@ Rows:
    CPU time of one refresh.
 4. CPU used by the monitor's own threads, and the round-trip latency of a ``1+1`` cell in a real kernel with
    the dashboard off vs live.
-5. slowdown of a CPU training loop (a small torch MLP, one thread) with the monitor and its dashboard running
-   in background threads vs off, A/B interleaved.
+5. slowdown of a CPU training loop (a small torch MLP, one thread) with the monitor and its dashboard live vs
+   off, in a real Jupyter kernel driven by nbclient, in off/on/on/off (ABBA) blocks: the worst case with the
+   loop in the kernel's own main thread (it shares the GIL with the monitor threads), and the user's case with
+   the loop in a cluster worker process (``cluster.call``, what ``%%distributed`` runs) while the sampler actor
+   and the kernel's pull and dashboard threads run. Besides wall clock, each case reports the training
+   thread's extra GIL waits and run-queue waits from ``/proc/thread-self/schedstat``, which other jobs on a
+   shared machine do not disturb.
 
 Usage::
 
-    python benchmarks/monitor.py            # all rows (~1 min)
-    python benchmarks/monitor.py --quick    # shorter runs
+    python benchmarks/monitor.py                   # all rows (~8 min on 2 cores; starts a local Ray)
+    python benchmarks/monitor.py --quick           # shorter runs
+    python benchmarks/monitor.py --only-training   # just the training rows (--no-worker: no Ray)
 """
 
 from __future__ import annotations
