@@ -18,7 +18,15 @@ from ._launcher import CloudLauncher, LaunchError, Plan, TeardownReport, plan_cl
 from ._ray_compat import RayVersionError, check_ray_version
 from ._render import render_kuberay_manifest, render_ray_config, to_yaml
 from ._spec import CloudRequestError, ClusterSpec, InstanceChoice, Resolved, default_image, resolve
-from ._state import ClusterState, clusters_dir, config_dir, delete_state, list_states, load_state
+from ._state import (
+    ClusterState,
+    active_states,
+    clusters_dir,
+    config_dir,
+    delete_state,
+    list_states,
+    load_state,
+)
 
 __all__ = [
     "CloudLauncher",
@@ -40,6 +48,7 @@ __all__ = [
     "default_image",
     "delete_state",
     "list_states",
+    "active_states",
     "load_state",
     "plan_cluster",
     "render_kuberay_manifest",

@@ -171,6 +171,14 @@ def list_states() -> list[ClusterState]:
     return sorted(out, key=lambda s: s.created_at)
 
 
+def active_states() -> list[ClusterState]:
+    """Saved clusters not yet torn down (what ``%gpu_cluster list`` shows from earlier kernels); never raises."""
+    try:
+        return [st for st in list_states() if st.status not in ("terminated", "stopped")]
+    except Exception:  # noqa: BLE001 - an unreadable config folder must not break list
+        return []
+
+
 def delete_state(name: str) -> bool:
     """Remove the state file of ``name``; True if there was one."""
     path = clusters_dir() / f"{name}.json"

@@ -240,15 +240,11 @@ class ClusterMagics(Magics):
 
 
 def _saved_cloud_states() -> list[Any]:
-    """Cloud clusters whose state was saved by this or an earlier kernel (still to be torn down)."""
     try:
-        from gpu_notebook.cloud import list_states
+        from gpu_notebook.cloud import active_states
     except ImportError:
         return []
-    try:
-        return [st for st in list_states() if st.status not in ("terminated", "stopped")]
-    except Exception:  # noqa: BLE001 - an unreadable config folder must not break list
-        return []
+    return active_states()
 
 
 def _saved_cloud(name: str) -> bool:
