@@ -44,6 +44,21 @@ def _default_notify(msg: str) -> None:
     print(f"gpu_notebook: {msg}", file=sys.stderr, flush=True)
 
 
+def _stop_and_report(policy: Any, reason: str, parts: list[str]) -> str:
+    """Stop the workers for a policy (its own stop callable, else its cluster) and notify one message."""
+    try:
+        if policy._stop is not None:
+            policy._stop(reason)
+        elif policy.cluster is not None:
+            _stop_cluster(policy.cluster, reason)
+        parts.append("workers stopped")
+    except Exception as e:  # noqa: BLE001
+        parts.append(f"stopping the workers FAILED ({type(e).__name__}: {e}); stop them yourself")
+    policy.message = "; ".join(parts)
+    policy.notify(policy.message)
+    return str(policy.message)
+
+
 def _stop_cluster(cluster: Any, reason: str) -> str:
     try:
         return str(cluster.stop(reason=reason))
@@ -238,17 +253,7 @@ class BudgetPolicy:
         else:
             parts.append("no checkpoint saved (no on_budget_checkpoint given)" + _active_checkpointer_note())
         self.state = "stopped"
-        try:
-            if self._stop is not None:
-                self._stop(reason)
-            elif self.cluster is not None:
-                _stop_cluster(self.cluster, reason)
-            parts.append("workers stopped")
-        except Exception as e:  # noqa: BLE001
-            parts.append(f"stopping the workers FAILED ({type(e).__name__}: {e}); stop them yourself")
-        self.message = "; ".join(parts)
-        self.notify(self.message)
-        return self.message
+        return _stop_and_report(self, reason, parts)
 
     def status(self, at: float | None = None) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "message": self.message, "budget_usd": self.usd}
@@ -379,17 +384,7 @@ class IdleStopPolicy:
         self.state = "stopped"
         self.remaining_s = 0.0
         parts = [reason]
-        try:
-            if self._stop is not None:
-                self._stop(reason)
-            elif self.cluster is not None:
-                _stop_cluster(self.cluster, reason)
-            parts.append("workers stopped")
-        except Exception as e:  # noqa: BLE001
-            parts.append(f"stopping the workers FAILED ({type(e).__name__}: {e}); stop them yourself")
-        self.message = "; ".join(parts)
-        self.notify(self.message)
-        return self.message
+        return _stop_and_report(self, reason, parts)
 
     def status(self, at: float | None = None) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "message": self.message,
