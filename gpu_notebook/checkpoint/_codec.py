@@ -15,11 +15,17 @@ out of its exponent byte) and, when ``flags & 1``, permuted into the stable orde
 exponent bits (a context model for free: elements of similar magnitude change by similar amounts, so each
 zstd block sees a homogeneous population). Width is the element size in bytes; the elements are split into
 ``width`` byte planes, which compress separately (sign and exponent bytes compress far better than
-mantissa bytes). Version 1 frames (no flags/rotation/offset) are still read. Pure numpy + zstandard.
+mantissa bytes). Version 1 frames (no flags/rotation/offset) are still read.
+
+numpy + zstandard; the transform and the byte-plane split (and their inverse) run in one pass each in the C
+kernels of ``_planes.c`` when that extension was built (``pip install`` compiles it; without a compiler the numpy
+path below writes and reads exactly the same bytes, several times slower). ``GPU_NOTEBOOK_NATIVE=0`` turns the
+kernels off.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import threading
 from typing import Any
@@ -51,6 +57,25 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 _local = threading.local()
+
+
+def _load_native() -> Any:
+    if os.environ.get("GPU_NOTEBOOK_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        from . import _planes  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _planes
+
+
+#: the compiled kernels (``_planes.c``), or None: the numpy reference path
+_native: Any = _load_native()
+
+
+def native_kernels() -> bool:
+    """Whether the compiled byte-plane kernels are in use (else the slower numpy path, same bytes)."""
+    return _native is not None
 
 
 #: chunks below this size only try the plain transforms (no rotation, no permutation)
@@ -124,7 +149,7 @@ def _order(base: np.ndarray, width: int) -> np.ndarray:
 def _forward(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int) -> np.ndarray:
     """Apply a variant to a ``uint8`` chunk; returns ``cur`` itself or a per-thread scratch buffer."""
     t, rot, perm, off = v
-    if t == 0 and not rot:
+    if t == 0 and not rot and not perm:
         return cur
     n = cur.nbytes
     u: Any = _UINT[width]
@@ -211,8 +236,18 @@ def _merge(planes: np.ndarray, width: int, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _encode_planes(buf: np.ndarray, v: Variant, width: int, level: int, store: frozenset[int]) -> bytes:
-    planes = _split(buf, width)
+def _planes_of(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int) -> np.ndarray:
+    """The byte planes, as a (width, n) ``uint8`` array (per-thread scratch), of a chunk encoded by ``v``."""
+    nat = _native
+    if nat is None:
+        return _split(_forward(cur, base, v, width), width)
+    t, rot, perm, off = v
+    out = _scratch("split", cur.nbytes)
+    nat.forward_split(cur, base if (t or perm) else None, out, width, t, rot, perm, off)
+    return out.reshape(width, -1)
+
+
+def _encode_planes(planes: np.ndarray, v: Variant, width: int, level: int, store: frozenset[int]) -> bytes:
     zc = _zc(level)
     heads: list[bytes] = []
     bodies: list[bytes | memoryview] = []
@@ -230,7 +265,7 @@ def _encode_planes(buf: np.ndarray, v: Variant, width: int, level: int, store: f
             heads.append(_PLANE.pack(_KIND_STORED, p.nbytes))
             bodies.append(memoryview(p))
     t, rot, perm, off = v
-    hdr = _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_PLANES, t, width, buf.nbytes)
+    hdr = _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_PLANES, t, width, planes.nbytes)
     ext = _EXT.pack(_FLAG_PERM if perm else 0, rot, off)
     return b"".join([hdr, ext, *heads, *bodies])
 
@@ -239,9 +274,8 @@ def _raw_frame(buf: np.ndarray) -> bytes:
     return _HDR.pack(FRAME_MAGIC, FRAME_VERSION, _MODE_RAW, 0, 1, buf.nbytes) + buf.tobytes()
 
 
-def _estimate(buf: np.ndarray, width: int, level: int) -> tuple[int, frozenset[int]]:
-    """Compressed size of a byte-plane split of ``buf`` (no header), and the planes not worth compressing."""
-    planes = _split(buf, width)
+def _estimate(planes: np.ndarray, level: int) -> tuple[int, frozenset[int]]:
+    """Compressed size of byte planes (no header), and the planes not worth compressing."""
     zc = _zc(level)
     total = 0
     store = set()
@@ -291,7 +325,7 @@ def _choose(
     large = _sample(raw, base, width, _ORDER_SAMPLE_BYTES)
 
     def est(v: Variant, smp: tuple[np.ndarray, Any] = small) -> tuple[int, frozenset[int]]:
-        return _estimate(_forward(smp[0], smp[1], v, width), width, level)
+        return _estimate(_planes_of(smp[0], smp[1], v, width), level)
 
     ts: list[Variant] = [(0, 0, False, 0)]
     if base is not None:
@@ -338,7 +372,7 @@ def _encode_variant(
     store: frozenset[int] = frozenset(),
 ) -> bytes:
     """Encode a chunk in one given way (no search; for tests and tools)."""
-    return _encode_planes(_forward(raw.reshape(-1), base, v, width), v, width, level, store)
+    return _encode_planes(_planes_of(raw.reshape(-1), base, v, width), v, width, level, store)
 
 
 def encode_chunk(
@@ -482,15 +516,43 @@ def decode_chunk(
     if (transform or perm) and (base is None or base.nbytes != n):
         raise ValueError("delta frame needs its base chunk")
     simple = width == 1 and not transform and not rot and not perm
-    planes = out.reshape(1, n) if simple else _scratch("dplanes", n).reshape(nplanes, plane_len)
     zd = _zd()
+    nat = _native
+    if nat is not None and not simple:  # the planes go straight into the kernel: no copies
+        bufs: list[Any] = []
+        for kind, clen in heads:
+            payload = mv[pos : pos + clen]
+            if len(payload) != clen:
+                raise ValueError("frame is truncated")
+            pos += clen
+            if kind == _KIND_ZSTD:
+                try:
+                    dec = zd.decompress(payload, max_output_size=plane_len)
+                except Exception as err:  # zstandard.ZstdError
+                    raise ValueError(f"plane does not decompress: {err}") from None
+                if len(dec) != plane_len:
+                    raise ValueError("plane has the wrong length")
+                bufs.append(dec)
+            elif kind == _KIND_STORED:
+                if clen != plane_len:
+                    raise ValueError("plane has the wrong length")
+                bufs.append(payload)
+            else:
+                raise ValueError("unknown plane kind")
+        b = base.reshape(-1) if (transform or perm) and base is not None else None
+        nat.merge_inverse(bufs, b, out, width, transform, rot, perm, off)
+        return out
+    planes = out.reshape(1, n) if simple else _scratch("dplanes", n).reshape(nplanes, plane_len)
     for i, (kind, clen) in enumerate(heads):
         payload = mv[pos : pos + clen]
         if len(payload) != clen:
             raise ValueError("frame is truncated")
         pos += clen
         if kind == _KIND_ZSTD:
-            dec = zd.decompress(payload, max_output_size=plane_len)
+            try:
+                dec = zd.decompress(payload, max_output_size=plane_len)
+            except Exception as err:  # zstandard.ZstdError
+                raise ValueError(f"plane does not decompress: {err}") from None
             if len(dec) != plane_len:
                 raise ValueError("plane has the wrong length")
             planes[i] = np.frombuffer(dec, dtype=np.uint8)
