@@ -1037,9 +1037,26 @@ class Checkpointer:
                 f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
             )
 
-        def decode(name: str, idx: int, e: dict[str, Any], out: np.ndarray | None, check: bool) -> np.ndarray:
-            """Decode a chunk (into ``out`` if given). Only ``check``ed chunks are hashed: a delta's decoded
-            bytes depend on every byte of its base, so checking the end of a chain checks the chain."""
+        scratch = threading.local()
+
+        def link_buffer(level: int, nbytes: int) -> np.ndarray:
+            """A per-thread buffer for the inner links of a chain (two, used in turn: a link is decoded from
+            the one below it into the other), so a deep chain neither allocates nor page-faults."""
+            bufs = getattr(scratch, "bufs", None)
+            if bufs is None:
+                bufs = scratch.bufs = {}
+            b = bufs.get(level % 2)
+            if b is None or b.nbytes < nbytes:
+                b = bufs[level % 2] = np.empty(nbytes, dtype=np.uint8)
+            return b[:nbytes]
+
+        def decode(
+            name: str, idx: int, e: dict[str, Any], out: np.ndarray | None, check: bool, level: int = 0
+        ) -> np.ndarray:
+            """Decode a chunk into ``out`` (the end of a chain) or, for the inner links (``out`` None), into a
+            scratch buffer. Only ``check``ed chunks are hashed: a delta's decoded bytes depend on every byte of
+            its base, so checking the end of a chain checks the chain. Only chain ends are cached (a scratch
+            buffer is overwritten by the next chain)."""
             with cache_lock:
                 hit = raw_cache.get(e["raw"])
             if hit is not None:
@@ -1047,16 +1064,20 @@ class Checkpointer:
                     return hit
                 out[:] = hit
                 return out
-            base = decode(name, idx, e["base"], None, False) if e.get("base") else None
+            base = decode(name, idx, e["base"], None, False, level + 1) if e.get("base") else None
             frame = fetch(name, idx, e)
+            final = out is not None
+            if out is None:
+                out = link_buffer(level, int(e["len"]))
             try:
                 raw = decode_chunk(frame, base, out)
             except ValueError as err:
                 raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e) from err
             if check and _sha(raw.data) != e["raw"]:
                 raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e)
-            with cache_lock:
-                raw_cache[e["raw"]] = raw
+            if final:
+                with cache_lock:
+                    raw_cache[e["raw"]] = raw
             return raw
 
         # decode every chunk straight into its tensor's buffer (the delta base of the next save), then copy

@@ -19,15 +19,55 @@
 
 #define MAXW 8
 
-/* bucket start positions of the stable counting sort by key = (b >> (bits - 9)) & 0xFF */
-#define DEF_STARTS(U, BITS)                                                        \
-    static void starts_##BITS(const U *b, Py_ssize_t n, Py_ssize_t *pos) {         \
-        Py_ssize_t cnt[256];                                                       \
-        memset(cnt, 0, sizeof cnt);                                                \
-        for (Py_ssize_t i = 0; i < n; i++) cnt[(b[i] >> (BITS - 9)) & 0xFF]++;     \
-        Py_ssize_t s = 0;                                                          \
-        for (int k = 0; k < 256; k++) { pos[k] = s; s += cnt[k]; }                 \
+/* Bucket start positions of the stable counting sort by key = (b >> (bits - 9)) & 0xFF, for SEG interleaved
+ * segments of the chunk (segment s covers [s*q, (s+1)*q), the last one also the tail): pos[s][k] is where the
+ * first element of segment s with key k goes. The segments' running positions are independent, so the main
+ * loops advance SEG dependency chains at once (one chain stalls on the store-to-load of pos[k]++). */
+#define SEG 4
+#define DEF_STARTS(U, BITS)                                                                         \
+    static void starts_##BITS(const U *b, Py_ssize_t n, Py_ssize_t pos[SEG][256]) {                 \
+        Py_ssize_t q = n / SEG;                                                                     \
+        memset(pos, 0, sizeof(Py_ssize_t) * SEG * 256);                                             \
+        for (int s = 0; s < SEG; s++) {                                                             \
+            Py_ssize_t lo = s * q, hi = s == SEG - 1 ? n : lo + q;                                  \
+            for (Py_ssize_t i = lo; i < hi; i++) pos[s][(b[i] >> (BITS - 9)) & 0xFF]++;             \
+        }                                                                                           \
+        Py_ssize_t at = 0;                                                                          \
+        for (int k = 0; k < 256; k++)                                                               \
+            for (int s = 0; s < SEG; s++) {                                                         \
+                Py_ssize_t c = pos[s][k];                                                           \
+                pos[s][k] = at;                                                                     \
+                at += c;                                                                            \
+            }                                                                                       \
     }
+/* visit every element once, the SEG segments interleaved: BODY(i, s) */
+#define FOR_SEGMENTS(n, BODY)                                                                       \
+    do {                                                                                            \
+        Py_ssize_t q_ = (n) / SEG;                                                                  \
+        for (Py_ssize_t i_ = 0; i_ < q_; i_++)                                                      \
+            for (int s_ = 0; s_ < SEG; s_++) BODY(s_ * q_ + i_, s_);                                \
+        for (Py_ssize_t i_ = SEG * q_; i_ < (n); i_++) BODY(i_, SEG - 1);                           \
+    } while (0)
+
+#define FWD_PERM_BODY(BITS, W, i, s)                                                                \
+    do {                                                                                            \
+        Py_ssize_t j = pos[s][(b[i] >> (BITS - 9)) & 0xFF]++;                                       \
+        U d = fwd_##BITS(c[i], b[i], t, rot, off);                                                  \
+        for (int k = 0; k < W; k++) out[(Py_ssize_t)k * n + j] = (uint8_t)(d >> (8 * k));           \
+    } while (0)
+#define INV_PERM_BODY(BITS, W, i, s)                                                                \
+    do {                                                                                            \
+        Py_ssize_t j = pos[s][(b[i] >> (BITS - 9)) & 0xFF]++;                                       \
+        U z = 0;                                                                                    \
+        for (int k = 0; k < W; k++) z |= (U)((U)q[k][j] << (8 * k));                                \
+        out[i] = inv_##BITS(z, b[i], t, rot, off);                                                  \
+    } while (0)
+#define FWD_PERM_16(i, s) FWD_PERM_BODY(16, 2, i, s)
+#define FWD_PERM_32(i, s) FWD_PERM_BODY(32, 4, i, s)
+#define FWD_PERM_64(i, s) FWD_PERM_BODY(64, 8, i, s)
+#define INV_PERM_16(i, s) INV_PERM_BODY(16, 2, i, s)
+#define INV_PERM_32(i, s) INV_PERM_BODY(32, 4, i, s)
+#define INV_PERM_64(i, s) INV_PERM_BODY(64, 8, i, s)
 
 #define DEF_FORWARD(U, BITS, W)                                                                     \
     static inline U fwd_##BITS(U d, U b, int t, int rot, U off) {                                   \
@@ -44,13 +84,9 @@
                                Py_ssize_t n, int t, int rot, int perm, U off) {                     \
         static const U zero = 0;                                                                    \
         if (perm) {                                                                                 \
-            Py_ssize_t pos[256];                                                                    \
+            Py_ssize_t pos[SEG][256];                                                               \
             starts_##BITS(b, n, pos);                                                               \
-            for (Py_ssize_t i = 0; i < n; i++) {                                                    \
-                U d = fwd_##BITS(c[i], b[i], t, rot, off);                                          \
-                Py_ssize_t j = pos[(b[i] >> (BITS - 9)) & 0xFF]++;                                  \
-                for (int k = 0; k < W; k++) out[(Py_ssize_t)k * n + j] = (uint8_t)(d >> (8 * k));   \
-            }                                                                                       \
+            FOR_SEGMENTS(n, FWD_PERM_##BITS);                                                       \
         } else if (t == 0) {                                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                    \
                 U d = fwd_##BITS(c[i], zero, 0, rot, off);                                          \
@@ -81,14 +117,9 @@
         const uint8_t *q[W];                                                                        \
         for (int k = 0; k < W; k++) q[k] = p[k];                                                    \
         if (perm) {                                                                                 \
-            Py_ssize_t pos[256];                                                                    \
+            Py_ssize_t pos[SEG][256];                                                               \
             starts_##BITS(b, n, pos);                                                               \
-            for (Py_ssize_t i = 0; i < n; i++) {                                                    \
-                Py_ssize_t j = pos[(b[i] >> (BITS - 9)) & 0xFF]++;                                  \
-                U z = 0;                                                                            \
-                for (int k = 0; k < W; k++) z |= (U)((U)q[k][j] << (8 * k));                        \
-                out[i] = inv_##BITS(z, b[i], t, rot, off);                                          \
-            }                                                                                       \
+            FOR_SEGMENTS(n, INV_PERM_##BITS);                                                       \
         } else if (t == 0) {                                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                    \
                 U z = 0;                                                                            \
