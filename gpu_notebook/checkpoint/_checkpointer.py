@@ -504,32 +504,20 @@ class Checkpointer:
         is_base = not self._shadow or self._since_base + 1 >= self.full_every
         total = snap.nbytes
         prog = Progress(f"checkpoint {ckpt_id}", total, self.progress)
-        # 1) hash every chunk (parallel)
+        # 1) per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk
+        # of this save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint)
+        # and upload a big frame directly (small ones are collected into packs)
         work: list[tuple[Leaf, int, int, int]] = []  # leaf, chunk index, offset, length
         for leaf in snap.leaves:
             for i, (o, ln) in enumerate(self._chunks_of(leaf)):
                 work.append((leaf, i, o, ln))
-        hashes = list(self._pool.map(lambda w: _sha(memoryview(w[0].data[w[2] : w[2] + w[3]])), work))
-        # 2) decide reuse / encode (sequential, cheap)
         known: dict[str, dict[str, Any]] = {}
         for prev in self._shadow.values():
             for e in prev["chunks"]:
                 if not is_base or e.get("depth", 0) == 0:
                     known.setdefault(e["raw"], e)
-        plan: list[tuple[int, dict[str, Any] | None, np.ndarray | None, dict[str, Any] | None]] = []
-        pending_raw: dict[str, int] = {}
-        reused_bytes = 0
+        plan: list[tuple[int, np.ndarray | None, dict[str, Any] | None]] = []
         for k, (leaf, i, o, ln) in enumerate(work):
-            h = hashes[k]
-            if h in known:
-                plan.append((k, known[h], None, None))
-                reused_bytes += ln
-                continue
-            if h in pending_raw:  # same bytes twice in this save (tied weights): encode once
-                plan.append((k, {"$same": pending_raw[h]}, None, None))
-                reused_bytes += ln
-                continue
-            pending_raw[h] = k
             base_arr: np.ndarray | None = None
             base_entry: dict[str, Any] | None = None
             sh = self._shadow.get(leaf.name)
@@ -542,22 +530,33 @@ class Checkpointer:
             ):
                 base_entry = sh["chunks"][i]
                 base_arr = sh["data"][o : o + ln]
-            plan.append((k, None, base_arr, base_entry))
-        # 3) encode new chunks (parallel); upload big frames directly, collect small ones into packs
+            plan.append((k, base_arr, base_entry))
+        plan.sort(key=lambda p: -work[p[0]][3])  # big chunks first, so that the threads finish together
+        claimed: dict[str, int] = {}  # raw hash -> the chunk of this save that encodes it
         new_bytes = 0
         new_objects = 0
+        reused_bytes = 0
         nb_lock = threading.Lock()
 
-        def encode(item: tuple[int, Any, Any, Any]) -> tuple[int, dict[str, Any], bytes | None]:
-            nonlocal new_bytes, new_objects
+        def encode(item: tuple[int, Any, Any]) -> tuple[int, dict[str, Any], bytes | None]:
+            nonlocal new_bytes, new_objects, reused_bytes
             from ._codec import encode_chunk
 
-            k, reuse, base_arr, base_entry = item
+            k, base_arr, base_entry = item
             leaf, i, o, ln = work[k]
+            raw = leaf.data[o : o + ln]
+            h = _sha(memoryview(raw))
+            reuse: dict[str, Any] | None = known.get(h)
+            if reuse is None:
+                with nb_lock:
+                    first = claimed.setdefault(h, k)
+                if first != k:
+                    reuse = {"$same": first}
             if reuse is not None:
+                with nb_lock:
+                    reused_bytes += ln
                 prog.add(ln)
                 return k, reuse, None
-            raw = leaf.data[o : o + ln]
             # a chunk reuses the encoding chosen for it by an earlier save (the best transform, order and
             # rotation of a tensor change slowly); the choice is searched afresh every few saves
             kind = (leaf.name, i, leaf.dtype, base_arr is not None)
@@ -567,7 +566,7 @@ class Checkpointer:
             frame, t = encode_chunk(raw, leaf.width, base_arr, level=self.level, hint=hint, chosen=chosen)
             if hint is None and "hint" in chosen:
                 self._hints[kind] = (chosen["hint"], self._seq)
-            entry: dict[str, Any] = {"raw": hashes[k], "len": ln, "t": t, "size": len(frame)}
+            entry: dict[str, Any] = {"raw": h, "len": ln, "t": t, "size": len(frame)}
             if t in ("xor", "sub") and base_entry is not None:
                 entry["base"] = base_entry
                 entry["depth"] = int(base_entry.get("depth", 0)) + 1
