@@ -545,7 +545,7 @@ class Checkpointer:
             k, base_arr, base_entry = item
             leaf, i, o, ln = work[k]
             raw = leaf.data[o : o + ln]
-            h = _sha(memoryview(raw))
+            h = _sha(raw.data)
             reuse: dict[str, Any] | None = known.get(h)
             if reuse is None:
                 with nb_lock:
