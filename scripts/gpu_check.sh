@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: run on a machine with NVIDIA GPUs (e.g. the device tool's machine) from the repository root.
 # Exercises the real GPU paths that CI cannot: NCCL ranks on their own GPUs, NVML sampling, the doctor and
-# the all-reduce benchmark over NCCL. Uses the machine's own python3 (with torch); no installs.
+# the all-reduce benchmark over NCCL, checkpoints of GPU state (page-locked asynchronous snapshot, restore onto
+# the GPU). Uses the machine's own python3 (with torch); no installs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -9,7 +10,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_USAGE_STATS_ENABLED=0
 status=0
 echo "== nvidia-smi"; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv || status=1
 echo "== python/torch"; "$PY" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.device_count(), torch.cuda.get_arch_list())" || status=1
-for step in gpu_check_distributed gpu_check_monitor gpu_check_doctor; do
+for step in gpu_check_distributed gpu_check_monitor gpu_check_doctor gpu_check_checkpoint; do
     if [ -f "scripts/$step.py" ]; then
         echo "== $step"
         timeout 300 "$PY" "scripts/$step.py" || { echo "!! $step failed"; status=1; }

@@ -286,6 +286,8 @@ class Checkpointer:
         # delta state: the last committed snapshot of *this rank*
         self._shadow: dict[str, dict[str, Any]] = {}
         self._free: dict[int, list[np.ndarray]] = {}  # recycled snapshot buffers, by size
+        self._free_pinned: dict[int, list[np.ndarray]] = {}  # ... page-locked ones (copies from GPUs)
+        self._pinned: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self._parent: str | None = None
         self._since_base = 0
         self._last_save_step: int | None = None
@@ -418,21 +420,39 @@ class Checkpointer:
             self.wait()
         return handle
 
-    def _alloc(self, nbytes: int) -> np.ndarray:
-        lst = self._free.get(nbytes)
+    def _alloc(self, nbytes: int, pinned: bool = False) -> np.ndarray:
+        """A host buffer for a snapshot copy: a recycled one of that size, else a new one. ``pinned``: page-locked
+        (for asynchronous copies from a GPU; falls back to ordinary memory where that is unavailable)."""
+        lst = (self._free_pinned if pinned else self._free).get(nbytes)
         if lst:
             return lst.pop()
+        if pinned:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+                    self._pinned[id(a)] = a
+                    return a
+            except Exception:  # noqa: BLE001 - out of page-locked memory, no driver: use pageable memory
+                pass
         return np.empty(nbytes, dtype=np.uint8)
 
     def _recycle(self, shadow: dict[str, dict[str, Any]]) -> None:
         free: dict[int, list[np.ndarray]] = {}
+        free_pinned: dict[int, list[np.ndarray]] = {}
         seen: set[int] = set()
         for sh in shadow.values():
             d = sh["data"]
-            if isinstance(d, np.ndarray) and d.base is None and d.nbytes and id(d) not in seen:
-                seen.add(id(d))
+            if not isinstance(d, np.ndarray) or not d.nbytes or id(d) in seen:
+                continue
+            seen.add(id(d))
+            if self._pinned.get(id(d)) is d:
+                free_pinned.setdefault(d.nbytes, []).append(d)
+            elif d.base is None:
                 free.setdefault(d.nbytes, []).append(d)
         self._free = free
+        self._free_pinned = free_pinned
 
     def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
         """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None."""

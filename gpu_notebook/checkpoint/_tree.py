@@ -62,7 +62,20 @@ def _key_str(k: Any) -> str:
     return s.replace("/", "%2F")
 
 
-def _tensor_leaf(name: str, t: Any, copy: bool, alloc: Callable[[int], np.ndarray] | None = None) -> Leaf:
+def _tensor_leaf(
+    name: str,
+    t: Any,
+    copy: bool,
+    alloc: Callable[..., np.ndarray] | None = None,
+    pending: set[Any] | None = None,
+) -> Leaf:
+    """A leaf holding a host copy of tensor ``t``.
+
+    A tensor on an accelerator is copied into a page-locked host buffer from ``alloc(nbytes, pinned=True)``
+    with ``non_blocking=True`` and its device is added to ``pending``: the caller must wait for those devices
+    (:func:`wait_for_copies`) before the bytes are read. The copies are ordered on the tensor's current stream,
+    so training work queued after them cannot change the bytes being copied.
+    """
     import torch
 
     if t.is_sparse or t.layout != torch.strided:
@@ -80,12 +93,20 @@ def _tensor_leaf(name: str, t: Any, copy: bool, alloc: Callable[[int], np.ndarra
     nbytes = t.numel() * t.element_size()
     if copy and alloc is not None and nbytes:
         # copy into a recycled host buffer: fresh allocations page-fault, which is slow on some hosts
-        buf = alloc(nbytes)
-        if t.device.type == "cpu" and t.is_contiguous():
-            # a single-threaded memcpy: torch's parallel copy_ stalls badly when the CPUs are oversubscribed
-            np.copyto(buf, t.reshape(-1).view(torch.uint8).numpy())
+        if t.device.type == "cpu":
+            buf = alloc(nbytes)
+            if t.is_contiguous():
+                # a single-threaded memcpy: torch's parallel copy_ stalls badly when the CPUs are oversubscribed
+                np.copyto(buf, t.reshape(-1).view(torch.uint8).numpy())
+            else:
+                torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
         else:
-            torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
+            buf = alloc(nbytes, pinned=True)
+            host = torch.from_numpy(buf).view(t.dtype).view(t.shape)
+            asynchronous = pending is not None and host.is_pinned()
+            host.copy_(t, non_blocking=asynchronous)
+            if asynchronous:
+                pending.add(t.device)  # type: ignore[union-attr]
         return Leaf(name, "tensor", dtype, list(t.shape), buf)
     if t.device.type != "cpu":
         host = t.to("cpu").contiguous()
@@ -102,7 +123,7 @@ def flatten(
     state: Any,
     allow_pickle: bool = False,
     copy: bool = True,
-    alloc: Callable[[int], np.ndarray] | None = None,
+    alloc: Callable[..., np.ndarray] | None = None,
 ) -> tuple[Any, list[Leaf]]:
     """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
 
@@ -115,7 +136,9 @@ def flatten(
     copy
         Copy tensors (needed for background saves; CUDA tensors are always copied to host).
     alloc
-        Returns a writable ``uint8`` buffer of a given size for a copy (lets callers recycle buffers).
+        ``alloc(nbytes, pinned=False)`` returns a writable ``uint8`` buffer for a copy (lets callers recycle
+        buffers); ``pinned=True`` asks for page-locked memory (copies from a GPU then run asynchronously, all of
+        them waited for before ``flatten`` returns).
 
     Raises
     ------
@@ -178,7 +201,7 @@ def flatten(
             if isinstance(obj, torch.Tensor):
                 if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
                     return pickled(obj, path)
-                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy, alloc))}
+                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy, alloc, pending))}
             if isinstance(obj, torch.dtype):
                 return {"$dtype": str(obj).replace("torch.", "")}
             if isinstance(obj, torch.device):
@@ -216,8 +239,28 @@ def flatten(
         raw = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
         return {"$pickle": add_leaf(Leaf(path, "pickle", "uint8", [raw.nbytes], raw))}
 
-    tree = walk(state, "")
+    pending: set[Any] = set()  # devices with asynchronous copies to host in flight
+    try:
+        tree = walk(state, "")
+    finally:
+        wait_for_copies(pending)
     return tree, leaves
+
+
+def wait_for_copies(devices: set[Any]) -> None:
+    """Wait until the copies queued on each device's current stream are done (the snapshot is then complete)."""
+    if not devices:
+        return
+    import torch
+
+    for dev in devices:
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+        else:  # other accelerators (mps, xpu, ...): the whole device
+            mod = getattr(torch, dev.type, None)
+            sync = getattr(mod, "synchronize", None)
+            if sync is not None:
+                sync()
 
 
 def leaf_from_bytes(meta: dict[str, Any], data: np.ndarray, allow_pickle: bool = False) -> Any:

@@ -1,0 +1,89 @@
+"""The checkpointer's device path, as far as it runs without a GPU: host buffers for snapshots (page-locked
+ones fall back to ordinary memory), their recycling, and the GPU check script in its CPU mode.
+
+The real asynchronous copies from a GPU run in ``scripts/gpu_check_checkpoint.py`` (``scripts/gpu_check.sh``).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_notebook.checkpoint import Checkpointer
+from gpu_notebook.checkpoint._tree import flatten, wait_for_copies
+
+pytestmark = pytest.mark.timeout(180)
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check_checkpoint.py"
+
+
+def test_pinned_request_without_cuda_gives_ordinary_recyclable_memory(tmp_path: pathlib.Path) -> None:
+    ck = Checkpointer(tmp_path, progress=False)
+    try:
+        a = ck._alloc(1024, pinned=True)
+        assert isinstance(a, np.ndarray) and a.nbytes == 1024 and a.flags.writeable
+        if not torch.cuda.is_available():
+            assert a.base is None and len(ck._pinned) == 0
+        ck._recycle({"x": {"data": a}})
+        assert ck._alloc(1024) is a  # ordinary memory goes back to the ordinary pool
+    finally:
+        ck.close()
+
+
+def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path) -> None:
+    """A page-locked buffer (here a stand-in registered as one) is only handed out for pinned requests."""
+    ck = Checkpointer(tmp_path, progress=False)
+    try:
+        pinned = torch.empty(64, dtype=torch.uint8).numpy()  # a tensor-backed array, like a pinned one
+        ck._pinned[id(pinned)] = pinned
+        plain = np.empty(64, dtype=np.uint8)
+        view = np.empty(128, dtype=np.uint8)[:64]  # a view: never recycled (its owner may be in use)
+        ck._recycle({"a": {"data": pinned}, "b": {"data": plain}, "c": {"data": view}, "d": {"data": plain}})
+        assert ck._alloc(64, pinned=True) is pinned
+        assert ck._alloc(64) is plain
+        got = ck._alloc(64)
+        assert got is not view and got is not plain and got is not pinned
+    finally:
+        ck.close()
+
+
+def test_snapshot_is_a_copy_taken_at_save_time() -> None:
+    t = torch.arange(10, dtype=torch.float32)
+    bufs: list[tuple[int, bool]] = []
+
+    def alloc(n: int, pinned: bool = False) -> np.ndarray:
+        bufs.append((n, pinned))
+        return np.empty(n, dtype=np.uint8)
+
+    _, leaves = flatten({"t": t, "nc": t.view(2, 5).t()}, alloc=alloc)
+    t.add_(1)  # training continues: the snapshot must not change
+    assert bufs == [(40, False), (40, False)]  # CPU tensors: ordinary buffers
+    assert np.array_equal(leaves[0].data.view(np.float32), np.arange(10, dtype=np.float32))
+    assert np.array_equal(
+        leaves[1].data.view(np.float32), np.arange(10, dtype=np.float32).reshape(2, 5).T.ravel()
+    )
+    wait_for_copies(set())  # nothing in flight: a no-op
+
+
+def test_gpu_check_script_cpu_mode() -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--width", "128", "--layers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "checkpoint device check: OK" in out.stdout
+    assert out.stdout.count("save ") == 3
+
+
+def test_gpu_check_script_fails_clearly_without_cuda() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: covered by scripts/gpu_check.sh")
+    out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert "FAIL: CUDA is not available" in out.stdout
