@@ -581,12 +581,20 @@ def test_list_show_diff_displays(tmp_path: Path) -> None:
     m = _model()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     ck.save({"model": m, "step": 0, "lr": 0.1}, block=True)
+    first_objects = sum(f.stat().st_size for f in (tmp_path / "objects").rglob("*") if f.is_file())
     _train(m, opt, 1)
     ck.save({"model": m, "step": 1, "lr": 0.05}, block=True)
     lst = ck.list()
     assert "step" in repr(lst) and "<table>" in lst._repr_html_()
     shown = ck.show(lst[1].id)
     assert "model/0.weight" in shown["tensors"] and "model/0.weight" in repr(shown)
+    # what a restore reads: the delta and its base, every frame once
+    base, delta = ck.show(lst[0].id), shown
+    assert base["restore"]["max_depth"] == 0 and delta["restore"]["max_depth"] == 1
+    assert base["restore"]["bytes"] == first_objects  # the first checkpoint needs every object it wrote
+    new = delta["stats"]["new_bytes"]
+    assert new < delta["restore"]["bytes"] <= base["restore"]["bytes"] + new
+    assert "a restore reads" in repr(delta) and "deep" in repr(delta)
     d = ck.diff(lst[0].id, lst[1].id)
     assert (
         "model/0.weight" in d["changed"]

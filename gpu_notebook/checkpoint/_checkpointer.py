@@ -48,6 +48,7 @@ from ._manifest import (
     SHARD_PREFIX,
     CheckpointInfo,
     CheckpointList,
+    _fmt_bytes,
     check_version,
     id_from_key,
     manifest_key,
@@ -826,6 +827,12 @@ class Checkpointer:
         """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
         doc = self._resolve(ckpt_id, None)
         tensors = {}
+        frames: dict[tuple[str, int], int] = {}  # every frame a restore of this checkpoint reads
+        for shard in doc["shards"]:
+            for lf in shard["leaves"].values():
+                for c in lf["chunks"]:
+                    for e in walk_chunks(c):
+                        frames[(e["obj"], int(e["off"]))] = int(e["size"])
         for shard in doc["shards"]:
             for name, lf in shard["leaves"].items():
                 ts: dict[str, int] = {}
@@ -843,6 +850,11 @@ class Checkpointer:
                 }
         return _Show(
             info=CheckpointInfo.from_manifest(doc),
+            restore={
+                "bytes": sum(frames.values()),
+                "objects": len({k for k, _ in frames}),
+                "max_depth": max((t["max_depth"] for t in tensors.values()), default=0),
+            },
             stats=doc.get("stats", {}),
             writer=doc.get("writer", {}),
             tensors=tensors,
@@ -1204,6 +1216,13 @@ class _Show(dict):  # type: ignore[type-arg]
             f"  snapshot stall {st.get('stall_s', 0):.3f} s, persist {st.get('persist_s', 0):.3f} s, "
             f"{st.get('new_objects', 0)} new object(s)",
         ]
+        rs = self.get("restore")
+        if rs:
+            raw = max(1, int(st.get("raw_bytes", 0)))
+            lines.append(
+                f"  a restore reads {_fmt_bytes(rs['bytes'])} ({rs['bytes'] / raw:.2f}x the state) from {rs['objects']} "
+                f"object(s): delta chains up to {rs['max_depth']} deep (a full base every full_every saves bounds it)"
+            )
         for name, t in list(self["tensors"].items())[:50]:
             tr = ",".join(f"{k}:{v}" for k, v in t["transforms"].items())
             lines.append(
