@@ -294,8 +294,14 @@ def _median_offset(cur: np.ndarray, base: np.ndarray, width: int) -> int:
     s: Any = _INT[width]
     c = cur.view(s)
     step = max(1, c.size // 1024)
-    d = c[::step] - base.view(s)[::step]  # wraps, like the transform
-    off = int(np.median(d.astype(np.int64)))
+    d = (c[::step] - base.view(s)[::step]).astype(np.int64)  # wraps, like the transform
+    # np.median's result, without its overhead (this runs once per chunk): the mean of the middle one or two
+    k = d.size // 2
+    if d.size % 2:
+        off = int(float(np.partition(d, k)[k]))
+    else:
+        p = np.partition(d, (k - 1, k))
+        off = int((float(p[k - 1]) + float(p[k])) / 2)
     return int(np.array(off).astype(s))
 
 
@@ -419,10 +425,13 @@ def encode_chunk(
         base = base.reshape(-1)  # type: ignore[union-attr]
     else:
         base = None
-    off = _median_offset(raw, base, width) if delta and "sub" in transforms else 0  # type: ignore[arg-type]
+    usable = hint is not None and (delta or (hint[0] == 0 and not hint[2])) and (width > 1 or hint[1] == 0)
+    # the offset is only computed when it can be used: a search, or a reused choice that has one
+    need_off = delta and "sub" in transforms and (not usable or _CHECK_HINTS or bool(hint[3]))  # type: ignore[index]
+    off = _median_offset(raw, base, width) if need_off else 0  # type: ignore[arg-type]
     hv: Variant | None = None
-    if hint is not None and (delta or (hint[0] == 0 and not hint[2])) and (width > 1 or hint[1] == 0):
-        hv = (hint[0], hint[1], hint[2], off if hint[3] else 0)
+    if usable:
+        hv = (hint[0], hint[1], hint[2], off if hint[3] else 0)  # type: ignore[index]
     if hv is not None and not _CHECK_HINTS:
         v, store = hv, hint[4]  # type: ignore[index]
     else:
