@@ -38,6 +38,10 @@ __all__ = [
     "CheckpointSaveError",
     "UnsafeValueError",
     "FORMAT_VERSION",
+    "PreemptionWatcher",
+    "PreemptionNotice",
+    "FakeMetadataServer",
+    "detect_cloud",
 ]
 
 from ._errors import (
@@ -56,6 +60,8 @@ from ._store import LocalStore, ObjectInfo, Store, open_store
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._checkpointer import Checkpointer, DiffResult, GcResult, SaveHandle, current
+    from ._fake_metadata import FakeMetadataServer
+    from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
     from ._s3 import S3Store
 
@@ -68,6 +74,10 @@ _LAZY = {
     "S3Store": "._s3",
     "rng_state": "._rng",
     "set_rng_state": "._rng",
+    "PreemptionWatcher": "._preemption",
+    "PreemptionNotice": "._preemption",
+    "detect_cloud": "._preemption",
+    "FakeMetadataServer": "._fake_metadata",
 }
 
 

@@ -181,6 +181,7 @@ class _Snapshot:
         self.step = step
         self.stall_s = stall_s
         self.created_at = time.time()
+        self.full = False  # write a full base whatever the schedule says
 
     @property
     def nbytes(self) -> int:
@@ -253,10 +254,14 @@ class Checkpointer:
         allow_pickle: bool = False,
         progress: bool | Callable[[str, int, int, float], None] | None = None,
         commit_timeout_s: float = 600.0,
+        preemption: Any = "auto",
+        on_preemption: str = "auto",
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ValueError("on_busy must be 'wait' or 'skip'")
+        if on_preemption not in ("auto", "full", "delta"):
+            raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
         self.store: Store = open_store(store, **store_options)
@@ -294,6 +299,21 @@ class Checkpointer:
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
         self._created = time.time()  # the every_minutes clock starts here
+        # spot preemption: a watcher of the metadata service; maybe_save() saves at once on a notice
+        self.on_preemption = on_preemption
+        self._watcher: Any = None
+        self._preempt_notice: Any = None
+        self._preempt_saved = False
+        self._rates: dict[bool, float] = {}  # raw bytes/s of the last full (True) and delta (False) persist
+        self._last_raw = 0
+        if preemption is not None and preemption is not False:
+            from ._preemption import PreemptionWatcher
+
+            self._watcher = (
+                preemption
+                if isinstance(preemption, PreemptionWatcher)
+                else PreemptionWatcher(str(preemption))
+            )
         self._info_cache: dict[str, CheckpointInfo] = {}
         self._hints: dict[
             tuple[str, int, str, bool], tuple[Any, int]
@@ -347,6 +367,8 @@ class Checkpointer:
 
     def close(self, wait: bool = True) -> None:
         """Wait for the save in flight (if ``wait``) and stop the background threads."""
+        if self._watcher is not None:
+            self._watcher.stop()
         if wait:
             try:
                 self.wait()
@@ -364,7 +386,9 @@ class Checkpointer:
         if errs:
             raise CheckpointSaveError(f"background checkpoint save failed: {errs[-1]}") from errs[-1]
 
-    def save(self, state: Any, step: int | None = None, *, block: bool = False) -> SaveHandle:
+    def save(
+        self, state: Any, step: int | None = None, *, block: bool = False, full: bool | None = None
+    ) -> SaveHandle:
         """Snapshot ``state`` now and write it in the background.
 
         Parameters
@@ -375,6 +399,8 @@ class Checkpointer:
             Training step; defaults to ``state["step"]`` if it is an int, else a counter.
         block
             Wait until the checkpoint is committed.
+        full
+            True: write a full base now (no delta), whatever ``full_every`` says; None: as ``full_every`` says.
 
         Returns
         -------
@@ -411,6 +437,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         tree, leaves = flatten(state, allow_pickle=self.allow_pickle, copy=True, alloc=self._alloc)
         snap = _Snapshot(tree, leaves, step, time.perf_counter() - t0)
+        snap.full = bool(full)
         ckpt_id = f"{step:012d}-{self._token}{self._seq:04d}"
         self._seq += 1
         self._last_save_step, self._last_save_time = step, time.time()
@@ -456,10 +483,78 @@ class Checkpointer:
         self._free_pinned = free_pinned
 
     def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
-        """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None."""
+        """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None.
+
+        On a spot preemption notice (see ``preemption``) it saves at once, whatever the policy, and waits until
+        the checkpoint is committed: a full base when the measured save speed says one fits in half the time
+        left (the checkpoint a resume restores is then a single base), else a delta. After that it saves no
+        more; :attr:`preempted` tells the training loop to stop. In a multi-rank job every rank must call it at
+        the same steps (a notice on any node is agreed on with one small all-reduce per call).
+        """
+        notice = self._agreed_notice()
+        if notice is not None:
+            if self._preempt_saved:
+                return None
+            self._preempt_saved = True
+            full = self._preemption_full(notice)
+            t0 = time.perf_counter()
+            handle = self.save(state, step, full=full, block=True)
+            log.warning(
+                "preemption notice (%s): saved a %s checkpoint at step %s in %.1f s",
+                notice,
+                "full" if full else "delta",
+                step,
+                time.perf_counter() - t0,
+            )
+            return handle
         if force or self._due(step):
             return self.save(state, step)
         return None
+
+    @property
+    def preempted(self) -> Any:
+        """The :class:`PreemptionNotice` once this machine (or, in a job, any rank's) got one, else None."""
+        return self._preempt_notice
+
+    def _preemption_full(self, notice: Any) -> bool:
+        if self.on_preemption != "auto":
+            return self.on_preemption == "full"
+        left = notice.seconds_left()
+        rate = self._rates.get(True)
+        if rate and self._last_raw:
+            return self._last_raw / rate <= 0.5 * left
+        return left >= 60.0  # no full save measured yet: AWS's two minutes, not GCP's or Azure's 30 s
+
+    def _agreed_notice(self) -> Any:
+        """This process's notice; in a multi-rank job, any rank's (every rank then saves together)."""
+        w = self._watcher
+        if w is None or w.cloud is None:
+            return self._preempt_notice
+        local = w.notice
+        if self.world_size > 1:
+            try:
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    import torch
+
+                    dev = torch.device("cpu")
+                    if dist.get_backend() == "nccl":
+                        dev = torch.device("cuda", torch.cuda.current_device())
+                    flag = torch.tensor([1.0 if local is not None else 0.0], device=dev)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    if flag.item() > 0 and local is None:
+                        from ._preemption import DEFAULT_WARNING_S, PreemptionNotice
+
+                        now = time.time()
+                        local = PreemptionNotice(
+                            w.cloud, "peer", now + DEFAULT_WARNING_S.get(w.cloud, 30.0), now
+                        )
+            except Exception as e:  # noqa: BLE001 - no process group after all: decide locally
+                log.debug("preemption agreement skipped: %s", e)
+        if local is not None and self._preempt_notice is None:
+            self._preempt_notice = local
+        return self._preempt_notice
 
     def _due(self, step: int) -> bool:
         if self.every_steps is None and self.every_minutes is None:
@@ -522,7 +617,7 @@ class Checkpointer:
 
     def _persist(self, snap: _Snapshot, ckpt_id: str) -> CheckpointInfo | None:
         t_start = time.perf_counter()
-        is_base = not self._shadow or self._since_base + 1 >= self.full_every
+        is_base = snap.full or not self._shadow or self._since_base + 1 >= self.full_every
         total = snap.nbytes
         prog = Progress(f"checkpoint {ckpt_id}", total, self.progress)
         # 1) per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk
@@ -669,6 +764,8 @@ class Checkpointer:
             "persist_s": round(time.perf_counter() - t_start, 6),
         }
         info = self._commit(snap, ckpt_id, shard, stats, is_base)
+        self._rates[is_base] = total / max(1e-6, time.perf_counter() - t_start)
+        self._last_raw = total
         prog.finish()
         # 5) the committed snapshot becomes the base of the next delta; the old base's buffers are reused
         old = self._shadow

@@ -1,0 +1,243 @@
+"""Spot preemption notices from the cloud's instance metadata service, so a checkpoint goes out before the node does.
+
+* AWS: ``GET /latest/meta-data/spot/instance-action`` (IMDSv2: a session token from ``PUT /latest/api/token``) is
+  404 until EC2 schedules the interruption, then ``{"action": "terminate"|"stop"|"hibernate", "time": ...}``,
+  about two minutes ahead. AWS recommends polling every 5 seconds.
+* GCP: ``GET /computeMetadata/v1/instance/preempted`` (header ``Metadata-Flavor: Google``) turns from ``FALSE`` to
+  ``TRUE`` when the preemption starts; the VM gets about 30 seconds.
+* Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` (header ``Metadata: true``) lists a ``Preempt``
+  event with its ``NotBefore`` time, at least 30 seconds ahead.
+
+All three answer at ``http://169.254.169.254``. The cloud is recognised from the machine's DMI vendor strings
+(no network probe, so a laptop never waits on a metadata timeout), or named with ``GPU_NOTEBOOK_CLOUD``;
+``GPU_NOTEBOOK_METADATA_URL`` points the watcher at another endpoint (a test server, a proxy).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gpu_notebook.checkpoint")
+
+__all__ = ["PreemptionNotice", "PreemptionWatcher", "detect_cloud", "poll_once", "METADATA_URL"]
+
+METADATA_URL = "http://169.254.169.254"
+CLOUDS = ("aws", "gcp", "azure")
+#: seconds of warning each cloud promises when a notice carries no time of its own
+DEFAULT_WARNING_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
+_DMI = Path("/sys/class/dmi/id")
+
+
+@dataclass
+class PreemptionNotice:
+    """A notice that this machine will be taken away.
+
+    ``deadline`` is the epoch time the cloud will act (from the notice, else its promised warning after
+    ``received_at``); ``seconds_left()`` counts down to it.
+    """
+
+    cloud: str
+    action: str
+    deadline: float
+    received_at: float = field(default_factory=time.time)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def seconds_left(self, now: float | None = None) -> float:
+        return self.deadline - (time.time() if now is None else now)
+
+    def __str__(self) -> str:
+        return f"{self.cloud} spot {self.action} in {max(0.0, self.seconds_left()):.0f} s"
+
+
+def detect_cloud(dmi: Path = _DMI) -> str | None:
+    """``aws``, ``gcp``, ``azure`` or None, from ``GPU_NOTEBOOK_CLOUD`` or the DMI vendor strings."""
+    env = os.environ.get("GPU_NOTEBOOK_CLOUD", "").strip().lower()
+    if env:
+        return env if env in CLOUDS else None
+    texts = []
+    for name in ("sys_vendor", "product_name", "bios_vendor", "board_vendor", "chassis_asset_tag"):
+        try:
+            texts.append((dmi / name).read_text(errors="replace").strip().lower())
+        except OSError:
+            pass
+    blob = " ".join(texts)
+    if "amazon" in blob:
+        return "aws"
+    if "google" in blob:
+        return "gcp"
+    # Azure VMs: "Microsoft Corporation" / "Virtual Machine", and this chassis asset tag
+    if "7783-7084-3265-9085-8269-3286-77" in blob or ("microsoft" in blob and "virtual machine" in blob):
+        return "azure"
+    return None
+
+
+def _request(url: str, headers: dict[str, str], timeout: float, method: str = "GET") -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers, method=method)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an HTTP proxy
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read() if e.fp is not None else b""
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        pass
+    try:
+        return email.utils.parsedate_to_datetime(text).timestamp()  # RFC 1123, Azure's NotBefore
+    except (TypeError, ValueError):
+        return None
+
+
+def poll_once(
+    cloud: str, url: str = METADATA_URL, timeout: float = 1.0, vm_name: str | None = None
+) -> PreemptionNotice | None:
+    """Ask the metadata service once; a notice, or None. Raises ``OSError`` when the service does not answer."""
+    url = url.rstrip("/")
+    now = time.time()
+    if cloud == "aws":
+        code, token = _request(
+            f"{url}/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"}, timeout, method="PUT"
+        )
+        headers = {"X-aws-ec2-metadata-token": token.decode()} if code == 200 else {}  # IMDSv1 as a fallback
+        code, body = _request(f"{url}/latest/meta-data/spot/instance-action", headers, timeout)
+        if code == 404:
+            return None
+        if code != 200:
+            raise OSError(f"instance metadata answered HTTP {code}")
+        doc = json.loads(body)
+        deadline = _parse_time(doc.get("time")) or now + DEFAULT_WARNING_S["aws"]
+        return PreemptionNotice("aws", str(doc.get("action", "terminate")), deadline, now, doc)
+    if cloud == "gcp":
+        code, body = _request(
+            f"{url}/computeMetadata/v1/instance/preempted", {"Metadata-Flavor": "Google"}, timeout
+        )
+        if code != 200:
+            raise OSError(f"metadata server answered HTTP {code}")
+        if body.strip().upper() != b"TRUE":
+            return None
+        return PreemptionNotice("gcp", "preempt", now + DEFAULT_WARNING_S["gcp"], now, {"preempted": True})
+    if cloud == "azure":
+        code, body = _request(
+            f"{url}/metadata/scheduledevents?api-version=2020-07-01", {"Metadata": "true"}, timeout
+        )
+        if code != 200:
+            raise OSError(f"instance metadata answered HTTP {code}")
+        doc = json.loads(body)
+        for ev in doc.get("Events", []):
+            if ev.get("EventType") not in ("Preempt", "Terminate"):
+                continue
+            res = ev.get("Resources") or []
+            if vm_name and res and vm_name not in res:
+                continue  # an event for another VM of the scale set
+            deadline = _parse_time(ev.get("NotBefore")) or now + DEFAULT_WARNING_S["azure"]
+            return PreemptionNotice("azure", str(ev["EventType"]).lower(), deadline, now, ev)
+        return None
+    raise ValueError(f"unknown cloud {cloud!r}: one of {', '.join(CLOUDS)}")
+
+
+class PreemptionWatcher:
+    """Polls the metadata service in a daemon thread and remembers the first notice.
+
+    Parameters
+    ----------
+    cloud
+        ``"auto"`` (:func:`detect_cloud`; on a machine that is not a cloud VM nothing is polled), or a name.
+    url
+        The metadata endpoint (default ``GPU_NOTEBOOK_METADATA_URL``, else ``http://169.254.169.254``).
+    interval_s
+        Seconds between polls (AWS recommends 5).
+    on_notice
+        Called once, from the watcher thread, with the :class:`PreemptionNotice`.
+    """
+
+    def __init__(
+        self,
+        cloud: str | None = "auto",
+        *,
+        url: str | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 1.0,
+        on_notice: Callable[[PreemptionNotice], None] | None = None,
+        start: bool = True,
+    ) -> None:
+        self.cloud = detect_cloud() if cloud == "auto" else cloud
+        if self.cloud is not None and self.cloud not in CLOUDS:
+            raise ValueError(f"unknown cloud {self.cloud!r}: one of {', '.join(CLOUDS)}, or 'auto'")
+        self.url = url or os.environ.get("GPU_NOTEBOOK_METADATA_URL") or METADATA_URL
+        self.interval_s = float(interval_s)
+        self.timeout_s = float(timeout_s)
+        self.on_notice = on_notice
+        self.notice: PreemptionNotice | None = None
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start:
+            self.start()
+
+    @property
+    def active(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> PreemptionWatcher:
+        if self.cloud is None or self.active:
+            return self
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gnb-preemption-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 1.0)
+        self._thread = None
+
+    def check(self) -> PreemptionNotice | None:
+        """Poll now (also used by the thread); the notice, once there is one."""
+        if self.notice is not None or self.cloud is None:
+            return self.notice
+        try:
+            notice = poll_once(
+                self.cloud, self.url, self.timeout_s, vm_name=os.environ.get("GPU_NOTEBOOK_VM_NAME")
+            )
+        except (OSError, ValueError) as e:  # the service is down or answered nonsense: keep trying
+            self.errors += 1
+            if self.errors in (1, 10, 100):
+                log.warning("preemption watcher: %s metadata service at %s: %s", self.cloud, self.url, e)
+            return None
+        if notice is not None:
+            self.notice = notice
+            log.warning("preemption notice: %s", notice)
+            if self.on_notice is not None:
+                try:
+                    self.on_notice(notice)
+                except Exception:  # noqa: BLE001 - a callback must not kill the watcher
+                    log.exception("preemption watcher: on_notice failed")
+        return notice
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.notice is None:
+            self.check()
+            self._stop.wait(self.interval_s)
+
+    def __repr__(self) -> str:
+        state = str(self.notice) if self.notice else ("watching" if self.active else "idle")
+        return f"<PreemptionWatcher {self.cloud or 'no cloud'} {state}>"
