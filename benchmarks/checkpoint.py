@@ -243,15 +243,21 @@ class S3Bench:
     def close(self) -> None:
         self.srv.stop()
 
-    def restore(self, ts_file: Path, ck_dir: Path, ckpt_id: str, ref: dict[str, Any]) -> dict[str, float]:
-        """Restore time from S3: ``torch.load`` of the file plus its download, against ours."""
+    def restore(
+        self, ts_file: Path, targets: dict[str, tuple[Path, str]], ref: dict[str, Any]
+    ) -> dict[str, float]:
+        """Restore time from S3: ``torch.load`` of the file plus its download, against ours for each target
+        (label -> (local store folder, checkpoint id)); all interleaved, best of ``REPEAT``."""
         self.n += 1
         key = f"ts/{self.n}.pt"
         self.client.upload_file(str(ts_file), self.bucket, key)
-        prefix = f"ours/{self.n}"
-        for f in ck_dir.rglob("*"):
-            if f.is_file():
-                self.client.upload_file(str(f), self.bucket, f"{prefix}/{f.relative_to(ck_dir).as_posix()}")
+        cks = {}
+        for label, (ck_dir, ckpt_id) in targets.items():
+            prefix = f"ours/{self.n}-{len(cks)}"
+            for f in ck_dir.rglob("*"):
+                if f.is_file():
+                    self.client.upload_file(str(f), self.bucket, f"{prefix}/{f.relative_to(ck_dir).as_posix()}")
+            cks[label] = (Checkpointer(f"s3://{self.bucket}/{prefix}", endpoint_url=self.srv.endpoint), ckpt_id)
 
         def baseline() -> None:
             buf = io.BytesIO()
@@ -259,18 +265,18 @@ class S3Bench:
             buf.seek(0)
             torch.load(buf, weights_only=True)
 
-        ck = Checkpointer(f"s3://{self.bucket}/{prefix}", endpoint_url=self.srv.endpoint)
-
-        def mine() -> None:
+        def mine(ck: Checkpointer, ckpt_id: str) -> None:
             got = ck.restore(ckpt_id)
             assert torch.equal(got["model"][ref["k"]].view(torch.uint8), ref["v"].view(torch.uint8))
 
-        tb = tm = math.inf
+        best = {"torch.load+download": math.inf, **{label: math.inf for label in cks}}
         for _ in range(REPEAT):  # interleaved
-            tb = min(tb, _best(baseline, 1))
-            tm = min(tm, _best(mine, 1))
-        ck.close()
-        return {"torch.load+download": tb, "ours": tm}
+            best["torch.load+download"] = min(best["torch.load+download"], _best(baseline, 1))
+            for label, (ck, ckpt_id) in cks.items():
+                best[label] = min(best[label], _best(lambda: mine(ck, ckpt_id), 1))  # noqa: B023
+        for ck, _ in cks.values():
+            ck.close()
+        return best
 
 
 # ------------------------------------------------------------------------------------------- workloads
@@ -371,7 +377,8 @@ def measure(
     bdir = work / f"base-{tag}"
     bdir.mkdir()
     res = bench_baselines(sd, bdir)
-    full = ours(Checkpointer(work / f"full-{tag}"), state, state["step"])
+    ck_full = Checkpointer(work / f"full-{tag}")
+    full = ours(ck_full, state, state["step"])
     delta = ours(ck_delta, state, state["step"])
     res["ours, full"] = full
     res["ours, delta"] = delta
@@ -379,9 +386,14 @@ def measure(
     if s3 is not None:
         k0, v0 = next(iter(state["model"].state_dict().items()))
         ref = {"k": k0, "v": v0.detach().contiguous()}
-        got = s3.restore(bdir / "ts.pt", Path(ck_delta.store.root), str(delta["id"]), ref)  # type: ignore[attr-defined]
+        targets = {
+            "delta": (Path(ck_delta.store.root), str(delta["id"])),  # type: ignore[attr-defined]
+            "full": (Path(ck_full.store.root), str(full["id"])),  # type: ignore[attr-defined]
+        }
+        got = s3.restore(bdir / "ts.pt", targets, ref)
         res["torch.save"]["s3_restore_s"] = got["torch.load+download"]
-        delta["s3_restore_s"] = got["ours"]
+        delta["s3_restore_s"] = got["delta"]
+        full["s3_restore_s"] = got["full"]
     shutil.rmtree(bdir, ignore_errors=True)
     ref_bytes = res["torch.save"]["bytes"]
     rows = []
@@ -425,17 +437,17 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """One line per workload: bytes as a ratio to torch.save, our save speed and stall, restore times."""
     head = (
         "| workload | torch.save+zstd | safetensors | torch.distributed.checkpoint | ours, full | ours, delta | "
-        "our save MB/s | training stall | restore, local: torch.load / ours | "
-        "restore, S3: torch.load + download / ours |"
+        "our save MB/s | training stall | restore, local: torch.load / ours delta / ours full | "
+        "restore, S3: torch.load + download / ours delta / ours full |"
     )
     out = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["workload"], {})[r["method"]] = r
     for wl, m in by.items():
-        d, ts = m["ours, delta"], m["torch.save"]
+        d, ts, f = m["ours, delta"], m["torch.save"], m["ours, full"]
         s3 = (
-            f"{ts['s3_restore_s']:.3f} / {d['s3_restore_s']:.3f} s"
+            f"{ts['s3_restore_s']:.3f} / {d['s3_restore_s']:.3f} / {f['s3_restore_s']:.3f} s"
             if d.get("s3_restore_s") is not None and ts.get("s3_restore_s") is not None
             else "-"
         )
@@ -443,7 +455,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"| {wl} | {m['torch.save+zstd3']['ratio']:.3f} | {m['safetensors']['ratio']:.3f} | "
             f"{m['torch.distributed.checkpoint']['ratio']:.3f} | {m['ours, full']['ratio']:.3f} | "
             f"{d['ratio']:.3f} | {d['mb_s']:.0f} ({d['first_mb_s']:.0f} first) | {1e3 * d['stall_s']:.0f} ms | "
-            f"{ts['restore_s']:.3f} / {d['restore_s']:.3f} s | {s3} |"
+            f"{ts['restore_s']:.3f} / {d['restore_s']:.3f} / {f['restore_s']:.3f} s | {s3} |"
         )
     return "\n".join(out)
 

@@ -199,8 +199,10 @@ class Checkpointer:
         Every ``full_every``-th checkpoint is a full base, so delta chains stay at most that long.
     chunk_mb
         Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
-    pack_kb
-        Encoded frames smaller than this are packed together into one object (fewer requests).
+    pack_kb, pack_max_mb
+        Encoded frames smaller than ``pack_kb`` are packed together into objects of up to ``pack_max_mb``
+        (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each);
+        restore reads them with ranged GETs of at most ``pack_max_mb``.
     level
         zstd level (1 is fast; 3 compresses a little better).
     on_busy
@@ -239,8 +241,8 @@ class Checkpointer:
         *,
         full_every: int = 10,
         chunk_mb: float = 4.0,
-        pack_kb: int = 256,
-        pack_max_mb: float = 32.0,
+        pack_kb: int = 8192,
+        pack_max_mb: float = 16.0,
         level: int = 1,
         on_busy: str = "wait",
         every_steps: int | None = None,
@@ -654,6 +656,36 @@ class Checkpointer:
         reused_bytes = 0
         nb_lock = threading.Lock()
 
+        # frames smaller than pack_bytes go into packs of up to pack_max bytes, uploaded as soon as they fill
+        # (by the thread that filled it, while the others go on encoding): few, big objects, few requests
+        pack: list[tuple[dict[str, Any], bytes]] = []
+        pack_n = 0
+        pack_lock = threading.Lock()
+
+        def upload_pack(items: list[tuple[dict[str, Any], bytes]]) -> None:
+            nonlocal new_bytes, new_objects
+            blob = b"".join(f for _, f in items)
+            key = _obj_key(_sha(blob))
+            off = 0
+            for e, f in items:
+                e.update(obj=key, off=off)
+                off += len(f)
+            if self.store.put(key, blob, create_only=True):
+                with nb_lock:
+                    new_bytes += len(blob)
+                    new_objects += 1
+
+        def add_to_pack(entry: dict[str, Any], frame: bytes) -> None:
+            nonlocal pack, pack_n
+            full: list[tuple[dict[str, Any], bytes]] | None = None
+            with pack_lock:
+                if pack and pack_n + len(frame) > self.pack_max:
+                    full, pack, pack_n = pack, [], 0
+                pack.append((entry, frame))
+                pack_n += len(frame)
+            if full:
+                upload_pack(full)
+
         def encode(item: tuple[int, Any, Any]) -> tuple[int, dict[str, Any], bytes | None]:
             nonlocal new_bytes, new_objects, reused_bytes
             from ._codec import encode_chunk
@@ -700,43 +732,14 @@ class Checkpointer:
                         new_objects += 1
                 prog.add(ln)
                 return k, entry, None
+            add_to_pack(entry, frame)
             prog.add(ln)
-            return k, entry, frame
+            return k, entry, None
 
         results = list(self._pool.map(encode, plan))
-        entries: dict[int, dict[str, Any]] = {}
-        small: list[tuple[int, bytes]] = []
-        for k, entry, frame in results:
-            entries[k] = entry
-            if frame is not None:
-                small.append((k, frame))
-        # packs
-        packs: list[list[tuple[int, bytes]]] = []
-        cur: list[tuple[int, bytes]] = []
-        cur_n = 0
-        for k, frame in small:
-            if cur and cur_n + len(frame) > self.pack_max:
-                packs.append(cur)
-                cur, cur_n = [], 0
-            cur.append((k, frame))
-            cur_n += len(frame)
-        if cur:
-            packs.append(cur)
-
-        def upload_pack(pack: list[tuple[int, bytes]]) -> None:
-            nonlocal new_bytes, new_objects
-            blob = b"".join(f for _, f in pack)
-            key = _obj_key(_sha(blob))
-            off = 0
-            for k, f in pack:
-                entries[k].update(obj=key, off=off)
-                off += len(f)
-            if self.store.put(key, blob, create_only=True):
-                with nb_lock:
-                    new_bytes += len(blob)
-                    new_objects += 1
-
-        list(self._pool.map(upload_pack, packs))
+        if pack:  # the last, partly filled pack
+            upload_pack(pack)
+        entries: dict[int, dict[str, Any]] = {k: entry for k, entry, _ in results}
         for k, e in list(entries.items()):
             if "$same" in e:
                 entries[k] = entries[e["$same"]]
@@ -895,10 +898,13 @@ class Checkpointer:
             if ckpt_id == "latest":
                 ckpt_id = None
             else:
-                matches = [o for o in self.store.list(MANIFEST_PREFIX + ckpt_id) if id_from_key(o.key)]
-                if not self.store.exists(manifest_key(ckpt_id)) and len(matches) == 1:
-                    ckpt_id = id_from_key(matches[0].key)
-                return read_manifest(self.store, ckpt_id)  # type: ignore[arg-type]
+                try:  # a whole id: one request
+                    return read_manifest(self.store, ckpt_id)
+                except NoCheckpointError:  # else a unique prefix of one
+                    matches = [o for o in self.store.list(MANIFEST_PREFIX + ckpt_id) if id_from_key(o.key)]
+                    if len(matches) != 1:
+                        raise
+                    return read_manifest(self.store, id_from_key(matches[0].key))  # type: ignore[arg-type]
         lst = self.list()
         if step is not None:
             lst = CheckpointList(c for c in lst if c.step == step)
@@ -1097,35 +1103,57 @@ class Checkpointer:
                     leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
         total = sum(lf["nbytes"] for lf in leaves.values())
         prog = Progress(f"restore {doc['id']}", total, self.progress)
-        refs: dict[str, int] = {}
-        for lf in leaves.values():
-            for c in lf["chunks"]:
-                for e in walk_chunks(c):
-                    refs[e["obj"]] = refs.get(e["obj"], 0) + 1
-        raw_cache: dict[str, np.ndarray] = {}  # decoded chunks by raw hash: the bases of delta chains
+        raw_cache: dict[
+            str, np.ndarray
+        ] = {}  # decoded chain ends by raw hash (the same bytes twice: tied weights)
         cache_lock = threading.Lock()
-        # read-ahead: every object this restore needs is fetched by its own pool (I/O bound: as many requests in
-        # flight as the store allows), oldest base first; a blob is dropped once its last frame is decoded
-        singles: dict[str, tuple[int, int]] = {}
+        # read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object
+        # (at most pack_max bytes, gaps under a quarter of what they carry), requested at once by their own pool
+        # (I/O bound: as many in flight as the store allows), oldest base first; a group's bytes are dropped once
+        # its last frame is decoded
+        frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
         order: list[str] = []
         for lf in sorted(leaves.values(), key=lambda lf: -int(lf["nbytes"])):
             for c in lf["chunks"]:
                 for e in reversed(walk_chunks(c)):
-                    if e["obj"] not in singles:
+                    fr = frames_of.setdefault(e["obj"], {})
+                    if not fr:
                         order.append(e["obj"])
-                        singles[e["obj"]] = (int(e["off"]), int(e["size"]))
+                    fr[int(e["off"])] = int(e["size"])
+        groups: list[tuple[str, int, int]] = []  # object, start, end
+        group_of: dict[tuple[str, int], int] = {}
+        for key in order:
+            lo = hi = -1
+            carried = 0
+            members: list[int] = []
+            for off, size in sorted(frames_of[key].items()):
+                end = off + size
+                if members and (end - lo > self.pack_max or (off - hi) * 4 > carried + size):
+                    groups.append((key, lo, hi))
+                    members = []
+                if not members:
+                    lo, hi, carried = off, end, 0
+                members.append(off)
+                hi = max(hi, end)
+                carried += size
+                group_of[(key, off)] = len(groups)
+            if members:
+                groups.append((key, lo, hi))
+        left = [0] * len(groups)
+        for lf in leaves.values():
+            for c in lf["chunks"]:
+                for e in walk_chunks(c):
+                    left[group_of[(e["obj"], int(e["off"]))]] += 1
         io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
         fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
 
-        def get_object(key: str) -> tuple[int, bytes]:
-            """(offset of the returned bytes in the object, bytes)."""
-            if refs[key] == 1 and singles[key][0]:  # one frame of somebody else's pack: read just that
-                off, size = singles[key]
-                return off, self.store.get_range(key, off, size)
-            return 0, self.store.get(key)
+        def read_group(g: tuple[str, int, int]) -> bytes:
+            key, lo, hi = g
+            return self.store.get_range(key, lo, hi - lo)
 
-        futures = {k: fetch_pool.submit(get_object, k) for k in order}
-        left = dict(refs)
+        futures: dict[int, cf.Future[bytes]] = {
+            i: fetch_pool.submit(read_group, g) for i, g in enumerate(groups)
+        }
         left_lock = threading.Lock()
 
         def where(name: str, idx: int, e: dict[str, Any]) -> str:
@@ -1133,17 +1161,18 @@ class Checkpointer:
 
         def fetch(name: str, idx: int, e: dict[str, Any], reread: bool = False) -> bytes:
             key = e["obj"]
+            gi = group_of[(key, int(e["off"]))]
             try:
                 if reread:
                     return self.store.get_range(key, e["off"], e["size"])
-                at, blob = futures[key].result()
+                blob = futures[gi].result()
             except ObjectMissingError:
                 raise ObjectMissingError(key, f"needed by {where(name, idx, e)}") from None
             with left_lock:
-                left[key] -= 1
-                if left[key] <= 0:
-                    futures.pop(key, None)  # the last frame of this object: let the blob go
-            o = int(e["off"]) - at
+                left[gi] -= 1
+                if left[gi] <= 0:
+                    futures.pop(gi, None)  # the last frame of this read: let its bytes go
+            o = int(e["off"]) - groups[gi][1]
             return blob[o : o + int(e["size"])] if (o or len(blob) != e["size"]) else blob
 
         def corrupt_frame(name: str, idx: int, e: dict[str, Any], frame: bytes) -> IntegrityError | None:
