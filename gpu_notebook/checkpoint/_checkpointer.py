@@ -69,6 +69,9 @@ _current: weakref.ref[Checkpointer] | None = None
 
 #: an encoding choice is reused for this many saves, then searched afresh
 _HINT_SAVES = 8
+#: restore reads frames of one object separated by at most this many unneeded bytes with one ranged GET (a
+#: request costs a round trip, about what a few MB take to arrive)
+_GAP_BYTES = 4 << 20
 
 
 def current() -> Checkpointer | None:
@@ -1128,7 +1131,7 @@ class Checkpointer:
             members: list[int] = []
             for off, size in sorted(frames_of[key].items()):
                 end = off + size
-                if members and (end - lo > self.pack_max or (off - hi) * 4 > carried + size):
+                if members and (end - lo > self.pack_max or off - hi > _GAP_BYTES):
                     groups.append((key, lo, hi))
                     members = []
                 if not members:
