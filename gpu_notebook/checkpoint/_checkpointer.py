@@ -4,10 +4,10 @@ Save pipeline (one save in flight at most):
 
 1. ``save()`` flattens the state into a JSON tree and tensor leaves, copying every tensor to host memory
    (the only work on the training thread), and hands the snapshot to a background thread.
-2. The background thread splits leaves into chunks, hashes them (sha256 of the raw bytes), reuses every
+2. The background thread splits leaves into chunks, hashes them (BLAKE3 of the raw bytes), reuses every
    chunk whose bytes are already in the store, and encodes the others as lossless deltas against the last
    committed snapshot (or in full for a base checkpoint); small frames are packed into one object.
-3. Objects are written create-only under ``objects/<sha256 of stored bytes>``; the manifest is written last
+3. Objects are written create-only under ``objects/<BLAKE3 of stored bytes>``; the manifest is written last
    (create-only). A save interrupted anywhere before that leaves no visible checkpoint.
 """
 
@@ -49,7 +49,10 @@ from ._manifest import (
     CheckpointInfo,
     CheckpointList,
     _fmt_bytes,
+    blake3_available,
     check_version,
+    doc_hash,
+    hash_fn,
     id_from_key,
     manifest_key,
     manifest_objects,
@@ -84,8 +87,6 @@ def _set_current(c: Checkpointer) -> None:
     _current = weakref.ref(c)
 
 
-def _sha(data: Any) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _obj_key(h: str) -> str:
@@ -261,6 +262,7 @@ class Checkpointer:
         commit_timeout_s: float = 600.0,
         preemption: Any = "auto",
         on_preemption: str = "auto",
+        hash: str | None = None,
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "skip"):
@@ -269,6 +271,10 @@ class Checkpointer:
             raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
+        # format version 3 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
+        self.hash = hash or ("blake3" if blake3_available() else "sha256")
+        self._h = hash_fn(self.hash)
+        self._version = FORMAT_VERSION if self.hash == "blake3" else 2
         self.store: Store = open_store(store, **store_options)
         self.full_every = int(full_every)
         self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
@@ -343,7 +349,7 @@ class Checkpointer:
 
     def _open_store(self) -> None:
         self.store.check()
-        doc = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        doc = {"format": FORMAT_NAME, "version": self._version}
         if self.rank == 0 or not self.store.exists("FORMAT"):
             self.store.put("FORMAT", json.dumps(doc).encode(), create_only=True)
         try:
@@ -668,7 +674,7 @@ class Checkpointer:
         def upload_pack(items: list[tuple[dict[str, Any], bytes]]) -> None:
             nonlocal new_bytes, new_objects
             blob = b"".join(f for _, f in items)
-            key = _obj_key(_sha(blob))
+            key = _obj_key(self._h(blob))
             off = 0
             for e, f in items:
                 e.update(obj=key, off=off)
@@ -696,7 +702,7 @@ class Checkpointer:
             k, base_arr, base_entry = item
             leaf, i, o, ln = work[k]
             raw = leaf.data[o : o + ln]
-            h = _sha(raw.data)
+            h = self._h(raw.data)
             reuse: dict[str, Any] | None = known.get(h)
             if reuse is None:
                 with nb_lock:
@@ -723,7 +729,7 @@ class Checkpointer:
                 entry["depth"] = int(base_entry.get("depth", 0)) + 1
             else:
                 entry["depth"] = 0
-            fh = _sha(frame)
+            fh = self._h(frame)
             entry["hash"] = fh
             if len(frame) >= self.pack_bytes:
                 key = _obj_key(fh)
@@ -842,7 +848,7 @@ class Checkpointer:
             replicated = all(s == sig[0] for s in sig) and all(s["tree"] == shards[0]["tree"] for s in shards)
         doc = {
             "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
+            "version": self._version,
             "id": ckpt_id,
             "step": snap.step,
             "created_at": snap.created_at,
@@ -1057,8 +1063,9 @@ class Checkpointer:
         state = unflatten(shard["tree"], values)
         if into is not None:
             _load_into(into, state, shard["tree"])
-        # continue the delta chain from what was restored
-        if not doc.get("sharded") or shard["rank"] == self.rank:
+        # continue the delta chain from what was restored (a checkpoint hashed otherwise than this writer
+        # hashes, e.g. format version 2: the next save is a full base)
+        if (not doc.get("sharded") or shard["rank"] == self.rank) and doc_hash(doc) == self.hash:
             self._shadow = {
                 name: {
                     "dtype": lf["dtype"],
@@ -1073,6 +1080,8 @@ class Checkpointer:
                 (c.get("depth", 0) for lf in shard["leaves"].values() for c in lf["chunks"]), default=0
             )
             self._since_base = 0 if doc.get("is_base") else depth
+        elif doc_hash(doc) != self.hash:
+            self._shadow = {}  # nothing to compute a delta against: the next save is a full base
         self._last_save_step = int(doc.get("step", 0))
         self._last_save_time = time.time()
         self.last_info = CheckpointInfo.from_manifest(doc)
@@ -1098,6 +1107,7 @@ class Checkpointer:
     ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         from ._codec import decode_chunk
 
+        hv = hash_fn(doc_hash(doc))  # the hash this checkpoint was written with
         leaves = shard["leaves"]
         # refuse pickles before fetching anything
         if not allow_pickle:
@@ -1179,7 +1189,7 @@ class Checkpointer:
             return blob[o : o + int(e["size"])] if (o or len(blob) != e["size"]) else blob
 
         def corrupt_frame(name: str, idx: int, e: dict[str, Any], frame: bytes) -> IntegrityError | None:
-            if len(frame) != e["size"] or _sha(frame) != e["hash"]:
+            if len(frame) != e["size"] or hv(frame) != e["hash"]:
                 return IntegrityError(
                     f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash"
                 )
@@ -1233,7 +1243,7 @@ class Checkpointer:
                 raw = decode_chunk(frame, base, out)
             except ValueError as err:
                 raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e) from err
-            if check and _sha(raw.data) != e["raw"]:
+            if check and hv(raw.data) != e["raw"]:
                 raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e)
             if final:
                 with cache_lock:
