@@ -100,3 +100,29 @@ def test_reading_version_3_without_blake3_says_what_to_install(
         reader.close()
     with pytest.raises(ValueError, match="unknown hash"):
         Checkpointer(tmp_path, hash="md5")
+
+
+def test_restored_tensors_changed_in_place_are_not_used_as_delta_bases(tmp_path: Path) -> None:
+    """Restore hands out the decoded buffers themselves (no second copy); they are also the base of the next
+    delta, which checks them first, and they are never recycled as snapshot buffers."""
+    ck = Checkpointer(tmp_path, preemption=None, progress=False)
+    try:
+        st = _state()
+        ck.save(st, 0, block=True)
+        ck2 = Checkpointer(tmp_path, preemption=None, progress=False)
+        got = ck2.restore()
+        kept = got["w"].clone()
+        got["w"][:5000] += 1.0  # the caller trains on the restored tensors directly
+        st2 = {"w": got["w"], "b": got["b"]}
+        a = ck2.save(st2, 1, block=True).result()
+        assert a is not None
+        assert torch.equal(ck2.restore(a.id)["w"], st2["w"])  # right bytes despite the changed base memory
+        with torch.no_grad():
+            st2["w"][:10] -= 0.5
+        b = ck2.save(st2, 2, block=True).result()  # a delta against the previous save: its own copy
+        assert b is not None and not b.is_base
+        assert torch.equal(ck2.restore(b.id)["w"], st2["w"])
+        assert torch.equal(ck.restore(ck.list()[0].id)["w"], kept - 0.0)
+        ck2.close()
+    finally:
+        ck.close()

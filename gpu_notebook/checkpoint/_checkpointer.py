@@ -87,8 +87,6 @@ def _set_current(c: Checkpointer) -> None:
     _current = weakref.ref(c)
 
 
-
-
 def _obj_key(h: str) -> str:
     return f"{OBJECT_PREFIX}{h[:2]}/{h}"
 
@@ -483,8 +481,8 @@ class Checkpointer:
         seen: set[int] = set()
         for sh in shadow.values():
             d = sh["data"]
-            if not isinstance(d, np.ndarray) or not d.nbytes or id(d) in seen:
-                continue
+            if sh.get("check") or not isinstance(d, np.ndarray) or not d.nbytes or id(d) in seen:
+                continue  # (restored buffers are the caller's tensors: never reused)
             seen.add(id(d))
             if self._pinned.get(id(d)) is d:
                 free_pinned.setdefault(d.nbytes, []).append(d)
@@ -643,10 +641,11 @@ class Checkpointer:
             for e in prev["chunks"]:
                 if not is_base or e.get("depth", 0) == 0:
                     known.setdefault(e["raw"], e)
-        plan: list[tuple[int, np.ndarray | None, dict[str, Any] | None]] = []
+        plan: list[tuple[int, np.ndarray | None, dict[str, Any] | None, bool]] = []
         for k, (leaf, i, o, ln) in enumerate(work):
             base_arr: np.ndarray | None = None
             base_entry: dict[str, Any] | None = None
+            check = False
             sh = self._shadow.get(leaf.name)
             if (
                 not is_base
@@ -657,7 +656,8 @@ class Checkpointer:
             ):
                 base_entry = sh["chunks"][i]
                 base_arr = sh["data"][o : o + ln]
-            plan.append((k, base_arr, base_entry))
+                check = bool(sh.get("check"))
+            plan.append((k, base_arr, base_entry, check))
         plan.sort(key=lambda p: -work[p[0]][3])  # big chunks first, so that the threads finish together
         claimed: dict[str, int] = {}  # raw hash -> the chunk of this save that encodes it
         new_bytes = 0
@@ -695,11 +695,14 @@ class Checkpointer:
             if full:
                 upload_pack(full)
 
-        def encode(item: tuple[int, Any, Any]) -> tuple[int, dict[str, Any], bytes | None]:
+        def encode(item: tuple[int, Any, Any, bool]) -> tuple[int, dict[str, Any], bytes | None]:
             nonlocal new_bytes, new_objects, reused_bytes
             from ._codec import encode_chunk
 
-            k, base_arr, base_entry = item
+            k, base_arr, base_entry, check = item
+            if check and self._h(base_arr.data) != base_entry["raw"]:
+                # restored bytes that were changed in place since: no delta against them
+                base_arr = base_entry = None
             leaf, i, o, ln = work[k]
             raw = leaf.data[o : o + ln]
             h = self._h(raw.data)
@@ -1072,6 +1075,7 @@ class Checkpointer:
                     "nbytes": lf["nbytes"],
                     "data": datas[name],
                     "chunks": lf["chunks"],
+                    "check": True,  # the caller's tensors share this memory: hash it before a delta uses it
                 }
                 for name, lf in shard["leaves"].items()
             }
@@ -1172,7 +1176,7 @@ class Checkpointer:
         def where(name: str, idx: int, e: dict[str, Any]) -> str:
             return f"tensor {name!r} chunk {idx} (object {e['obj']}) of checkpoint {doc['id']}"
 
-        def fetch(name: str, idx: int, e: dict[str, Any], reread: bool = False) -> bytes:
+        def fetch(name: str, idx: int, e: dict[str, Any], reread: bool = False) -> bytes | memoryview:
             key = e["obj"]
             gi = group_of[(key, int(e["off"]))]
             try:
@@ -1186,9 +1190,13 @@ class Checkpointer:
                 if left[gi] <= 0:
                     futures.pop(gi, None)  # the last frame of this read: let its bytes go
             o = int(e["off"]) - groups[gi][1]
-            return blob[o : o + int(e["size"])] if (o or len(blob) != e["size"]) else blob
+            if o or len(blob) != e["size"]:
+                return memoryview(blob)[o : o + int(e["size"])]  # no copy
+            return blob
 
-        def corrupt_frame(name: str, idx: int, e: dict[str, Any], frame: bytes) -> IntegrityError | None:
+        def corrupt_frame(
+            name: str, idx: int, e: dict[str, Any], frame: bytes | memoryview
+        ) -> IntegrityError | None:
             if len(frame) != e["size"] or hv(frame) != e["hash"]:
                 return IntegrityError(
                     f"corrupted data: stored bytes of {where(name, idx, e)} do not match their hash"
@@ -1250,10 +1258,10 @@ class Checkpointer:
                     raw_cache[e["raw"]] = raw
             return raw
 
-        # decode every chunk straight into its tensor's buffer (the delta base of the next save), then copy
-        # it into the buffer handed to the caller, chunk by chunk in the worker threads
+        # decode every chunk straight into its tensor's buffer: the memory of the tensor handed to the caller,
+        # and the delta base of the next save (which checks it is unchanged before using it)
         datas: dict[str, np.ndarray] = {}
-        outs: dict[str, np.ndarray] = {}
+        outs = datas
         tasks: list[tuple[str, int, dict[str, Any], int]] = []
         for name, lf in leaves.items():
             n = int(lf["nbytes"])
@@ -1262,7 +1270,6 @@ class Checkpointer:
                     f"tensor {name!r} of checkpoint {doc['id']} has chunks that do not add up to {n} bytes"
                 )
             datas[name] = np.empty(n, dtype=np.uint8)
-            outs[name] = np.empty(n, dtype=np.uint8) if lf.get("kind") != "pickle" else datas[name]
             off = 0
             for i, c in enumerate(lf["chunks"]):
                 tasks.append((name, i, c, off))
@@ -1277,8 +1284,6 @@ class Checkpointer:
             got = decode(name, i, c, dst, verify)
             if got.nbytes != ln:
                 raise IntegrityError(f"{where(name, i, c)} decoded to {got.nbytes} bytes, expected {ln}")
-            if outs[name] is not datas[name]:
-                outs[name][off : off + ln] = dst
             prog.add(ln)
 
         try:
