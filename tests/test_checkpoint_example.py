@@ -4,6 +4,7 @@ a worker killed mid-training, the workers replaced, and the same training cell r
 from __future__ import annotations
 
 import pathlib
+import re
 
 import pytest
 
@@ -51,6 +52,16 @@ def test_checkpoint_resume_example_runs(tmp_path: pathlib.Path) -> None:
     rerun = next(c for c in code if "training-cell-rerun" in c.metadata.get("tags", []))
     assert rerun.source == preempted.source  # literally the same cell, re-run
     assert "[rank 0] starting at step 31" in _text(rerun) and "[rank 1] starting at step 31" in _text(rerun)
+    # the preemption-notice drill: rank 1's node gets the notice, both ranks save at the same step and stop
+    drill = _text(next(c for c in code if c.source.startswith("%%distributed -o drill")))
+    assert "[rank 1] step" in drill and "notice (terminate)" in drill and "notice (peer)" in drill
+    notice = _text(next(c for c in code if "NOTICE: both ranks" in c.source))
+    m = re.search(
+        r"NOTICE: both ranks stopped at step (\d+) and (\d+); the checkpoint of step (\d+) is a full base",
+        notice,
+    )
+    assert m is not None, notice
+    assert m.group(1) == m.group(2) == m.group(3) and int(m.group(1)) > 0
     summary = _text(code[-1])
     assert "SUMMARY: preempted after step 35, resumed at step 31" in summary
     assert "bit-identical to the uninterrupted run" in summary

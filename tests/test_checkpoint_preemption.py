@@ -62,6 +62,10 @@ def test_fake_aws_requires_imdsv2_tokens_and_announces_the_interruption() -> Non
         assert abs(at - (time.time() + 120)) < 3 and doc["time"].endswith("Z")
         md.clear()
         assert _req(action, auth)[0] == 404
+        md.preempt(in_s=120, after_s=0.5)  # a notice that shows up later
+        assert _req(action, auth)[0] == 404
+        time.sleep(0.6)
+        assert _req(action, auth)[0] == 200
 
 
 def test_fake_gcp_needs_the_flavor_header_and_flips_preempted() -> None:

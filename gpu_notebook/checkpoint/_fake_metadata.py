@@ -79,10 +79,12 @@ class FakeMetadataServer:
         assert self._server is not None, "start() the server first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def preempt(self, in_s: float = 120.0, action: str = "terminate") -> None:
-        """Announce that this VM will be taken away ``in_s`` seconds from now."""
+    def preempt(self, in_s: float = 120.0, action: str = "terminate", after_s: float = 0.0) -> None:
+        """Announce that this VM will be taken away ``in_s`` seconds after the notice, which shows up
+        ``after_s`` seconds from now (0: at once)."""
         with self._lock:
-            self._notice = {"at": time.time() + in_s, "action": action}
+            shown = time.time() + after_s
+            self._notice = {"at": shown + in_s, "action": action, "from": shown}
             self._incarnation += 1
 
     def clear(self) -> None:
@@ -96,6 +98,8 @@ class FakeMetadataServer:
             self.requests.append((method, path, dict(headers)))
             notice = dict(self._notice) if self._notice else None
             incarnation = self._incarnation
+        if notice is not None and time.time() < notice["from"]:
+            notice = None  # announced for later
         parts = urlsplit(path)
         h = {k.lower(): v for k, v in headers.items()}
         if self.cloud == "aws":
