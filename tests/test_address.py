@@ -99,3 +99,11 @@ def test_connect_through_ray_client(ray_head):
     result, out = _run(ray_head["client"])
     assert result["values"] == [2.0, 2.0]
     assert "[rank 0] hello from 0" in out
+
+
+def test_ray_client_start_up_failures_are_retried_but_wrong_addresses_are_not() -> None:
+    from gpu_notebook.cluster._connect import _transient_client_error
+
+    assert _transient_client_error(ConnectionAbortedError("Initialization failure from server:\nTraceback ..."))
+    assert not _transient_client_error(ConnectionError("ray client connection timeout"))
+    assert not _transient_client_error(ValueError("bad address"))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 Progress = Callable[[str], None]
 
@@ -114,17 +115,39 @@ def connect(
         _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
         return _CONNECTION
     say(f"connecting to the Ray cluster at {address}")
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    except Exception as exc:
-        hint = (
-            "is a Ray head running there? (`ray start --head` prints its address)"
-            if address != "auto"
-            else "no running Ray cluster was found on this machine (start one with `ray start --head`)"
-        )
-        raise ConnectError(f"could not connect to Ray at {address}: {_first_line(str(exc))}; {hint}") from exc
+    attempts = 3 if address.startswith("ray://") else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            break
+        except Exception as exc:
+            # Ray Client starts a server process per client on the head; on a busy head it can miss its start-up
+            # deadline ("Initialization failure from server"): transient, try again
+            if attempt < attempts and _transient_client_error(exc):
+                say(f"the Ray Client server at {address} was not ready ({_first_line(str(exc))}); retrying")
+                try:
+                    ray.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+                time.sleep(2.0 * attempt)
+                continue
+            _raise_connect_error(address, exc)
     _CONNECTION = RayConnection(address, False, address.startswith("ray://"))
     return _CONNECTION
+
+
+def _transient_client_error(exc: BaseException) -> bool:
+    # not a plain timeout: that is what a wrong address gives, and retrying it only makes the user wait
+    return "initialization failure" in str(exc).lower()
+
+
+def _raise_connect_error(address: str, exc: BaseException) -> NoReturn:
+    hint = (
+        "is a Ray head running there? (`ray start --head` prints its address)"
+        if address != "auto"
+        else "no running Ray cluster was found on this machine (start one with `ray start --head`)"
+    )
+    raise ConnectError(f"could not connect to Ray at {address}: {_first_line(str(exc))}; {hint}") from exc
 
 
 def disconnect() -> None:
