@@ -11,6 +11,8 @@ if [ ! -x .venv/bin/python ]; then
     .venv/bin/python -m pip install -q --upgrade pip
 fi
 echo "==> installing gpu_notebook[$EXTRAS] into .venv (torch pinned by constraints-dev.txt)"
-.venv/bin/python -m pip install -q -c constraints-dev.txt -e ".[$EXTRAS]"
+# the checkpoint codec's C kernels must build here (a failed build would otherwise leave an older one in place)
+GPU_NOTEBOOK_BUILD_NATIVE="${GPU_NOTEBOOK_BUILD_NATIVE:-require}" \
+    .venv/bin/python -m pip install -q -c constraints-dev.txt -e ".[$EXTRAS]"
 # A kernel spec inside the venv, so notebooks executed by nbclient use this interpreter.
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpu_notebook)" >/dev/null

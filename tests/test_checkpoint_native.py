@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -48,6 +49,11 @@ def test_kernels_are_built_in_the_test_environment() -> None:
     if os.environ.get("GPU_NOTEBOOK_NATIVE", "1") == "0":
         pytest.skip("disabled by GPU_NOTEBOOK_NATIVE=0")
     assert codec.native_kernels(), "gpu_notebook.checkpoint._planes did not build: is a C compiler installed?"
+    so = pathlib.Path(codec._native.__file__)
+    src = pathlib.Path(codec.__file__).with_name("_planes.c")
+    assert so.stat().st_mtime >= src.stat().st_mtime, (
+        f"{so.name} is older than _planes.c: a stale build (rebuild with scripts/setup_env.sh or pip install -e .)"
+    )
 
 
 @needs_native
