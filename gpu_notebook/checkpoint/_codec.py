@@ -464,6 +464,32 @@ def frame_info(frame: bytes | memoryview) -> dict[str, Any]:
     return info
 
 
+def _read_planes(mv: memoryview, pos: int, heads: list[tuple[int, int]], plane_len: int) -> list[Any]:
+    """The planes of a frame whose payloads start at ``pos``: decompressed bytes, or views of stored ones."""
+    zd = _zd()
+    bufs: list[Any] = []
+    for kind, clen in heads:
+        payload = mv[pos : pos + clen]
+        if len(payload) != clen:
+            raise ValueError("frame is truncated")
+        pos += clen
+        if kind == _KIND_ZSTD:
+            try:
+                dec = zd.decompress(payload, max_output_size=plane_len)
+            except Exception as err:  # zstandard.ZstdError
+                raise ValueError(f"plane does not decompress: {err}") from None
+            if len(dec) != plane_len:
+                raise ValueError("plane has the wrong length")
+            bufs.append(dec)
+        elif kind == _KIND_STORED:
+            if clen != plane_len:
+                raise ValueError("plane has the wrong length")
+            bufs.append(payload)
+        else:
+            raise ValueError("unknown plane kind")
+    return bufs
+
+
 def decode_chunk(
     frame: bytes | memoryview, base: np.ndarray | None = None, out: np.ndarray | None = None
 ) -> np.ndarray:
@@ -528,52 +554,15 @@ def decode_chunk(
     if (transform or perm) and (base is None or base.nbytes != n):
         raise ValueError("delta frame needs its base chunk")
     simple = width == 1 and not transform and not rot and not perm
-    zd = _zd()
+    bufs = _read_planes(mv, pos, heads, plane_len)
     nat = _native
     if nat is not None and not simple:  # the planes go straight into the kernel: no copies
-        bufs: list[Any] = []
-        for kind, clen in heads:
-            payload = mv[pos : pos + clen]
-            if len(payload) != clen:
-                raise ValueError("frame is truncated")
-            pos += clen
-            if kind == _KIND_ZSTD:
-                try:
-                    dec = zd.decompress(payload, max_output_size=plane_len)
-                except Exception as err:  # zstandard.ZstdError
-                    raise ValueError(f"plane does not decompress: {err}") from None
-                if len(dec) != plane_len:
-                    raise ValueError("plane has the wrong length")
-                bufs.append(dec)
-            elif kind == _KIND_STORED:
-                if clen != plane_len:
-                    raise ValueError("plane has the wrong length")
-                bufs.append(payload)
-            else:
-                raise ValueError("unknown plane kind")
         b = base.reshape(-1) if (transform or perm) and base is not None else None
         nat.merge_inverse(bufs, b, out, width, transform, rot, perm, off)
         return out
     planes = out.reshape(1, n) if simple else _scratch("dplanes", n).reshape(nplanes, plane_len)
-    for i, (kind, clen) in enumerate(heads):
-        payload = mv[pos : pos + clen]
-        if len(payload) != clen:
-            raise ValueError("frame is truncated")
-        pos += clen
-        if kind == _KIND_ZSTD:
-            try:
-                dec = zd.decompress(payload, max_output_size=plane_len)
-            except Exception as err:  # zstandard.ZstdError
-                raise ValueError(f"plane does not decompress: {err}") from None
-            if len(dec) != plane_len:
-                raise ValueError("plane has the wrong length")
-            planes[i] = np.frombuffer(dec, dtype=np.uint8)
-        elif kind == _KIND_STORED:
-            if clen != plane_len:
-                raise ValueError("plane has the wrong length")
-            planes[i] = np.frombuffer(payload, dtype=np.uint8)
-        else:
-            raise ValueError("unknown plane kind")
+    for i, buf in enumerate(bufs):
+        planes[i] = np.frombuffer(buf, dtype=np.uint8)
     if simple:
         return out
     if not transform and not rot and not perm:
