@@ -227,6 +227,14 @@ class Checkpointer:
         ``(label, done_bytes, total_bytes, elapsed_s)``.
     commit_timeout_s
         How long rank 0 waits for the other ranks' shards of a sharded save.
+    preemption
+        ``"auto"``: on a cloud VM, watch the metadata service for a spot preemption notice (see
+        :class:`PreemptionWatcher`); a :class:`PreemptionWatcher` to use; None: do not watch.
+    on_preemption
+        What :meth:`maybe_save` writes on a notice: ``"auto"`` (a full base if it fits in half the time left,
+        else a delta), ``"full"`` or ``"delta"``.
+    hash
+        ``"blake3"`` (format version 3, the default when the package is installed) or ``"sha256"`` (version 2).
     store_options
         Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
 
