@@ -87,3 +87,18 @@ def test_gpu_check_script_fails_clearly_without_cuda() -> None:
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert "FAIL: CUDA is not available" in out.stdout
+
+
+def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: pathlib.Path) -> None:
+    ck = Checkpointer(tmp_path, progress=False, preemption=None)
+    try:
+        state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
+        ck.save(state, 0, block=True)
+        ready = {id(b) for lst in ck._free.values() for b in lst}
+        assert sorted(ck._free) == [400, 4000] and len(ready) == 2  # one touched buffer per tensor
+        ck.save(state, 1, block=True)
+        used = {id(sh["data"]) for sh in ck._shadow.values()}
+        assert used == ready  # the second snapshot went into them
+        assert torch.equal(ck.restore()["a"], state["a"])
+    finally:
+        ck.close()
