@@ -255,15 +255,19 @@ def test_restore_by_step_and_id_and_prefix(tmp_path: Path) -> None:
         Checkpointer(tmp_path / "empty").restore()
 
 
+def _flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save({"big": torch.randn(200_000), "small": torch.randn(10), "step": 0}, block=True)
     man = ckpt.manifest()
     obj = man["shards"][0]["leaves"]["big"]["chunks"][0]["obj"]
     path = tmp_path / obj
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    _flip_a_bit(path)
     with pytest.raises(IntegrityError, match=r"tensor 'big' chunk 0 \(object objects/"):
         ckpt.restore()
     path.unlink()
@@ -281,9 +285,7 @@ def test_corrupted_base_of_a_delta_chain_is_named(tmp_path: Path) -> None:
     entry = ckpt.manifest()["shards"][0]["leaves"]["big"]["chunks"][0]
     assert entry["base"]["obj"] == base_obj and entry["obj"] != base_obj
     path = tmp_path / base_obj
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    _flip_a_bit(path)
     with pytest.raises(IntegrityError, match=rf"tensor 'big' chunk 0 \(object {base_obj}\)"):
         ckpt.restore()
 

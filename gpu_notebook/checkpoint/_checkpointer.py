@@ -1282,7 +1282,6 @@ class Checkpointer:
         # decode every chunk straight into its tensor's buffer: the memory of the tensor handed to the caller,
         # and the delta base of the next save (which checks it is unchanged before using it)
         datas: dict[str, np.ndarray] = {}
-        outs = datas
         tasks: list[tuple[str, int, dict[str, Any], int]] = []
         for name, lf in leaves.items():
             n = int(lf["nbytes"])
@@ -1323,7 +1322,7 @@ class Checkpointer:
         prog.finish()
         values: dict[str, Any] = {}
         for name, lf in leaves.items():
-            values[name] = leaf_from_bytes({**lf, "name": name}, outs[name], allow_pickle=allow_pickle)
+            values[name] = leaf_from_bytes({**lf, "name": name}, datas[name], allow_pickle=allow_pickle)
         return values, datas
 
     # ------------------------------------------------------------------ gc
