@@ -75,6 +75,16 @@ _HINT_SAVES = 8
 #: restore reads frames of one object separated by at most this many unneeded bytes with one ranged GET (a
 #: request costs a round trip, about what a few MB take to arrive)
 _GAP_BYTES = 4 << 20
+# chunks under this many bytes (norm weights, biases, optimizer step counters: most of a model's tensors, little of
+# its bytes) are encoded, and decoded, one after another by one task: per chunk they cost more in task and lock
+# overhead than in work, and run on one thread while the others encode the big chunks in C
+_TINY_BYTES = 64 * 1024
+# a pack is closed (and uploaded, while the encoding goes on) once it holds 1 / (_PACKS_PER_THREAD * threads) of
+# what the previous save of the same kind wrote, so that the last pack, uploaded after the encoding, is small; at
+# least _PACK_MIN bytes (S3 charges per request), at most pack_max
+_PACKS_PER_THREAD = 2
+_READ_MIN = 8 << 20  # a restore's ranged reads are at least this big (when the frames allow)
+_PACK_MIN = 1 << 20
 
 
 def current() -> Checkpointer | None:
@@ -188,6 +198,34 @@ class _Snapshot:
     @property
     def nbytes(self) -> int:
         return sum(lf.nbytes for lf in self.leaves)
+
+
+
+_WRITER_INFO: dict[str, Any] | None = None
+
+
+def _static_writer_info() -> dict[str, Any]:
+    """What a manifest records about the code that wrote it (computed once: looking up the installed version
+    reads package metadata, several milliseconds per save otherwise)."""
+    global _WRITER_INFO
+    if _WRITER_INFO is None:
+        info: dict[str, Any] = {
+            "lib": "gpu_notebook.checkpoint",
+            "python": platform.python_version(),
+            "host": platform.node(),
+            "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+        }
+        try:
+            from importlib.metadata import version
+
+            info["version"] = version("gpu_notebook")
+        except Exception:  # noqa: BLE001
+            pass
+        _WRITER_INFO = info
+    out = dict(_WRITER_INFO)
+    if "torch" in sys.modules:  # may be imported after the first save
+        out["torch"] = sys.modules["torch"].__version__
+    return out
 
 
 class Checkpointer:
@@ -322,6 +360,7 @@ class Checkpointer:
         self._preempt_notice: Any = None
         self._preempt_saved = False
         self._rates: dict[bool, float] = {}  # raw bytes/s of the last full (True) and delta (False) persist
+        self._new_bytes: dict[bool, int] = {}  # bytes written by the last full (True) and delta (False) save
         self._last_raw = 0
         if preemption is not None and preemption is not False:
             from ._preemption import PreemptionWatcher
@@ -689,6 +728,10 @@ class Checkpointer:
         pack: list[tuple[dict[str, Any], bytes]] = []
         pack_n = 0
         pack_lock = threading.Lock()
+        expect = self._new_bytes.get(is_base)
+        pack_at = self.pack_max
+        if expect:
+            pack_at = min(self.pack_max, max(_PACK_MIN, expect // (_PACKS_PER_THREAD * self.threads)))
 
         def upload_pack(items: list[tuple[dict[str, Any], bytes]]) -> None:
             nonlocal new_bytes, new_objects
@@ -707,7 +750,7 @@ class Checkpointer:
             nonlocal pack, pack_n
             full: list[tuple[dict[str, Any], bytes]] | None = None
             with pack_lock:
-                if pack and pack_n + len(frame) > self.pack_max:
+                if pack and pack_n + len(frame) > pack_at:
                     full, pack, pack_n = pack, [], 0
                 pack.append((entry, frame))
                 pack_n += len(frame)
@@ -767,7 +810,21 @@ class Checkpointer:
             prog.add(ln)
             return k, entry, None
 
-        results = list(self._pool.map(encode, plan))
+        def encode_all(items: list[tuple[int, Any, Any, bool]]) -> list[tuple[int, dict[str, Any], bytes | None]]:
+            return [encode(it) for it in items]
+
+        tiny = [p for p in plan if work[p[0]][3] < _TINY_BYTES]
+        batches = ([tiny] if tiny else []) + [[p] for p in plan if work[p[0]][3] >= _TINY_BYTES]
+        futs = [self._pool.submit(encode_all, b) for b in batches]
+        results: list[tuple[int, dict[str, Any], bytes | None]] = []
+        try:
+            for f in futs:
+                results.extend(f.result())
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            cf.wait(futs)  # nothing of this save runs on once it has failed
+            raise
         if pack:  # the last, partly filled pack
             upload_pack(pack)
         entries: dict[int, dict[str, Any]] = {k: entry for k, entry, _ in results}
@@ -799,6 +856,7 @@ class Checkpointer:
         }
         info = self._commit(snap, ckpt_id, shard, stats, is_base)
         self._rates[is_base] = total / max(1e-6, time.perf_counter() - t_start)
+        self._new_bytes[is_base] = new_bytes
         self._last_raw = total
         prog.finish()
         # 5) the committed snapshot becomes the base of the next delta; the old base's buffers are reused
@@ -820,22 +878,7 @@ class Checkpointer:
         return info
 
     def _writer_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "lib": "gpu_notebook.checkpoint",
-            "python": platform.python_version(),
-            "host": platform.node(),
-            "pid": os.getpid(),
-            "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
-        }
-        try:
-            from importlib.metadata import version
-
-            info["version"] = version("gpu_notebook")
-        except Exception:  # noqa: BLE001
-            pass
-        if "torch" in sys.modules:
-            info["torch"] = sys.modules["torch"].__version__
-        return info
+        return {**_static_writer_info(), "pid": os.getpid()}
 
     def _commit(
         self, snap: _Snapshot, ckpt_id: str, shard: dict[str, Any], stats: dict[str, Any], is_base: bool
@@ -1146,9 +1189,10 @@ class Checkpointer:
         ] = {}  # decoded chain ends by raw hash (the same bytes twice: tied weights)
         cache_lock = threading.Lock()
         # read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object
-        # (at most pack_max bytes, gaps under a quarter of what they carry), requested at once by their own pool
-        # (I/O bound: as many in flight as the store allows), oldest base first; a group's bytes are dropped once
-        # its last frame is decoded
+        # (gaps under _GAP_BYTES; each read at most 1 / io_threads of all the bytes to read, so that big objects
+        # come down over parallel connections, as boto3 downloads a big file, but at least _READ_MIN bytes and at
+        # most pack_max), requested at once by their own pool (I/O bound: as many in flight as the store
+        # allows), oldest base first; a group's bytes are dropped once its last frame is decoded
         frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
         order: list[str] = []
         for lf in sorted(leaves.values(), key=lambda lf: -int(lf["nbytes"])):
@@ -1158,22 +1202,23 @@ class Checkpointer:
                     if not fr:
                         order.append(e["obj"])
                     fr[int(e["off"])] = int(e["size"])
+        io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
+        to_read = sum(sum(fr.values()) for fr in frames_of.values())
+        read_max = min(self.pack_max, max(_READ_MIN, -(-to_read // io_threads)))
         groups: list[tuple[str, int, int]] = []  # object, start, end
         group_of: dict[tuple[str, int], int] = {}
         for key in order:
             lo = hi = -1
-            carried = 0
             members: list[int] = []
             for off, size in sorted(frames_of[key].items()):
                 end = off + size
-                if members and (end - lo > self.pack_max or off - hi > _GAP_BYTES):
+                if members and (end - lo > read_max or off - hi > _GAP_BYTES):
                     groups.append((key, lo, hi))
                     members = []
                 if not members:
-                    lo, hi, carried = off, end, 0
+                    lo, hi = off, end
                 members.append(off)
                 hi = max(hi, end)
-                carried += size
                 group_of[(key, off)] = len(groups)
             if members:
                 groups.append((key, lo, hi))
@@ -1182,14 +1227,13 @@ class Checkpointer:
             for c in lf["chunks"]:
                 for e in walk_chunks(c):
                     left[group_of[(e["obj"], int(e["off"]))]] += 1
-        io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
         fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
 
-        def read_group(g: tuple[str, int, int]) -> bytes:
+        def read_group(g: tuple[str, int, int]) -> bytes | memoryview:
             key, lo, hi = g
             return self.store.get_range(key, lo, hi - lo)
 
-        futures: dict[int, cf.Future[bytes]] = {
+        futures: dict[int, cf.Future[bytes | memoryview]] = {
             i: fetch_pool.submit(read_group, g) for i, g in enumerate(groups)
         }
         left_lock = threading.Lock()
@@ -1306,17 +1350,23 @@ class Checkpointer:
                 raise IntegrityError(f"{where(name, i, c)} decoded to {got.nbytes} bytes, expected {ln}")
             prog.add(ln)
 
+        def run_all(ts: list[tuple[str, int, dict[str, Any], int]]) -> None:
+            for t in ts:
+                run(t)
+
+        # the tiny chunks go together, first: one thread decodes them while the others decode big chunks
+        tiny = [t for t in tasks if int(t[2]["len"]) < _TINY_BYTES]
+        batches = ([tiny] if tiny else []) + [[t] for t in tasks if int(t[2]["len"]) >= _TINY_BYTES]
         try:
-            if len(tasks) > 1 and self.threads > 1:
+            if len(batches) > 1 and self.threads > 1:
                 pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
                 try:
-                    for _ in pool.map(run, tasks):
+                    for _ in pool.map(run_all, batches):
                         pass
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
             else:
-                for t in tasks:
-                    run(t)
+                run_all(tasks)
         finally:
             fetch_pool.shutdown(wait=True, cancel_futures=True)
         prog.finish()

@@ -7,6 +7,7 @@ save can never damage what an earlier checkpoint needs.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 import threading
@@ -19,6 +20,8 @@ from typing import Any
 from ._errors import ObjectMissingError, StoreError
 
 __all__ = ["Store", "LocalStore", "ObjectInfo", "open_store"]
+
+_MAP_BYTES = 256 * 1024  # ranges from this size up are read through a memory map
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,8 @@ class Store:
         """Read a whole object; :class:`ObjectMissingError` if it does not exist."""
         raise NotImplementedError
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        """Read ``length`` bytes at ``offset``."""
+    def get_range(self, key: str, offset: int, length: int) -> bytes | memoryview:
+        """Read ``length`` bytes at ``offset`` (bytes, or a read-only view of them)."""
         return self.get(key)[offset : offset + length]
 
     def exists(self, key: str) -> bool:
@@ -137,9 +140,17 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise ObjectMissingError(key) from None
 
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
+    def get_range(self, key: str, offset: int, length: int) -> bytes | memoryview:
+        """Read ``length`` bytes at ``offset``; a big range is a read-only view of the file mapped into memory
+        (no copy, no fresh pages: the decoder reads the page cache directly). Objects are immutable once
+        published (written aside, then linked in), so the mapping never sees a file change under it."""
         try:
             with open(self._path(key), "rb") as f:
+                if length >= _MAP_BYTES:
+                    size = os.fstat(f.fileno()).st_size
+                    if size >= offset + length:
+                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                        return memoryview(m)[offset : offset + length]
                 f.seek(offset)
                 return f.read(length)
         except FileNotFoundError:
