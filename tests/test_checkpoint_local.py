@@ -265,33 +265,6 @@ def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest
         assert torch.equal(got[k], v)
 
 
-def test_restore_splits_big_reads_across_connections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a restore reads a big pack as several ranged reads (as boto3 downloads a big file over parallel
-    # connections), each at least _READ_MIN bytes, each frame whole; a small one stays one read
-    from gpu_notebook.checkpoint import _checkpointer as ck_mod
-
-    g = torch.Generator().manual_seed(1)
-    state = {f"w{i}": torch.randn(64 * 1024, generator=g) for i in range(8)}
-    Checkpointer(tmp_path, chunk_mb=0.25, pack_kb=1024).save(state, step=0).result()
-    reads: list[int] = []
-    real = LocalStore.get_range
-
-    def counting(self: LocalStore, key: str, offset: int, length: int) -> bytes | memoryview:
-        if key.startswith("objects/"):
-            reads.append(length)
-        return real(self, key, offset, length)
-
-    monkeypatch.setattr(LocalStore, "get_range", counting)
-    got = Checkpointer(tmp_path, threads=4).restore()
-    assert len(reads) == 1  # 2 MiB to read: under _READ_MIN per connection
-    monkeypatch.setattr(ck_mod, "_READ_MIN", 256 * 1024)
-    reads.clear()
-    got = Checkpointer(tmp_path, threads=4).restore()
-    assert len(reads) >= 4 and max(reads) <= 2 * 260 * 1024, reads
-    for k, v in state.items():
-        assert torch.equal(got[k], v)
-
-
 def test_local_store_maps_big_ranges(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     blob = bytes(random.Random(0).getrandbits(8) for _ in range(1 << 20))

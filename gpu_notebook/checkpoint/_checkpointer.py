@@ -83,7 +83,6 @@ _TINY_BYTES = 64 * 1024
 # what the previous save of the same kind wrote, so that the last pack, uploaded after the encoding, is small; at
 # least _PACK_MIN bytes (S3 charges per request), at most pack_max
 _PACKS_PER_THREAD = 2
-_READ_MIN = 8 << 20  # a restore's ranged reads are at least this big (when the frames allow)
 _PACK_MIN = 1 << 20
 
 
@@ -1189,10 +1188,10 @@ class Checkpointer:
         ] = {}  # decoded chain ends by raw hash (the same bytes twice: tied weights)
         cache_lock = threading.Lock()
         # read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object
-        # (gaps under _GAP_BYTES; each read at most 1 / io_threads of all the bytes to read, so that big objects
-        # come down over parallel connections, as boto3 downloads a big file, but at least _READ_MIN bytes and at
-        # most pack_max), requested at once by their own pool (I/O bound: as many in flight as the store
-        # allows), oldest base first; a group's bytes are dropped once its last frame is decoded
+        # (at most pack_max bytes, gaps under _GAP_BYTES), requested at once by their own pool (I/O bound: as
+        # many in flight as the store allows), oldest base first; a group's bytes are dropped once its last
+        # frame is decoded. (Reads are not split further: a save's several packs already come down in parallel,
+        # and some S3-compatible servers read a whole object for every ranged GET.)
         frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
         order: list[str] = []
         for lf in sorted(leaves.values(), key=lambda lf: -int(lf["nbytes"])):
@@ -1203,8 +1202,6 @@ class Checkpointer:
                         order.append(e["obj"])
                     fr[int(e["off"])] = int(e["size"])
         io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
-        to_read = sum(sum(fr.values()) for fr in frames_of.values())
-        read_max = min(self.pack_max, max(_READ_MIN, -(-to_read // io_threads)))
         groups: list[tuple[str, int, int]] = []  # object, start, end
         group_of: dict[tuple[str, int], int] = {}
         for key in order:
@@ -1212,7 +1209,7 @@ class Checkpointer:
             members: list[int] = []
             for off, size in sorted(frames_of[key].items()):
                 end = off + size
-                if members and (end - lo > read_max or off - hi > _GAP_BYTES):
+                if members and (end - lo > self.pack_max or off - hi > _GAP_BYTES):
                     groups.append((key, lo, hi))
                     members = []
                 if not members:
