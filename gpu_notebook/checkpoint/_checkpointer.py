@@ -240,8 +240,10 @@ class Checkpointer:
         Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
     pack_kb, pack_max_mb
         Encoded frames smaller than ``pack_kb`` are packed together into objects of up to ``pack_max_mb``
-        (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each);
-        restore reads them with ranged GETs of at most ``pack_max_mb``.
+        (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each); a pack
+        is closed and uploaded earlier, while the encoding goes on, once it holds 1 / (2 x threads) of what
+        the previous save of the same kind wrote (at least 1 MiB). Restore reads them with ranged GETs of at
+        most ``pack_max_mb``.
     level
         zstd level (1 is fast; 3 compresses a little better).
     on_busy
