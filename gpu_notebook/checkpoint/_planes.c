@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAXW 8
@@ -63,6 +64,25 @@
         for (int k = 0; k < W; k++) z |= (U)((U)q[k][j] << (8 * k));                                \
         out[i] = inv_##BITS(z, b[i], t, rot, off);                                                  \
     } while (0)
+/* the same through a whole-element scratch array: the scatter (gather) has 256 streams of elements instead of
+ * 256 * width streams of bytes, which is what makes the direct version slow; the planes are then split
+ * (merged) sequentially */
+#define FWD_PERM_TMP_BODY(U, BITS, i, s)                                                            \
+    do {                                                                                            \
+        Py_ssize_t j = pos[s][(b[i] >> (BITS - 9)) & 0xFF]++;                                       \
+        tmp[j] = fwd_##BITS(c[i], b[i], t, rot, off);                                               \
+    } while (0)
+#define INV_PERM_TMP_BODY(U, BITS, i, s)                                                            \
+    do {                                                                                            \
+        Py_ssize_t j = pos[s][(b[i] >> (BITS - 9)) & 0xFF]++;                                       \
+        out[i] = inv_##BITS(tmp[j], b[i], t, rot, off);                                             \
+    } while (0)
+#define FWD_PERM_TMP_16(i, s) FWD_PERM_TMP_BODY(uint16_t, 16, i, s)
+#define FWD_PERM_TMP_32(i, s) FWD_PERM_TMP_BODY(uint32_t, 32, i, s)
+#define FWD_PERM_TMP_64(i, s) FWD_PERM_TMP_BODY(uint64_t, 64, i, s)
+#define INV_PERM_TMP_16(i, s) INV_PERM_TMP_BODY(uint16_t, 16, i, s)
+#define INV_PERM_TMP_32(i, s) INV_PERM_TMP_BODY(uint32_t, 32, i, s)
+#define INV_PERM_TMP_64(i, s) INV_PERM_TMP_BODY(uint64_t, 64, i, s)
 #define FWD_PERM_16(i, s) FWD_PERM_BODY(uint16_t, 16, 2, i, s)
 #define FWD_PERM_32(i, s) FWD_PERM_BODY(uint32_t, 32, 4, i, s)
 #define FWD_PERM_64(i, s) FWD_PERM_BODY(uint64_t, 64, 8, i, s)
@@ -87,7 +107,15 @@
         if (perm) {                                                                                 \
             Py_ssize_t pos[SEG][256];                                                               \
             starts_##BITS(b, n, pos);                                                               \
-            FOR_SEGMENTS(n, FWD_PERM_##BITS);                                                       \
+            U *tmp = (U *)malloc(sizeof(U) * (size_t)(n > 0 ? n : 1));                              \
+            if (tmp == NULL) { /* no memory for the scratch: the direct (slower) way */              \
+                FOR_SEGMENTS(n, FWD_PERM_##BITS);                                                   \
+                return;                                                                             \
+            }                                                                                       \
+            FOR_SEGMENTS(n, FWD_PERM_TMP_##BITS);                                                   \
+            for (Py_ssize_t j = 0; j < n; j++)                                                      \
+                for (int k = 0; k < W; k++) out[(Py_ssize_t)k * n + j] = (uint8_t)(tmp[j] >> (8 * k)); \
+            free(tmp);                                                                              \
         } else if (t == 0) {                                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                    \
                 U d = fwd_##BITS(c[i], zero, 0, rot, off);                                          \
@@ -120,7 +148,18 @@
         if (perm) {                                                                                 \
             Py_ssize_t pos[SEG][256];                                                               \
             starts_##BITS(b, n, pos);                                                               \
-            FOR_SEGMENTS(n, INV_PERM_##BITS);                                                       \
+            U *tmp = (U *)malloc(sizeof(U) * (size_t)(n > 0 ? n : 1));                              \
+            if (tmp == NULL) { /* no memory for the scratch: the direct (slower) way */              \
+                FOR_SEGMENTS(n, INV_PERM_##BITS);                                                   \
+                return;                                                                             \
+            }                                                                                       \
+            for (Py_ssize_t j = 0; j < n; j++) {                                                    \
+                U z = 0;                                                                            \
+                for (int k = 0; k < W; k++) z |= (U)((U)q[k][j] << (8 * k));                        \
+                tmp[j] = z;                                                                         \
+            }                                                                                       \
+            FOR_SEGMENTS(n, INV_PERM_TMP_##BITS);                                                   \
+            free(tmp);                                                                              \
         } else if (t == 0) {                                                                        \
             for (Py_ssize_t i = 0; i < n; i++) {                                                    \
                 U z = 0;                                                                            \
