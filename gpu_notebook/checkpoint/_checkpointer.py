@@ -729,7 +729,7 @@ class Checkpointer:
         pack: list[tuple[dict[str, Any], bytes]] = []
         pack_n = 0
         pack_lock = threading.Lock()
-        expect = self._new_bytes.get(is_base)
+        expect = self._new_bytes.get(is_base) or self._new_bytes.get(not is_base)  # the first delta: the base's
         pack_at = self.pack_max
         if expect:
             pack_at = min(self.pack_max, max(_PACK_MIN, expect // (_PACKS_PER_THREAD * self.threads)))
