@@ -336,6 +336,46 @@ def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
         ckpt.restore()
 
 
+
+def test_fallback_restores_the_newest_intact_checkpoint(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, full_every=2)
+    for step in range(4):  # base, delta, base, delta
+        ckpt.save({"w": torch.full((50_000,), float(step)) + torch.arange(50_000.0), "step": step}, block=True)
+    ids = [c.id for c in ckpt.list()]
+
+    def objects(cid: str) -> set[str]:
+        return {c["obj"] for c in ckpt.manifest(cid)["shards"][0]["leaves"]["w"]["chunks"]}
+
+    # the latest delta loses its own object: without fallback that is an error naming it
+    (tmp_path / objects(ids[3]).difference(objects(ids[2])).pop()).unlink()
+    with pytest.raises(ObjectMissingError, match="tensor 'w'"):
+        Checkpointer(tmp_path).restore()
+    reader = Checkpointer(tmp_path)
+    with pytest.warns(RuntimeWarning, match=rf"checkpoint {ids[3]} \(step 3\) cannot be restored .*missing"):
+        got = reader.restore(fallback=True)
+    assert got["step"] == 2 and torch.equal(got["w"], torch.full((50_000,), 2.0) + torch.arange(50_000.0))
+    assert reader.last_info is not None and reader.last_info.id == ids[2]
+    # an explicit id or step is never swapped for another checkpoint
+    with pytest.raises(ObjectMissingError):
+        Checkpointer(tmp_path).restore(ids[3], fallback=True)
+    # the base under checkpoint 2 is corrupted too: back to the first chain
+    _flip_a_bit(tmp_path / objects(ids[2]).pop())
+    with pytest.warns(RuntimeWarning) as caught:
+        got = Checkpointer(tmp_path).restore(fallback=True)
+    assert got["step"] == 1
+    assert [ids[3] in str(w.message) for w in caught] == [True, False]
+    # nothing intact: the latest checkpoint's error, with a note for each older one tried
+    for cid in ids[:2]:
+        for o in objects(cid):
+            if (tmp_path / o).exists():
+                (tmp_path / o).unlink()
+    with pytest.warns(RuntimeWarning), pytest.raises(ObjectMissingError) as exc:
+        Checkpointer(tmp_path).restore(fallback=True)
+    notes = exc.value.__notes__
+    assert f"of checkpoint {ids[3]}" in str(exc.value)
+    assert [n.split()[2] for n in notes] == [ids[2], ids[1], ids[0]], notes
+
+
 def test_corrupted_base_of_a_delta_chain_is_named(tmp_path: Path) -> None:
     # only the end of a delta chain is hashed on restore; a corrupted base still fails, naming the base's object
     ckpt = Checkpointer(tmp_path)

@@ -88,3 +88,17 @@ def test_bad_arguments_print_usage_not_traceback(
     assert "two checkpoint ids" in capsys.readouterr().err
     ip.run_line_magic("gpu_checkpoint", f"restore --into nosuchvar --store {ck.store.url}")
     assert "no variable 'nosuchvar'" in capsys.readouterr().err
+
+
+def test_restore_fallback_skips_a_damaged_latest(
+    ip: Any, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck, ids = store
+    man = ck.manifest(ids[3])
+    objs = {c["obj"] for lf in man["shards"][0]["leaves"].values() for c in lf["chunks"]}
+    for o in objs - {c["obj"] for lf in ck.manifest(ids[2])["shards"][0]["leaves"].values() for c in lf["chunks"]}:
+        (Path(ck.store.root) / o).unlink()  # the latest checkpoint's own data is lost
+    with pytest.warns(RuntimeWarning, match=f"checkpoint {ids[3]} .*cannot be restored"):
+        ip.run_line_magic("gpu_checkpoint", f"restore --fallback --store {ck.store.url} -o st")
+    assert f"restored {ids[2]} (step 2)" in capsys.readouterr().out
+    assert ip.user_ns["st"]["step"] == 2

@@ -1078,6 +1078,7 @@ class Checkpointer:
         verify: bool = True,
         missing_ok: bool = False,
         map_location: Any = None,
+        fallback: bool = False,
     ) -> Any:
         """Load a checkpoint (latest by default) and return its state.
 
@@ -1099,6 +1100,11 @@ class Checkpointer:
             Return None instead of raising :class:`NoCheckpointError` when the store is empty.
         map_location
             Move restored tensors to this device.
+        fallback
+            For the latest checkpoint (no ``ckpt_id`` or ``step``): when its data is missing or corrupted
+            (:class:`ObjectMissingError`, :class:`IntegrityError`: a lost object, a partial copy of the store),
+            restore the newest older checkpoint that is intact instead, with a warning naming each one skipped
+            and why. Meant for resuming a run; without it the error is raised. Other errors are always raised.
 
         Returns
         -------
@@ -1121,9 +1127,34 @@ class Checkpointer:
             if missing_ok:
                 return None
             raise
-        shard = self._pick_shard(doc)
         allow = self.allow_pickle if allow_pickle is None else allow_pickle
-        values, datas = self._decode_shard(doc, shard, verify=verify, allow_pickle=allow)
+        older: list[str] = []
+        if fallback and ckpt_id in (None, "latest") and step is None:
+            ids = [c.id for c in self.list()]  # oldest first
+            if doc["id"] in ids:
+                older = ids[: ids.index(doc["id"])][::-1]
+        first: CheckpointError | None = None  # the error of the checkpoint asked for
+        while True:
+            shard = self._pick_shard(doc)
+            try:
+                values, datas = self._decode_shard(doc, shard, verify=verify, allow_pickle=allow)
+                break
+            except (ObjectMissingError, IntegrityError) as err:
+                if first is None:
+                    first = err
+                else:
+                    first.add_note(f"older checkpoint {doc['id']} (step {doc['step']}) cannot be restored either: {err}")
+                if not older:
+                    if first is err:
+                        raise
+                    raise first from None
+                warnings.warn(
+                    f"checkpoint {doc['id']} (step {doc['step']}) cannot be restored ({err}); restoring the one "
+                    f"before it, {older[0]}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                doc = read_manifest(self.store, older.pop(0))
         if map_location is not None:
             for k, v in list(values.items()):
                 if hasattr(v, "to") and not isinstance(v, np.ndarray):

@@ -49,6 +49,11 @@ class CheckpointMagics(Magics):
     @argument(
         "--allow-pickle", action="store_true", help="restore: allow pickled values (trusted stores only)"
     )
+    @argument(
+        "--fallback",
+        action="store_true",
+        help="restore (latest): if its data is missing or corrupted, the newest intact older checkpoint",
+    )
     @line_magic
     def gpu_checkpoint(self, line: str) -> Any:
         """List, inspect, restore, compare and garbage-collect delta checkpoints.
@@ -129,7 +134,11 @@ class CheckpointMagics(Magics):
                     raise LookupError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
         state = ck.restore(
-            self._one_id(args, "restore"), step=args.step, into=into, allow_pickle=args.allow_pickle or None
+            self._one_id(args, "restore"),
+            step=args.step,
+            into=into,
+            allow_pickle=args.allow_pickle or None,
+            fallback=args.fallback,
         )
         ns[args.out] = state
         info = ck.last_info
