@@ -137,6 +137,10 @@ def test_every_variant_round_trips_through_frames(monkeypatch: pytest.MonkeyPatc
             for mod in (codec._load_native(), None):
                 monkeypatch.setattr(codec, "_native", mod)
                 np.testing.assert_array_equal(codec.decode_chunk(frame, base), cur, err_msg=f"{width} {v}")
+                # in place, over its base (how restore decodes a delta chain)
+                buf = base.copy()
+                assert codec.decode_chunk(frame, buf, buf) is buf
+                np.testing.assert_array_equal(buf, cur, err_msg=f"in place: {width} {v} native={mod is not None}")
             monkeypatch.setattr(codec, "_native", None)
             assert codec._encode_variant(cur, width, base, v) == frame
 

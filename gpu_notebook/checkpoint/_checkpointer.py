@@ -13,6 +13,7 @@ Save pipeline (one save in flight at most):
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import hashlib
 import json
@@ -199,6 +200,21 @@ class _Snapshot:
         return sum(lf.nbytes for lf in self.leaves)
 
 
+
+
+class _Chain:
+    """One chunk to restore: its frames (a full one, then the deltas on it), decoded in turn into ``dst``."""
+
+    __slots__ = ("name", "idx", "entry", "chain", "dst", "level", "groups")
+
+    def __init__(self, name: str, idx: int, entry: dict[str, Any], chain: list[dict[str, Any]], dst: np.ndarray):
+        self.name = name
+        self.idx = idx
+        self.entry = entry  # the end of the chain (what the manifest lists)
+        self.chain = chain  # oldest first
+        self.dst = dst
+        self.level = 0  # the next frame to decode
+        self.groups: list[int] = []  # the read that brings each frame
 
 _WRITER_INFO: dict[str, Any] | None = None
 
@@ -1216,24 +1232,46 @@ class Checkpointer:
                     leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
         total = sum(lf["nbytes"] for lf in leaves.values())
         prog = Progress(f"restore {doc['id']}", total, self.progress)
-        raw_cache: dict[
-            str, np.ndarray
-        ] = {}  # decoded chain ends by raw hash (the same bytes twice: tied weights)
-        cache_lock = threading.Lock()
+        # every chunk is one chain of frames (a full frame, then the deltas on it, oldest first), decoded in
+        # place into the memory of the tensor handed back: the base frame into it, then each delta over it. The
+        # same bytes twice (tied weights) are decoded once and copied.
+        datas: dict[str, np.ndarray] = {}
+        chains: list[_Chain] = []
+        copies: list[tuple[_Chain, np.ndarray]] = []  # (the chain that decodes these bytes, another home)
+        first_of: dict[str, _Chain] = {}
+        for name, lf in leaves.items():
+            n = int(lf["nbytes"])
+            if sum(int(c["len"]) for c in lf["chunks"]) != n:
+                raise IntegrityError(
+                    f"tensor {name!r} of checkpoint {doc['id']} has chunks that do not add up to {n} bytes"
+                )
+            datas[name] = np.empty(n, dtype=np.uint8)
+            off = 0
+            for i, c in enumerate(lf["chunks"]):
+                ln = int(c["len"])
+                dst = datas[name][off : off + ln]
+                off += ln
+                same = first_of.get(c["raw"])
+                if same is not None and same.entry["len"] == ln:
+                    copies.append((same, dst))
+                    continue
+                ch = _Chain(name, i, c, walk_chunks(c)[::-1], dst)
+                first_of[c["raw"]] = ch
+                chains.append(ch)
         # read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object
         # (at most pack_max bytes, gaps under _GAP_BYTES), requested at once by their own pool (I/O bound: as
-        # many in flight as the store allows), oldest base first; a group's bytes are dropped once its last
-        # frame is decoded. (Reads are not split further: a save's several packs already come down in parallel,
-        # and some S3-compatible servers read a whole object for every ranged GET.)
+        # many in flight as the store allows), the objects holding the oldest frames of the chains first (the
+        # first thing every chain decodes); a read's bytes are dropped once its last frame is decoded. (Reads
+        # are not split further: a save's several packs already come down in parallel, and some S3-compatible
+        # servers read a whole object for every ranged GET.)
         frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
-        order: list[str] = []
-        for lf in sorted(leaves.values(), key=lambda lf: -int(lf["nbytes"])):
-            for c in lf["chunks"]:
-                for e in reversed(walk_chunks(c)):
-                    fr = frames_of.setdefault(e["obj"], {})
-                    if not fr:
-                        order.append(e["obj"])
-                    fr[int(e["off"])] = int(e["size"])
+        age: dict[str, int] = {}  # object -> how far from the end of a chain its oldest frame is
+        for ch in sorted(chains, key=lambda ch: -int(ch.entry["len"])):
+            for k, e in enumerate(ch.chain):
+                fr = frames_of.setdefault(e["obj"], {})
+                fr[int(e["off"])] = int(e["size"])
+                age[e["obj"]] = max(age.get(e["obj"], 0), len(ch.chain) - 1 - k)
+        order = sorted(frames_of, key=lambda key: -age[key])  # stable: then by first use
         io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
         groups: list[tuple[str, int, int]] = []  # object, start, end
         group_of: dict[tuple[str, int], int] = {}
@@ -1253,10 +1291,10 @@ class Checkpointer:
             if members:
                 groups.append((key, lo, hi))
         left = [0] * len(groups)
-        for lf in leaves.values():
-            for c in lf["chunks"]:
-                for e in walk_chunks(c):
-                    left[group_of[(e["obj"], int(e["off"]))]] += 1
+        for ch in chains:
+            ch.groups = [group_of[(e["obj"], int(e["off"]))] for e in ch.chain]
+            for gi in ch.groups:
+                left[gi] += 1
         fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
 
         def read_group(g: tuple[str, int, int]) -> bytes | memoryview:
@@ -1310,95 +1348,103 @@ class Checkpointer:
                 f"corrupted data: decoded bytes of {where(name, idx, e)} do not match their hash"
             )
 
-        scratch = threading.local()
-
-        def link_buffer(level: int, nbytes: int) -> np.ndarray:
-            """A per-thread buffer for the inner links of a chain (two, used in turn: a link is decoded from
-            the one below it into the other), so a deep chain neither allocates nor page-faults."""
-            bufs = getattr(scratch, "bufs", None)
-            if bufs is None:
-                bufs = scratch.bufs = {}
-            b = bufs.get(level % 2)
-            if b is None or b.nbytes < nbytes:
-                b = bufs[level % 2] = np.empty(nbytes, dtype=np.uint8)
-            return b[:nbytes]
-
-        def decode(
-            name: str, idx: int, e: dict[str, Any], out: np.ndarray | None, check: bool, level: int = 0
-        ) -> np.ndarray:
-            """Decode a chunk into ``out`` (the end of a chain) or, for the inner links (``out`` None), into a
-            scratch buffer. Only ``check``ed chunks are hashed: a delta's decoded bytes depend on every byte of
-            its base, so checking the end of a chain checks the chain. Only chain ends are cached (a scratch
-            buffer is overwritten by the next chain)."""
-            with cache_lock:
-                hit = raw_cache.get(e["raw"])
-            if hit is not None:
-                if out is None:
-                    return hit
-                out[:] = hit
-                return out
-            base = decode(name, idx, e["base"], None, False, level + 1) if e.get("base") else None
-            frame = fetch(name, idx, e)
-            final = out is not None
-            if out is None:
-                out = link_buffer(level, int(e["len"]))
+        def step(ch: _Chain) -> None:
+            """Decode the next frame of a chain (its bytes have arrived) into the chain's memory."""
+            e = ch.chain[ch.level]
+            frame = fetch(ch.name, ch.idx, e)
             try:
-                raw = decode_chunk(frame, base, out)
+                decode_chunk(frame, ch.dst if ch.level else None, ch.dst)
             except ValueError as err:
-                raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e) from err
-            if check and hv(raw.data) != e["raw"]:
-                raise corrupt_frame(name, idx, e, frame) or diagnose(name, idx, e)
-            if final:
-                with cache_lock:
-                    raw_cache[e["raw"]] = raw
-            return raw
+                raise corrupt_frame(ch.name, ch.idx, e, frame) or diagnose(ch.name, ch.idx, ch.entry) from err
+            ch.level += 1
+            if ch.level == len(ch.chain):
+                # a delta's decoded bytes depend on every byte of its base: checking the end checks the chain
+                if verify and hv(ch.dst.data) != ch.entry["raw"]:
+                    raise diagnose(ch.name, ch.idx, ch.entry)
+                prog.add(int(ch.entry["len"]))
 
-        # decode every chunk straight into its tensor's buffer: the memory of the tensor handed to the caller,
-        # and the delta base of the next save (which checks it is unchanged before using it)
-        datas: dict[str, np.ndarray] = {}
-        tasks: list[tuple[str, int, dict[str, Any], int]] = []
-        for name, lf in leaves.items():
-            n = int(lf["nbytes"])
-            if sum(int(c["len"]) for c in lf["chunks"]) != n:
-                raise IntegrityError(
-                    f"tensor {name!r} of checkpoint {doc['id']} has chunks that do not add up to {n} bytes"
-                )
-            datas[name] = np.empty(n, dtype=np.uint8)
-            off = 0
-            for i, c in enumerate(lf["chunks"]):
-                tasks.append((name, i, c, off))
-                off += int(c["len"])
-        # big chunks first, so that the threads finish together
-        tasks.sort(key=lambda t: -int(t[2]["len"]))
+        # a chain's next frame is decoded as soon as its bytes are here, by whichever thread is free; a thread
+        # goes on with the same chain while it can (its bytes are still in the cache). With a local store
+        # everything is here at once: each chain is decoded start to end in one go; from S3 the old frames
+        # (fetched first) are decoded while the newer ones are still coming in.
+        cond = threading.Condition()
+        arrived: set[int] = set()
+        waiting: dict[int, list[_Chain]] = {}
+        ready: collections.deque[_Chain] = collections.deque()
+        todo = [len(chains)]
+        failed: list[BaseException] = []
 
-        def run(t: tuple[str, int, dict[str, Any], int]) -> None:
-            name, i, c, off = t
-            ln = int(c["len"])
-            dst = datas[name][off : off + ln]
-            got = decode(name, i, c, dst, verify)
-            if got.nbytes != ln:
-                raise IntegrityError(f"{where(name, i, c)} decoded to {got.nbytes} bytes, expected {ln}")
-            prog.add(ln)
+        def wait_for(ch: _Chain) -> bool:
+            """With ``cond`` held: True if the chain's next frame is here, else park it until it is."""
+            gi = ch.groups[ch.level]
+            if gi in arrived:
+                return True
+            waiting.setdefault(gi, []).append(ch)
+            return False
 
-        def run_all(ts: list[tuple[str, int, dict[str, Any], int]]) -> None:
-            for t in ts:
-                run(t)
+        def on_arrival(gi: int) -> None:
+            with cond:
+                arrived.add(gi)
+                ready.extend(waiting.pop(gi, ()))
+                cond.notify_all()
 
-        # the tiny chunks go together, first: one thread decodes them while the others decode big chunks
-        tiny = [t for t in tasks if int(t[2]["len"]) < _TINY_BYTES]
-        batches = ([tiny] if tiny else []) + [[t] for t in tasks if int(t[2]["len"]) >= _TINY_BYTES]
-        try:
-            if len(batches) > 1 and self.threads > 1:
-                pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-restore")
+        # the tiny chunks first, together (a thread gets through them while the others decode big ones), then
+        # big ones first, so that the threads finish together
+        with cond:
+            for ch in sorted(chains, key=lambda ch: (int(ch.entry["len"]) >= _TINY_BYTES, -int(ch.entry["len"]))):
+                if wait_for(ch):
+                    ready.append(ch)
+        for gi, fut in list(futures.items()):
+            fut.add_done_callback(lambda _f, gi=gi: on_arrival(gi))  # type: ignore[misc]
+
+        def worker() -> None:
+            while True:
+                with cond:
+                    while not ready and todo[0] and not failed:
+                        cond.wait()
+                    if failed or not todo[0]:
+                        return
+                    ch = ready.popleft()
                 try:
-                    for _ in pool.map(run_all, batches):
-                        pass
+                    while True:
+                        step(ch)
+                        with cond:
+                            if ch.level == len(ch.chain):
+                                todo[0] -= 1
+                                if not todo[0]:
+                                    cond.notify_all()
+                                break
+                            if not wait_for(ch):
+                                break
+                except BaseException as err:  # noqa: BLE001 - handed to the caller below
+                    with cond:
+                        failed.append(err)
+                        cond.notify_all()
+                    return
+
+        try:
+            n_workers = max(1, min(self.threads, len(chains)))
+            if n_workers > 1:
+                pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="gnb-ckpt-restore")
+                try:
+                    for f in [pool.submit(worker) for _ in range(n_workers)]:
+                        f.result()
+                except BaseException:  # e.g. KeyboardInterrupt: the workers stop at their next frame
+                    with cond:
+                        failed.append(CheckpointError("restore interrupted"))
+                        cond.notify_all()
+                    raise
                 finally:
                     pool.shutdown(wait=True, cancel_futures=True)
             else:
-                run_all(tasks)
+                worker()
         finally:
             fetch_pool.shutdown(wait=True, cancel_futures=True)
+        if failed:
+            raise failed[0]
+        for src, dst in copies:
+            dst[:] = src.dst
+            prog.add(dst.nbytes)
         prog.finish()
         values: dict[str, Any] = {}
         for name, lf in leaves.items():

@@ -6,7 +6,8 @@
  *     planes. One pass over the chunk; exactly the bytes of the numpy reference (_codec._split(_forward(...))).
  * merge_inverse(planes, base, out, width, transform, rotation, permute, offset)
  *     The inverse: `planes` is a sequence of `width` buffers (the decompressed planes), `out` receives the raw
- *     chunk. One pass (the numpy reference takes about ten).
+ *     chunk. One pass (the numpy reference takes about ten). `out` may be `base` itself (a delta decoded in
+ *     place over its base): element i of `base` is read before element i of `out` is written, and no other.
  *
  * The permutation is a stable counting sort by an 8-bit key, so it costs a histogram and one pass with 256
  * sequential write (or read) streams instead of a comparison sort. Elements are little-endian (the module
@@ -141,7 +142,7 @@
         }                                                                                           \
         return z;                                                                                   \
     }                                                                                               \
-    static void inverse_##BITS(const uint8_t *const *p, const U *restrict b, U *restrict out,       \
+    static void inverse_##BITS(const uint8_t *const *p, const U *b, U *out,                         \
                                Py_ssize_t n, int t, int rot, int perm, U off) {                     \
         const uint8_t *q[W];                                                                        \
         for (int k = 0; k < W; k++) q[k] = p[k];                                                    \
