@@ -1370,7 +1370,9 @@ class Checkpointer:
         cond = threading.Condition()
         arrived: set[int] = set()
         waiting: dict[int, list[_Chain]] = {}
-        ready: collections.deque[_Chain] = collections.deque()
+        # work for the threads: one chain, or the tiny chains together (they cost more in locking and Python
+        # than in decoding: one thread goes through them while the others decode big chains in C)
+        ready: collections.deque[list[_Chain]] = collections.deque()
         todo = [len(chains)]
         failed: list[BaseException] = []
 
@@ -1382,18 +1384,22 @@ class Checkpointer:
             waiting.setdefault(gi, []).append(ch)
             return False
 
+        def make_ready(chs: list[_Chain]) -> None:
+            """With ``cond`` held: queue chains whose next frame is here, the tiny ones together and first, then
+            the big ones biggest first (so that the threads finish together)."""
+            tiny = [ch for ch in chs if int(ch.entry["len"]) < _TINY_BYTES]
+            if tiny:
+                ready.append(tiny)
+            ready.extend([ch] for ch in chs if int(ch.entry["len"]) >= _TINY_BYTES)
+            cond.notify_all()
+
         def on_arrival(gi: int) -> None:
             with cond:
                 arrived.add(gi)
-                ready.extend(waiting.pop(gi, ()))
-                cond.notify_all()
+                make_ready(waiting.pop(gi, []))
 
-        # the tiny chunks first, together (a thread gets through them while the others decode big ones), then
-        # big ones first, so that the threads finish together
         with cond:
-            for ch in sorted(chains, key=lambda ch: (int(ch.entry["len"]) >= _TINY_BYTES, -int(ch.entry["len"]))):
-                if wait_for(ch):
-                    ready.append(ch)
+            make_ready([ch for ch in sorted(chains, key=lambda ch: -int(ch.entry["len"])) if wait_for(ch)])
         for gi, fut in list(futures.items()):
             fut.add_done_callback(lambda _f, gi=gi: on_arrival(gi))  # type: ignore[misc]
 
@@ -1404,18 +1410,19 @@ class Checkpointer:
                         cond.wait()
                     if failed or not todo[0]:
                         return
-                    ch = ready.popleft()
+                    item = ready.popleft()
                 try:
-                    while True:
-                        step(ch)
-                        with cond:
-                            if ch.level == len(ch.chain):
-                                todo[0] -= 1
-                                if not todo[0]:
-                                    cond.notify_all()
-                                break
-                            if not wait_for(ch):
-                                break
+                    for ch in item:
+                        while True:
+                            step(ch)
+                            with cond:
+                                if ch.level == len(ch.chain):
+                                    todo[0] -= 1
+                                    if not todo[0]:
+                                        cond.notify_all()
+                                    break
+                                if not wait_for(ch):
+                                    break
                 except BaseException as err:  # noqa: BLE001 - handed to the caller below
                     with cond:
                         failed.append(err)
