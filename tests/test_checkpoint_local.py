@@ -355,6 +355,34 @@ def _flip_a_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+
+def test_finding_the_latest_reads_only_the_newest_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a resume must not get slower as checkpoints pile up: ids start with the step, so only the manifests of
+    # the highest step are read (two writers at that step: the later one wins, as in list())
+    ckpt = Checkpointer(tmp_path)
+    for step in range(12):
+        ckpt.save({"x": torch.tensor([float(step)]), "step": step})
+    ckpt.wait()
+    other = Checkpointer(tmp_path)
+    other.save({"x": torch.tensor([99.0]), "step": 11}, step=11, block=True)
+    reads: list[str] = []
+    real = LocalStore.get
+
+    def counting(self: LocalStore, key: str) -> bytes:
+        reads.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalStore, "get", counting)
+    reader = Checkpointer(tmp_path)
+    reads.clear()
+    assert reader.restore()["x"].item() == 99.0
+    assert len([k for k in reads if k.startswith("manifests/")]) == 2, reads
+    assert reader.latest().id == reader.list()[-1].id  # type: ignore[union-attr]
+    reads.clear()
+    assert reader.restore(step=3)["x"].item() == 3.0
+    assert len([k for k in reads if k.startswith("manifests/")]) == 1, reads
+
+
 def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save({"big": torch.randn(200_000), "small": torch.randn(10), "step": 0}, block=True)

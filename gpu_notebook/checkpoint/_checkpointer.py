@@ -82,9 +82,11 @@ _GAP_BYTES = 4 << 20
 _TINY_BYTES = 64 * 1024
 # a pack is closed (and uploaded, while the encoding goes on) once it holds 1 / (_PACKS_PER_THREAD * threads) of
 # what the previous save of the same kind wrote, so that the last pack, uploaded after the encoding, is small; at
-# least _PACK_MIN bytes (S3 charges per request), at most pack_max
+# least _PACK_MIN bytes (every object is a request to write and one to read: S3 charges per request, and each
+# costs a round trip; 4 MiB instead of 1 made a 20 MB bf16 restore from the test S3 server 15 % faster), at most
+# pack_max
 _PACKS_PER_THREAD = 2
-_PACK_MIN = 1 << 20
+_PACK_MIN = 4 << 20
 
 
 def current() -> Checkpointer | None:
@@ -258,7 +260,7 @@ class Checkpointer:
         Encoded frames smaller than ``pack_kb`` are packed together into objects of up to ``pack_max_mb``
         (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each); a pack
         is closed and uploaded earlier, while the encoding goes on, once it holds 1 / (2 x threads) of what
-        the previous save of the same kind wrote (at least 1 MiB). Restore reads them with ranged GETs of at
+        the previous save of the same kind wrote (at least 4 MiB). Restore reads them with ranged GETs of at
         most ``pack_max_mb``.
     level
         zstd level (1 is fast; 3 compresses a little better).
@@ -983,8 +985,37 @@ class Checkpointer:
 
     def latest(self) -> CheckpointInfo | None:
         """The newest checkpoint (highest step, then latest), or None if the store is empty."""
-        lst = self.list()
-        return lst[-1] if lst else None
+        try:
+            return CheckpointInfo.from_manifest(self._newest(None))
+        except NoCheckpointError:
+            return None
+
+    def _newest(self, step: int | None) -> dict[str, Any]:
+        """The manifest of the newest checkpoint (at ``step``, if given). Ids start with the step, so only the
+        manifests of the highest step (or of ``step``) are read: finding the latest checkpoint, what a resume
+        does, costs one listing and a GET or two however many checkpoints the store holds. A manifest of a
+        newer format version raises (it must not be skipped silently); an unreadable one is skipped."""
+        by_step: dict[int, list[str]] = {}
+        for o in self.store.list(MANIFEST_PREFIX):
+            cid = id_from_key(o.key)
+            head = cid.split("-", 1)[0] if cid else ""
+            if cid and head.isdigit():
+                by_step.setdefault(int(head), []).append(cid)
+        steps = [step] if step is not None else sorted(by_step, reverse=True)
+        for st in steps:
+            docs = []
+            for cid in by_step.get(st, []):
+                try:
+                    docs.append(read_manifest(self.store, cid))
+                except FormatVersionError:
+                    raise
+                except CheckpointError as e:
+                    log.warning("skipping unreadable manifest of %s: %s", cid, e)
+            if docs:
+                return max(docs, key=lambda d: (float(d.get("created_at", 0.0)), str(d["id"])))
+        if step is not None:
+            raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
+        raise NoCheckpointError(f"no checkpoint in {self.store.url}")
 
     def _resolve(self, ckpt_id: str | None, step: int | None) -> dict[str, Any]:
         if ckpt_id is not None:
@@ -998,22 +1029,7 @@ class Checkpointer:
                     if len(matches) != 1:
                         raise
                     return read_manifest(self.store, id_from_key(matches[0].key))  # type: ignore[arg-type]
-        lst = self.list()
-        if step is not None:
-            lst = CheckpointList(c for c in lst if c.step == step)
-            if not lst:
-                raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
-        newest = lst[-1].id if lst else ""
-        for cid, err in self.unreadable:  # a newer checkpoint we cannot read must not be skipped silently
-            if (
-                isinstance(err, FormatVersionError)
-                and cid > newest
-                and (step is None or cid.startswith(f"{step:012d}-"))
-            ):
-                raise err
-        if not lst:
-            raise NoCheckpointError(f"no checkpoint in {self.store.url}")
-        return read_manifest(self.store, lst[-1].id)
+        return self._newest(step)
 
     def manifest(self, ckpt_id: str | None = None) -> dict[str, Any]:
         """The raw manifest of a checkpoint (latest by default)."""
