@@ -47,6 +47,32 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         same = Checkpointer(f"{root}/same", sharded=True)
         same.save({"w": torch.ones(1000), "step": 1}, block=True)
         dist.barrier()
+        # 4) restore(fallback=True) is agreed: rank 1's part of the latest checkpoint is lost, rank 0's is intact;
+        # both ranks go back to the checkpoint before it
+        fb = Checkpointer(f"{root}/fallback", sharded=True, full_every=10)
+        mine = torch.full((40_000,), float(rank))
+        for step in range(3):
+            mine = mine + 1.0
+            fb.save({"shard": mine, "step": step}, block=True)
+        dist.barrier()
+        ids = [c.id for c in fb.list()]
+
+        def rank1_objects(cid: str) -> set[str]:
+            doc = fb.manifest(cid)
+            return {c["obj"] for sh in doc["shards"] if sh["rank"] == 1 for lf in sh["leaves"].values() for c in lf["chunks"]}
+
+        if rank == 1:
+            for o in rank1_objects(ids[2]) - rank1_objects(ids[1]):
+                Path(f"{root}/fallback/{o}").unlink()
+        dist.barrier()
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = Checkpointer(f"{root}/fallback", sharded=True).restore(fallback=True)
+        out["fallback_step"] = got["step"]
+        out["fallback_ok"] = bool(torch.equal(got["shard"], torch.full((40_000,), float(rank) + 2.0)))
+        out["fallback_warning"] = [str(w.message) for w in caught if ids[2] in str(w.message)][:1]
     finally:
         Path(f"{root}/result-{rank}.json").write_text(json.dumps(out))
         dist.destroy_process_group()
@@ -101,3 +127,13 @@ def test_replicated_state_restores_onto_another_world_size(ranks_dir: str) -> No
     same = Checkpointer(f"{ranks_dir}/same", rank=2, world_size=3)
     assert same.manifest()["replicated"] is True
     assert torch.equal(same.restore()["w"], torch.ones(1000))
+
+
+def test_fallback_is_agreed_across_ranks(ranks_dir: str) -> None:
+    # one rank could not restore the latest checkpoint: every rank restores the one before it, together
+    for r in range(2):
+        res = json.loads(Path(f"{ranks_dir}/result-{r}.json").read_text())
+        assert res["fallback_step"] == 1 and res["fallback_ok"] is True, (r, res)
+        assert res["fallback_warning"], (r, res)
+    r0 = json.loads(Path(f"{ranks_dir}/result-0.json").read_text())
+    assert "another rank could not restore its part" in r0["fallback_warning"][0]

@@ -611,6 +611,25 @@ class Checkpointer:
             return self._last_raw / rate <= 0.5 * left
         return left >= 60.0  # no full save measured yet: AWS's two minutes, not GCP's or Azure's 30 s
 
+    def _agree_min(self, value: int) -> int | None:
+        """The smallest ``value`` over the ranks of the process group (a collective: every rank must call it),
+        or None when there is no process group."""
+        try:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return None
+            import torch
+
+            dev = torch.device("cpu")
+            if dist.get_backend() == "nccl":
+                dev = torch.device("cuda", torch.cuda.current_device())
+            t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return int(t.item())
+        except ImportError:
+            return None
+
     def _agreed_notice(self) -> Any:
         """This process's notice; in a multi-rank job, any rank's (every rank then saves together)."""
         w = self._watcher
@@ -1137,6 +1156,8 @@ class Checkpointer:
             (:class:`ObjectMissingError`, :class:`IntegrityError`: a lost object, a partial copy of the store),
             restore the newest older checkpoint that is intact instead, with a warning naming each one skipped
             and why. Meant for resuming a run; without it the error is raised. Other errors are always raised.
+            In a job with a process group (``world_size`` > 1), every rank must call it (as with
+            :meth:`maybe_save`): the ranks agree, so that all of them restore the same checkpoint.
 
         Returns
         -------
@@ -1161,32 +1182,47 @@ class Checkpointer:
             raise
         allow = self.allow_pickle if allow_pickle is None else allow_pickle
         older: list[str] = []
+        together = False  # ranks of a process group fall back together (each restores its own shard)
         if fallback and ckpt_id in (None, "latest") and step is None:
             ids = [c.id for c in self.list()]  # oldest first
             if doc["id"] in ids:
                 older = ids[: ids.index(doc["id"])][::-1]
+            n_older = self._agree_min(len(older)) if self.world_size > 1 else None
+            together = n_older is not None
+            if n_older is not None:
+                older = older[:n_older]  # the same candidates on every rank
         first: CheckpointError | None = None  # the error of the checkpoint asked for
         while True:
             shard = self._pick_shard(doc)
+            err: CheckpointError | None = None
             try:
                 values, datas = self._decode_shard(doc, shard, verify=verify, allow_pickle=allow)
+            except (ObjectMissingError, IntegrityError) as e:
+                if not fallback:
+                    raise
+                err = e
+            if together:  # a collective: every rank takes part in every round
+                everyone = self._agree_min(0 if err else 1)
+                if everyone == 0 and err is None:
+                    err = IntegrityError(f"another rank could not restore its part of checkpoint {doc['id']}")
+            if err is None:
                 break
-            except (ObjectMissingError, IntegrityError) as err:
-                if first is None:
-                    first = err
-                else:
-                    first.add_note(f"older checkpoint {doc['id']} (step {doc['step']}) cannot be restored either: {err}")
-                if not older:
-                    if first is err:
-                        raise
-                    raise first from None
-                warnings.warn(
-                    f"checkpoint {doc['id']} (step {doc['step']}) cannot be restored ({err}); restoring the one "
-                    f"before it, {older[0]}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                doc = read_manifest(self.store, older.pop(0))
+            # this checkpoint cannot be restored (here, or on another rank): the one before it
+            if first is None:
+                first = err
+            else:
+                first.add_note(f"older checkpoint {doc['id']} (step {doc['step']}) cannot be restored either: {err}")
+            if not older:
+                if first is err:
+                    raise err
+                raise first from None
+            warnings.warn(
+                f"checkpoint {doc['id']} (step {doc['step']}) cannot be restored ({err}); restoring the one "
+                f"before it, {older[0]}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            doc = read_manifest(self.store, older.pop(0))
         if map_location is not None:
             for k, v in list(values.items()):
                 if hasattr(v, "to") and not isinstance(v, np.ndarray):
