@@ -638,24 +638,13 @@ class Checkpointer:
         local = w.notice
         if self.world_size > 1:
             try:
-                import torch.distributed as dist
+                # 0 on every rank as soon as one rank has a notice
+                if self._agree_min(0 if local is not None else 1) == 0 and local is None:
+                    from ._preemption import DEFAULT_WARNING_S, PreemptionNotice
 
-                if dist.is_available() and dist.is_initialized():
-                    import torch
-
-                    dev = torch.device("cpu")
-                    if dist.get_backend() == "nccl":
-                        dev = torch.device("cuda", torch.cuda.current_device())
-                    flag = torch.tensor([1.0 if local is not None else 0.0], device=dev)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    if flag.item() > 0 and local is None:
-                        from ._preemption import DEFAULT_WARNING_S, PreemptionNotice
-
-                        now = time.time()
-                        local = PreemptionNotice(
-                            w.cloud, "peer", now + DEFAULT_WARNING_S.get(w.cloud, 30.0), now
-                        )
-            except Exception as e:  # noqa: BLE001 - no process group after all: decide locally
+                    now = time.time()
+                    local = PreemptionNotice(w.cloud, "peer", now + DEFAULT_WARNING_S.get(w.cloud, 30.0), now)
+            except Exception as e:  # noqa: BLE001 - no working process group after all: decide locally
                 log.debug("preemption agreement skipped: %s", e)
         if local is not None and self._preempt_notice is None:
             self._preempt_notice = local
