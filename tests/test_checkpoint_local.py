@@ -483,6 +483,23 @@ def test_newer_format_version_is_refused(tmp_path: Path) -> None:
         Checkpointer(tmp_path)
 
 
+
+def test_list_skips_an_unreadable_manifest_and_latest_skips_to_an_older_step(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path, threads=4)
+    for step in range(6):
+        ckpt.save({"x": torch.tensor([float(step)]), "step": step})
+    ckpt.wait()
+    ids = [c.id for c in ckpt.list()]
+    (tmp_path / "manifests" / f"{ids[5]}.json").write_text("{not json")  # the newest one is garbage
+    (tmp_path / "manifests" / f"{ids[2]}.json").write_text("[]")
+    reader = Checkpointer(tmp_path, threads=4)
+    lst = reader.list()  # read several at a time; same order, the two unreadable ones left out with a warning
+    assert [c.id for c in lst] == [ids[0], ids[1], ids[3], ids[4]]
+    assert sorted(cid for cid, _ in reader.unreadable) == [ids[2], ids[5]]
+    assert reader.restore()["step"] == 4  # the newest readable one
+    assert reader.latest().id == ids[4]  # type: ignore[union-attr]
+
+
 def test_shape_mismatch_names_tensors(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     m = _model(0, width=64)

@@ -973,6 +973,7 @@ class Checkpointer:
         """All committed checkpoints, oldest first (by step, then commit time)."""
         out = CheckpointList()
         self.unreadable: list[tuple[str, CheckpointError]] = []
+        new: list[str] = []
         for o in self.store.list(MANIFEST_PREFIX):
             cid = id_from_key(o.key)
             if cid is None:
@@ -980,14 +981,29 @@ class Checkpointer:
             cached = self._info_cache.get(cid)  # manifests are immutable: read each one once
             if cached is not None:
                 out.append(cached)
-                continue
+            else:
+                new.append(cid)
+
+        def read(cid: str) -> CheckpointInfo | CheckpointError:
             try:
-                info = CheckpointInfo.from_manifest(read_manifest(self.store, cid))
-                self._info_cache[cid] = info
-                out.append(info)
+                return CheckpointInfo.from_manifest(read_manifest(self.store, cid))
             except CheckpointError as e:
-                log.warning("skipping unreadable manifest %s: %s", o.key, e)
-                self.unreadable.append((cid, e))
+                return e
+
+        # the manifests not read before, several at a time (a round trip each on S3)
+        n = min(len(new), max(self.threads, int(getattr(self.store, "max_concurrency", 0))))
+        if n > 1:
+            with cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="gnb-ckpt-list") as ex:
+                got = list(ex.map(read, new))
+        else:
+            got = [read(cid) for cid in new]
+        for cid, r in zip(new, got, strict=True):
+            if isinstance(r, CheckpointError):
+                log.warning("skipping unreadable manifest %s: %s", manifest_key(cid), r)
+                self.unreadable.append((cid, r))
+            else:
+                self._info_cache[cid] = r
+                out.append(r)
         out.sort(key=lambda c: (c.step, c.created_at, c.id))
         return out
 

@@ -99,6 +99,8 @@ def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
         doc = json.loads(raw)
     except ValueError as e:
         raise IntegrityError(f"manifest {key} is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"manifest {key} is not a JSON object (a damaged file?)")
     check_version(doc, f"manifest {key}")
     return doc
 
