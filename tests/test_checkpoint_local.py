@@ -484,6 +484,17 @@ def test_newer_format_version_is_refused(tmp_path: Path) -> None:
 
 
 
+
+def test_manifest_records_the_code_that_wrote_it(tmp_path: Path) -> None:
+    ckpt = Checkpointer(tmp_path)
+    for step in range(2):  # the record is computed once, then reused: both saves carry all of it
+        ckpt.save({"x": torch.ones(3), "step": step}, block=True)
+        w = ckpt.manifest()["writer"]
+        assert w["lib"] == "gpu_notebook.checkpoint" and w["pid"] == os.getpid()
+        assert w["torch"] == torch.__version__ and w["python"] == sys.version.split()[0]
+        assert "version" in w and w["program"]
+
+
 def test_list_skips_an_unreadable_manifest_and_latest_skips_to_an_older_step(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, threads=4)
     for step in range(6):
