@@ -212,6 +212,32 @@ def test_deltas_are_smaller_and_full_base_every_n(tmp_path: Path) -> None:
     assert max(depths) == 2  # chains never longer than full_every - 1
 
 
+
+def test_a_full_base_bounds_what_a_restore_reads(tmp_path: Path) -> None:
+    # small changes everywhere (deltas are used, but save only part of the bytes, as in full fp32 training): with
+    # max_restore_ratio=3 a base comes as soon as restoring the next delta would read more than 3 fulls;
+    # without it, only full_every decides and the chain's bytes keep growing
+    reads = {}
+    kinds = {}
+    for ratio in (3.0, None):
+        g = torch.Generator().manual_seed(4)
+        w = torch.randn(100_000, generator=g)
+        ckpt = Checkpointer(tmp_path / str(ratio), full_every=100, max_restore_ratio=ratio)
+        for step in range(10):
+            w = w + torch.randn(100_000, generator=g) * 1e-3 * w.abs()
+            ckpt.save({"w": w}, step=step, block=True)
+        kinds[ratio] = ["B" if c.is_base else "d" for c in ckpt.list()]
+        reads[ratio] = [ckpt.show(c.id)["restore"]["bytes"] for c in ckpt.list()]
+        assert torch.equal(Checkpointer(tmp_path / str(ratio)).restore()["w"], w)
+    full = reads[3.0][0]
+    assert max(reads[None]) > 3 * full, reads  # the test means something: unbounded chains read more
+    assert kinds[None] == ["B"] + ["d"] * 9
+    assert "B" in kinds[3.0][1:] and "d" in kinds[3.0][1:], kinds
+    assert max(reads[3.0]) <= 3 * full * 1.05, reads
+    with pytest.raises(ValueError, match="max_restore_ratio"):
+        Checkpointer(tmp_path / "x", max_restore_ratio=0.5)
+
+
 def test_unchanged_tensors_are_never_written_twice(tmp_path: Path) -> None:
     frozen = torch.randn(500_000)
     head = torch.randn(1000)

@@ -254,6 +254,11 @@ class Checkpointer:
         A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
     full_every
         Every ``full_every``-th checkpoint is a full base, so delta chains stay at most that long.
+    max_restore_ratio
+        Also write a full base as soon as restoring the next delta would read more than this many times the
+        bytes of a full checkpoint (the delta chains' frames add up; a restore reads and decodes all of them).
+        This bounds restore time where deltas save little (full fp32 training: a base about every 4-5 saves at
+        3.0) and leaves long chains where they save much (fine-tuning). None: only ``full_every`` decides.
     chunk_mb
         Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
     pack_kb, pack_max_mb
@@ -307,6 +312,7 @@ class Checkpointer:
         store: str | os.PathLike[str] | Store,
         *,
         full_every: int = 10,
+        max_restore_ratio: float | None = 3.0,
         chunk_mb: float = 4.0,
         pack_kb: int = 8192,
         pack_max_mb: float = 16.0,
@@ -334,12 +340,15 @@ class Checkpointer:
             raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
         if full_every < 1:
             raise ValueError("full_every must be >= 1")
+        if max_restore_ratio is not None and max_restore_ratio < 1:
+            raise ValueError("max_restore_ratio must be >= 1 (or None)")
         # format version 3 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
         self.hash = hash or ("blake3" if blake3_available() else "sha256")
         self._h = hash_fn(self.hash)
         self._version = FORMAT_VERSION if self.hash == "blake3" else 2
         self.store: Store = open_store(store, **store_options)
         self.full_every = int(full_every)
+        self.max_restore_ratio = None if max_restore_ratio is None else float(max_restore_ratio)
         self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
         self.pack_bytes = int(pack_kb * 1024)
         self.pack_max = int(pack_max_mb * 2**20)
@@ -703,6 +712,20 @@ class Checkpointer:
             self.failures.append((ckpt_id, msg))
         raise CheckpointSaveError(msg) from err
 
+    def _restore_too_costly(self) -> bool:
+        """Would restoring the next delta read more than ``max_restore_ratio`` times a full checkpoint's bytes?
+        The last checkpoint's chains (every frame down to their bases) plus what the last delta added, against
+        their base frames (what a full checkpoint of the same state about costs)."""
+        if self.max_restore_ratio is None:
+            return False
+        chains = full = 0
+        for sh in self._shadow.values():
+            for c in sh["chunks"]:
+                links = walk_chunks(c)
+                chains += sum(e["size"] for e in links)
+                full += links[-1]["size"]
+        return full > 0 and chains + self._new_bytes.get(False, 0) > self.max_restore_ratio * full
+
     def _chunks_of(self, leaf: Leaf) -> list[tuple[int, int]]:
         n = leaf.nbytes
         w = max(1, leaf.width)
@@ -711,7 +734,9 @@ class Checkpointer:
 
     def _persist(self, snap: _Snapshot, ckpt_id: str) -> CheckpointInfo | None:
         t_start = time.perf_counter()
-        is_base = snap.full or not self._shadow or self._since_base + 1 >= self.full_every
+        is_base = (
+            snap.full or not self._shadow or self._since_base + 1 >= self.full_every or self._restore_too_costly()
+        )
         total = snap.nbytes
         prog = Progress(f"checkpoint {ckpt_id}", total, self.progress)
         # 1) per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk
