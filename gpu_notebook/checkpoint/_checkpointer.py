@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import hashlib
 import json
 import logging
@@ -202,8 +203,6 @@ class _Snapshot:
         return sum(lf.nbytes for lf in self.leaves)
 
 
-
-
 class _Chain:
     """One chunk to restore: its frames (a full one, then the deltas on it), decoded in turn into ``dst``."""
 
@@ -218,31 +217,29 @@ class _Chain:
         self.level = 0  # the next frame to decode
         self.groups: list[int] = []  # the read that brings each frame
 
-_WRITER_INFO: dict[str, Any] | None = None
 
-
+@functools.cache
 def _static_writer_info() -> dict[str, Any]:
-    """What a manifest records about the code that wrote it (computed once: looking up the installed version
-    reads package metadata, several milliseconds per save otherwise)."""
-    global _WRITER_INFO
-    if _WRITER_INFO is None:
-        info: dict[str, Any] = {
-            "lib": "gpu_notebook.checkpoint",
-            "python": platform.python_version(),
-            "host": platform.node(),
-            "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
-        }
-        try:
-            from importlib.metadata import version
+    """What a manifest records about the code that wrote it, apart from the pid and torch (computed once:
+    looking up the installed version reads package metadata, several milliseconds per save otherwise)."""
+    info: dict[str, Any] = {
+        "lib": "gpu_notebook.checkpoint",
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "program": os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "",
+    }
+    try:
+        from importlib.metadata import version
 
-            info["version"] = version("gpu_notebook")
-        except Exception:  # noqa: BLE001
-            pass
-        _WRITER_INFO = info
-    out = dict(_WRITER_INFO)
-    if "torch" in sys.modules:  # may be imported after the first save
-        out["torch"] = sys.modules["torch"].__version__
-    return out
+        info["version"] = version("gpu_notebook")
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+def _restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
+    """Every frame a restore of these chunk entries reads (each once: tied chunks share theirs), with its size."""
+    return {(e["obj"], int(e["off"])): int(e["size"]) for c in chunks for e in walk_chunks(c)}
 
 
 class Checkpointer:
@@ -718,12 +715,9 @@ class Checkpointer:
         their base frames (what a full checkpoint of the same state about costs)."""
         if self.max_restore_ratio is None:
             return False
-        chains = full = 0
-        for sh in self._shadow.values():
-            for c in sh["chunks"]:
-                links = walk_chunks(c)
-                chains += sum(e["size"] for e in links)
-                full += links[-1]["size"]
+        chunks = [c for sh in self._shadow.values() for c in sh["chunks"]]
+        chains = sum(_restore_frames(chunks).values())
+        full = sum(walk_chunks(c)[-1]["size"] for c in chunks)
         return full > 0 and chains + self._new_bytes.get(False, 0) > self.max_restore_ratio * full
 
     def _chunks_of(self, leaf: Leaf) -> list[tuple[int, int]]:
@@ -930,7 +924,10 @@ class Checkpointer:
         return info
 
     def _writer_info(self) -> dict[str, Any]:
-        return {**_static_writer_info(), "pid": os.getpid()}
+        info = {**_static_writer_info(), "pid": os.getpid()}
+        if "torch" in sys.modules:  # may be imported after the first save
+            info["torch"] = sys.modules["torch"].__version__
+        return info
 
     def _commit(
         self, snap: _Snapshot, ckpt_id: str, shard: dict[str, Any], stats: dict[str, Any], is_base: bool
@@ -1088,12 +1085,7 @@ class Checkpointer:
         """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
         doc = self._resolve(ckpt_id, None)
         tensors = {}
-        frames: dict[tuple[str, int], int] = {}  # every frame a restore of this checkpoint reads
-        for shard in doc["shards"]:
-            for lf in shard["leaves"].values():
-                for c in lf["chunks"]:
-                    for e in walk_chunks(c):
-                        frames[(e["obj"], int(e["off"]))] = int(e["size"])
+        frames = _restore_frames(c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"])
         for shard in doc["shards"]:
             for name, lf in shard["leaves"].items():
                 ts: dict[str, int] = {}
@@ -1348,7 +1340,8 @@ class Checkpointer:
         # servers read a whole object for every ranged GET.)
         frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
         age: dict[str, int] = {}  # object -> how far from the end of a chain its oldest frame is
-        for ch in sorted(chains, key=lambda ch: -int(ch.entry["len"])):
+        chains.sort(key=lambda ch: -int(ch.entry["len"]))  # big first: the threads finish together
+        for ch in chains:
             for k, e in enumerate(ch.chain):
                 fr = frames_of.setdefault(e["obj"], {})
                 fr[int(e["off"])] = int(e["size"])
@@ -1481,7 +1474,7 @@ class Checkpointer:
                 make_ready(waiting.pop(gi, []))
 
         with cond:
-            make_ready([ch for ch in sorted(chains, key=lambda ch: -int(ch.entry["len"])) if wait_for(ch)])
+            make_ready([ch for ch in chains if wait_for(ch)])
         for gi, fut in list(futures.items()):
             fut.add_done_callback(lambda _f, gi=gi: on_arrival(gi))  # type: ignore[misc]
 
@@ -1600,7 +1593,7 @@ class _Show(dict):  # type: ignore[type-arg]
             raw = max(1, int(st.get("raw_bytes", 0)))
             lines.append(
                 f"  a restore reads {_fmt_bytes(rs['bytes'])} ({rs['bytes'] / raw:.2f}x the state) from {rs['objects']} "
-                f"object(s): delta chains up to {rs['max_depth']} deep (a full base every full_every saves bounds it)"
+                f"object(s): delta chains up to {rs['max_depth']} deep (bounded by full_every and max_restore_ratio)"
             )
         for name, t in list(self["tensors"].items())[:50]:
             tr = ",".join(f"{k}:{v}" for k, v in t["transforms"].items())
