@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -56,20 +57,18 @@ def test_kernels_are_built_in_the_test_environment() -> None:
     )
 
 
-@needs_native
-@pytest.mark.parametrize("width", [1, 2, 4, 8])
-def test_forward_split_matches_numpy_and_inverts(width: int) -> None:
-    nat = codec._native
+def _check_kernels(nat: object, width: int) -> None:
+    """``nat``'s forward_split equals the numpy reference, and its merge_inverse (and numpy's) invert it."""
     n = 3001  # odd: no element count that happens to be a multiple of a vector width
     cur, base = _pair(width, n, width)
     for v in _variants(width):
         t, rot, perm, off = v
         ref = codec._split(codec._forward(cur, base, v, width), width).copy()
         got = np.empty(cur.nbytes, np.uint8)
-        nat.forward_split(cur, base, got, width, t, rot, perm, off)
+        nat.forward_split(cur, base, got, width, t, rot, perm, off)  # type: ignore[attr-defined]
         np.testing.assert_array_equal(got.reshape(width, -1), ref, err_msg=str(v))
         back = np.empty_like(cur)
-        nat.merge_inverse(
+        nat.merge_inverse(  # type: ignore[attr-defined]
             [got.reshape(width, -1)[k] for k in range(width)], base, back, width, t, rot, perm, off
         )
         np.testing.assert_array_equal(back, cur, err_msg=str(v))
@@ -78,6 +77,57 @@ def test_forward_split_matches_numpy_and_inverts(width: int) -> None:
         merged = codec._merge(got.reshape(width, -1).copy(), width, np.empty_like(cur))
         codec._inverse(merged, base, v, width, ref_back)
         np.testing.assert_array_equal(ref_back, cur, err_msg=str(v))
+
+
+@needs_native
+@pytest.mark.parametrize("width", [1, 2, 4, 8])
+def test_forward_split_matches_numpy_and_inverts(width: int) -> None:
+    _check_kernels(codec._native, width)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+_V3 = {"avx2", "bmi2", "fma", "movbe"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    not (sys.platform == "linux" and os.uname().machine == "x86_64" and shutil.which("gcc")),
+    reason="the instruction-set versions are built by GCC on x86-64 Linux",
+)
+@pytest.mark.parametrize("target", ["portable", "arch=x86-64-v3", "arch=x86-64-v4"])
+def test_every_instruction_set_version_computes_the_same_bytes(target: str, tmp_path: pathlib.Path) -> None:
+    """The installed module picks one version of each kernel for this CPU (GCC target_clones); build each
+    version alone and check it against the numpy reference, so that no CPU gets a differently compiled bug."""
+    flags = _cpu_flags()
+    need = {"arch=x86-64-v3": _V3, "arch=x86-64-v4": _V4}.get(target, set())
+    if not need <= flags:
+        pytest.skip(f"this CPU cannot run {target}")
+    import importlib.util
+    import sysconfig
+
+    src = pathlib.Path(codec.__file__).with_name("_planes.c")
+    so = tmp_path / f"_planes{sysconfig.get_config_var('EXT_SUFFIX')}"
+    define = "-DGPU_NOTEBOOK_KERNEL_PORTABLE" if target == "portable" else f'-DGPU_NOTEBOOK_KERNEL_TARGET="{target}"'
+    cmd = ["gcc", "-shared", "-fPIC", "-O3", "-Wall", "-Werror", define]
+    cmd += [f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(so)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    spec = importlib.util.spec_from_file_location("_planes", so)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for width in (1, 2, 4, 8):
+        _check_kernels(mod, width)
 
 
 @needs_native
