@@ -94,6 +94,7 @@ def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: 
     try:
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
         ck.save(state, 0, block=True)
+        ck._executor.submit(lambda: None).result(timeout=60)  # the buffers are faulted in after the save
         ready = {id(b) for lst in ck._free.values() for b in lst}
         assert sorted(ck._free) == [400, 4000] and len(ready) == 2  # one touched buffer per tensor
         ck.save(state, 1, block=True)
@@ -101,4 +102,38 @@ def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: 
         assert used == ready  # the second snapshot went into them
         assert torch.equal(ck.restore()["a"], state["a"])
     finally:
+        ck.close()
+
+
+def test_first_save_resolves_before_the_next_buffers_are_faulted_in(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Faulting in the second snapshot's buffers (after a Checkpointer's first save) is not part of that save:
+    its handle resolves without waiting for it, and the next save still works while it runs."""
+    import threading
+
+    release = threading.Event()
+    started = threading.Event()
+    real = Checkpointer._prefault
+
+    def slow_prefault(self: Checkpointer, leaves: list) -> None:
+        started.set()
+        assert release.wait(60)
+        real(self, leaves)
+
+    monkeypatch.setattr(Checkpointer, "_prefault", slow_prefault)
+    ck = Checkpointer(tmp_path, progress=False, preemption=None)
+    try:
+        state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
+        info = ck.save(state, 0).result(timeout=60)  # would time out if the save waited for the prefault
+        assert info is not None and started.wait(60) and not release.is_set()
+        first = state["a"].clone()
+        state["a"] += 1
+        h = ck.save(state, 1)  # snapshots now (fresh buffers); persists once the prefault is done
+        release.set()
+        assert h.result(timeout=60) is not None
+        assert torch.equal(ck.restore()["a"], state["a"])
+        assert torch.equal(ck.restore(info.id)["a"], first)
+    finally:
+        release.set()
         ck.close()

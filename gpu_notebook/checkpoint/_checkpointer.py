@@ -919,8 +919,12 @@ class Checkpointer:
         self._parent = ckpt_id
         self._since_base = 0 if is_base else self._since_base + 1
         self._recycle(old)
-        if not old:  # the first save: the next one has no buffers to recycle yet; fault them in now, here
-            self._prefault(snap.leaves)
+        if not old:  # the first save: the next one has no buffers to recycle yet; fault them in next, on this
+            # thread but after this save's handle has resolved (its caller need not wait for them)
+            try:
+                self._executor.submit(self._prefault, snap.leaves)
+            except RuntimeError:  # closed meanwhile
+                pass
         return info
 
     def _writer_info(self) -> dict[str, Any]:
