@@ -10,6 +10,8 @@ sources (no download). For each workload the *same* training state is checkpoint
   intervals earlier); the measured save is the next delta. Its save speed is reported together with the
   first delta's, which also searches each chunk's encoding (later saves reuse the choice).
 
+Save times are the best of 3 runs for every method (ours: twin Checkpointers that saved the same states into
+their own stores).
 Restore times are the best of 5 interleaved runs: ``torch.load`` of the ``torch.save`` file from the local disk
 against ours from the local store (the delta, i.e. its whole chain, and the full checkpoint), each from a fresh
 ``Checkpointer``; the same again (best of 3) from a cold page cache (every file dropped from the cache first with
@@ -54,6 +56,9 @@ from gpu_notebook.checkpoint import Checkpointer  # noqa: E402
 CTX = 128
 REPEAT = 3  # restore timings: best of this many runs
 REPEAT_LOCAL = 5  # ... for the (fast) local restores of torch.save's file and of ours
+#: our saves: the best of this many identical runs (twin Checkpointers that saved the same states, each into its
+#: own store; a single timing on a shared machine is too easily disturbed), the first twin's checkpoint restored
+SAVE_TWINS = 3
 SEQ, BATCH = 64, 4  # training sequences: small, so that the whole benchmark runs in a few minutes on 2 cores
 
 
@@ -140,30 +145,29 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
 
     res: dict[str, dict[str, float]] = {}
     f = work / "ts.pt"
-    t0 = time.perf_counter()
-    torch.save(sd, f)
-    ts = time.perf_counter() - t0
+    ts = _best(lambda: torch.save(sd, f), SAVE_TWINS)  # (each rewrites the file)
     res["torch.save"] = {
         "bytes": f.stat().st_size,
         "save_s": ts,
         "restore_s": math.nan,  # measured in measure(), interleaved with ours
     }
 
-    t0 = time.perf_counter()
-    b = io.BytesIO()
-    torch.save(sd, b)
-    comp = zstandard.ZstdCompressor(level=3).compress(b.getvalue())
-    (work / "ts.pt.zst").write_bytes(comp)
-    ts = time.perf_counter() - t0
+    def save_zstd() -> bytes:
+        b = io.BytesIO()
+        torch.save(sd, b)
+        comp = zstandard.ZstdCompressor(level=3).compress(b.getvalue())
+        (work / "ts.pt.zst").write_bytes(comp)
+        return comp
+
+    ts = _best(save_zstd, SAVE_TWINS)
+    comp = (work / "ts.pt.zst").read_bytes()
     t0 = time.perf_counter()
     raw = zstandard.ZstdDecompressor().decompress((work / "ts.pt.zst").read_bytes())
     torch.load(io.BytesIO(raw), weights_only=True)
     res["torch.save+zstd3"] = {"bytes": len(comp), "save_s": ts, "restore_s": time.perf_counter() - t0}
 
     flat = _flat_tensors(sd)
-    t0 = time.perf_counter()
-    safetensors.torch.save_file(flat, str(work / "st.safetensors"))
-    ts = time.perf_counter() - t0
+    ts = _best(lambda: safetensors.torch.save_file(flat, str(work / "st.safetensors")), SAVE_TWINS)
     t0 = time.perf_counter()
     safetensors.torch.load_file(str(work / "st.safetensors"))
     res["safetensors"] = {
@@ -173,9 +177,11 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     }
 
     d = work / "dcp"
-    t0 = time.perf_counter()
-    dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d)))
-    ts = time.perf_counter() - t0
+    ts = math.inf
+    for j in range(SAVE_TWINS):  # each into its own folder
+        t0 = time.perf_counter()
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d if j == 0 else work / f"dcp-{j}")))
+        ts = min(ts, time.perf_counter() - t0)
     target = _clone_struct(sd)
     t0 = time.perf_counter()
     dcp.load(target, storage_reader=dcp.FileSystemReader(str(d)))
@@ -314,18 +320,23 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
         label: str, model: nn.Module, opt: torch.optim.Optimizer, step: int, interval: int, n_params: int
     ) -> None:
         """Base checkpoint, a first delta one interval later, then the measured (steady-state) delta."""
-        ck = Checkpointer(work / f"ck-{len(rows)}", full_every=10)
+        cks = [Checkpointer(work / f"ck-{len(rows)}-{j}", full_every=10) for j in range(SAVE_TWINS)]
         state = {"model": model, "optim": opt, "step": step}
-        ck.save(state, step).result()
+        for ck in cks:
+            ck.save(state, step).result()
         train(model, opt, data, interval, g)
         state["step"] = step + interval
-        t0 = time.perf_counter()
-        first = ck.save(state, step + interval).result()
-        first_s = time.perf_counter() - t0
-        assert first is not None
+        first_s = math.inf
+        for ck in cks:
+            t0 = time.perf_counter()
+            first = ck.save(state, step + interval).result()
+            first_s = min(first_s, time.perf_counter() - t0)
+            assert first is not None
         train(model, opt, data, interval, g)
         state["step"] = step + 2 * interval
-        rows.extend(measure(label, state, ck, work, n_params, s3, first.raw_bytes / first_s / 1e6))
+        rows.extend(measure(label, state, cks, work, n_params, s3, first.raw_bytes / first_s / 1e6))
+        for ck in cks:
+            ck.close()
 
     try:
         pretrained: dict[str, torch.Tensor] | None = None
@@ -388,7 +399,7 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
 def measure(
     label: str,
     state: dict[str, Any],
-    ck_delta: Checkpointer,
+    cks_delta: list[Checkpointer],
     work: Path,
     n_params: int,
     s3: S3Bench | None,
@@ -399,9 +410,15 @@ def measure(
     bdir = work / f"base-{tag}"
     bdir.mkdir()
     res = bench_baselines(sd, bdir)
+    ck_delta = cks_delta[0]
     ck_full = Checkpointer(work / f"full-{tag}")
     full = ours(ck_full, state, state["step"])
     delta = ours(ck_delta, state, state["step"])
+    for j in range(1, len(cks_delta)):  # the same saves again (twins): the best time
+        for mine, ck in ((full, Checkpointer(work / f"full-{tag}-{j}")), (delta, cks_delta[j])):
+            again = ours(ck, state, state["step"])
+            mine["save_s"] = min(mine["save_s"], again["save_s"])
+            mine["stall_s"] = min(mine["stall_s"], again["stall_s"])
     res["ours, full"] = full
     res["ours, delta"] = delta
     delta["first_mb_s"] = first_mb_s
