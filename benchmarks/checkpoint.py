@@ -25,7 +25,8 @@ every 10 and every 100 steps (after a short warm-up at a higher learning rate, a
 (b) fine-tuning with most layers frozen; (c) full fine-tuning of the warmed-up model with a small learning rate.
 
 Run: ``python benchmarks/checkpoint.py`` (about 3 minutes on 2 cores); ``--quick`` for a smoke run,
-``--no-s3`` without the S3 restore.
+``--no-s3`` without the S3 restore, ``--no-sweep`` without the last table: the bytes and restore time that
+``max_restore_ratio`` trades (one run per dtype saved by Checkpointers that differ only in it).
 Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
 """
 
@@ -396,6 +397,77 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
     return rows
 
 
+def policy_sweep(quick: bool) -> list[dict[str, Any]]:
+    """The trade-off between bytes and restore speed that ``max_restore_ratio`` sets: one training run per dtype
+    (checkpoint every 10 steps), each state saved by Checkpointers that differ only in it; for each, the bytes of
+    every checkpoint after the first (a full base for all) and the local restore time of every checkpoint (best
+    of 3), against ``torch.save``'s file of the same state and ``torch.load`` of it (page cache)."""
+    g = torch.Generator().manual_seed(1)
+    data = corpus()
+    ratios = (1.2, 2.0, 3.0)
+    n_saves = 5 if quick else 10
+    out: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-sweep-"))
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.manual_seed(0)
+            model = TinyGPT() if dtype == torch.float32 else TinyGPT().to(torch.bfloat16)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+            train(model, opt, data, 5 if quick else 30, g)
+            for pg in opt.param_groups:
+                pg["lr"] = 1e-4
+            cks = {r: Checkpointer(work / f"{dtype}-{r}", max_restore_ratio=r, progress=False) for r in ratios}
+            ids: dict[float, list[str]] = {r: [] for r in ratios}
+            new: dict[float, list[int]] = {r: [] for r in ratios}
+            ts_bytes, ts_load = [], []
+            state = {"model": model, "optim": opt, "step": 0}
+            for i in range(n_saves):
+                if i:
+                    train(model, opt, data, 10, g)
+                state["step"] = 10 * i
+                for r, ck in cks.items():
+                    info = ck.save(state, 10 * i).result()
+                    assert info is not None
+                    ids[r].append(info.id)
+                    new[r].append(info.new_bytes)
+                f = work / f"ts-{dtype}-{i}.pt"
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
+                ts_bytes.append(f.stat().st_size)
+                ts_load.append(_best(lambda: torch.load(f, weights_only=True), REPEAT))  # noqa: B023
+            for r, ck in cks.items():
+                rd = Checkpointer(Path(ck.store.root), progress=False)  # type: ignore[attr-defined]
+                rel = [_best(lambda: rd.restore(c), REPEAT) / t for c, t in zip(ids[r], ts_load, strict=True)]  # noqa: B023
+                out.append(
+                    {
+                        "dtype": "fp32" if dtype == torch.float32 else "bf16",
+                        "max_restore_ratio": r,
+                        "bytes": sum(new[r][1:]) / sum(ts_bytes[1:]),
+                        "bases": sum(1 for c in ck.list() if c.is_base) - 1,
+                        "saves": n_saves - 1,
+                        "restore_mean": sum(rel) / len(rel),
+                        "restore_worst": max(rel),
+                    }
+                )
+                ck.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| state | max_restore_ratio | bytes per checkpoint (saves 2 to n) | full bases among them | "
+        "local restore time / torch.load: mean, worst |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['dtype']}, every 10 steps | {r['max_restore_ratio']:g} | {r['bytes']:.3f} | "
+            f"{r['bases']} of {r['saves']} | {r['restore_mean']:.2f}x, {r['restore_worst']:.2f}x |"
+        )
+    return "\n".join(out)
+
+
 def measure(
     label: str,
     state: dict[str, Any],
@@ -549,6 +621,7 @@ def main() -> None:
     ap.add_argument(
         "--no-s3", action="store_true", help="skip the restore from S3 (a moto server on loopback)"
     )
+    ap.add_argument("--no-sweep", action="store_true", help="skip the max_restore_ratio sweep")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args()
     t0 = time.time()
@@ -561,9 +634,13 @@ def main() -> None:
     print(table(rows))
     print()
     print(summary(rows))
+    sweep = [] if args.no_sweep else policy_sweep(args.quick)
+    if sweep:
+        print()
+        print(sweep_table(sweep))
     print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s total")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        Path(args.json).write_text(json.dumps({"rows": rows, "sweep": sweep}, indent=1))
 
 
 if __name__ == "__main__":
