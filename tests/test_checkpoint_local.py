@@ -814,6 +814,9 @@ def test_list_show_diff_displays(tmp_path: Path) -> None:
     new = delta["stats"]["new_bytes"]
     assert new < delta["restore"]["bytes"] <= base["restore"]["bytes"] + new
     assert "a restore reads" in repr(delta) and "deep" in repr(delta)
+    # ... which list() reports per checkpoint too (its own column)
+    assert [c.restore_bytes for c in lst] == [base["restore"]["bytes"], delta["restore"]["bytes"]]
+    assert "restore reads" in repr(lst) and "<th>restore reads</th>" in lst._repr_html_()
     d = ck.diff(lst[0].id, lst[1].id)
     assert (
         "model/0.weight" in d["changed"]

@@ -126,6 +126,16 @@ def manifest_objects(doc: dict[str, Any]) -> set[str]:
     return keys
 
 
+def _shard_restore_bytes(shard: dict[str, Any]) -> int:
+    frames = {
+        (e.get("obj"), e.get("off")): int(e.get("size", 0))
+        for leaf in shard.get("leaves", {}).values()
+        for ch in leaf.get("chunks", [])
+        for e in walk_chunks(ch)
+    }
+    return sum(frames.values())
+
+
 @dataclass
 class CheckpointInfo:
     """Summary of one committed checkpoint."""
@@ -140,6 +150,8 @@ class CheckpointInfo:
     raw_bytes: int = 0
     new_bytes: int = 0
     n_tensors: int = 0
+    #: bytes a restore reads: every frame of every chunk's delta chain, once (the largest shard's)
+    restore_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -156,6 +168,7 @@ class CheckpointInfo:
             raw_bytes=int(st.get("raw_bytes", 0)),
             new_bytes=int(st.get("new_bytes", 0)),
             n_tensors=sum(len(s.get("leaves", {})) for s in doc.get("shards", [])),
+            restore_bytes=max((_shard_restore_bytes(s) for s in doc.get("shards", [])), default=0),
             extra={"stats": st, "writer": doc.get("writer", {})},
         )
 
@@ -199,12 +212,13 @@ class CheckpointList(list):  # type: ignore[type-arg]
                     _fmt_bytes(c.raw_bytes),
                     _fmt_bytes(c.new_bytes),
                     f"{c.ratio:.3f}",
+                    _fmt_bytes(c.restore_bytes),
                     str(c.world_size),
                 ]
             )
         return rows
 
-    _HEAD = ["id", "step", "time", "kind", "state", "written", "ratio", "ranks"]
+    _HEAD = ["id", "step", "time", "kind", "state", "written", "ratio", "restore reads", "ranks"]
 
     def __repr__(self) -> str:
         if not self:
