@@ -487,10 +487,12 @@ def measure(
     full = ours(ck_full, state, state["step"])
     delta = ours(ck_delta, state, state["step"])
     for j in range(1, len(cks_delta)):  # the same saves again (twins): the best time
-        for mine, ck in ((full, Checkpointer(work / f"full-{tag}-{j}")), (delta, cks_delta[j])):
+        twin_full = Checkpointer(work / f"full-{tag}-{j}")
+        for mine, ck in ((full, twin_full), (delta, cks_delta[j])):
             again = ours(ck, state, state["step"])
             mine["save_s"] = min(mine["save_s"], again["save_s"])
             mine["stall_s"] = min(mine["stall_s"], again["stall_s"])
+        twin_full.close()
     res["ours, full"] = full
     res["ours, delta"] = delta
     delta["first_mb_s"] = first_mb_s
