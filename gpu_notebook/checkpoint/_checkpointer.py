@@ -59,6 +59,7 @@ from ._manifest import (
     manifest_key,
     manifest_objects,
     read_manifest,
+    restore_frames,
     walk_chunks,
 )
 from ._progress import Progress
@@ -235,11 +236,6 @@ def _static_writer_info() -> dict[str, Any]:
     except Exception:  # noqa: BLE001
         pass
     return info
-
-
-def _restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
-    """Every frame a restore of these chunk entries reads (each once: tied chunks share theirs), with its size."""
-    return {(e["obj"], int(e["off"])): int(e["size"]) for c in chunks for e in walk_chunks(c)}
 
 
 class Checkpointer:
@@ -716,7 +712,7 @@ class Checkpointer:
         if self.max_restore_ratio is None:
             return False
         chunks = [c for sh in self._shadow.values() for c in sh["chunks"]]
-        chains = sum(_restore_frames(chunks).values())
+        chains = sum(restore_frames(chunks).values())
         full = sum(walk_chunks(c)[-1]["size"] for c in chunks)
         return full > 0 and chains + self._new_bytes.get(False, 0) > self.max_restore_ratio * full
 
@@ -1089,7 +1085,7 @@ class Checkpointer:
         """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
         doc = self._resolve(ckpt_id, None)
         tensors = {}
-        frames = _restore_frames(c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"])
+        frames = restore_frames(c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"])
         for shard in doc["shards"]:
             for name, lf in shard["leaves"].items():
                 ts: dict[str, int] = {}

@@ -126,14 +126,13 @@ def manifest_objects(doc: dict[str, Any]) -> set[str]:
     return keys
 
 
+def restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
+    """Every frame a restore of these chunk entries reads (each once: tied chunks share theirs), with its size."""
+    return {(e["obj"], int(e["off"])): int(e["size"]) for c in chunks for e in walk_chunks(c)}
+
+
 def _shard_restore_bytes(shard: dict[str, Any]) -> int:
-    frames = {
-        (e.get("obj"), e.get("off")): int(e.get("size", 0))
-        for leaf in shard.get("leaves", {}).values()
-        for ch in leaf.get("chunks", [])
-        for e in walk_chunks(ch)
-    }
-    return sum(frames.values())
+    return sum(restore_frames(c for lf in shard.get("leaves", {}).values() for c in lf.get("chunks", [])).values())
 
 
 @dataclass
