@@ -153,12 +153,10 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
         "restore_s": math.nan,  # measured in measure(), interleaved with ours
     }
 
-    def save_zstd() -> bytes:
+    def save_zstd() -> None:
         b = io.BytesIO()
         torch.save(sd, b)
-        comp = zstandard.ZstdCompressor(level=3).compress(b.getvalue())
-        (work / "ts.pt.zst").write_bytes(comp)
-        return comp
+        (work / "ts.pt.zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(b.getvalue()))
 
     ts = _best(save_zstd, SAVE_TWINS)
     comp = (work / "ts.pt.zst").read_bytes()
@@ -437,6 +435,7 @@ def policy_sweep(quick: bool) -> list[dict[str, Any]]:
             for r, ck in cks.items():
                 rd = Checkpointer(Path(ck.store.root), progress=False)  # type: ignore[attr-defined]
                 rel = [_best(lambda: rd.restore(c), REPEAT) / t for c, t in zip(ids[r], ts_load, strict=True)]  # noqa: B023
+                rd.close()
                 out.append(
                     {
                         "dtype": "fp32" if dtype == torch.float32 else "bf16",

@@ -44,7 +44,7 @@
  * segments multiply the write (read) streams until they thrash the cache: four are twice as slow. */
 #define SEG 2
 #define DEF_STARTS(U, BITS)                                                                         \
-    KERNEL static void starts_##BITS(const U *b, Py_ssize_t n, Py_ssize_t pos[SEG][256]) {                 \
+    KERNEL static void starts_##BITS(const U *b, Py_ssize_t n, Py_ssize_t pos[SEG][256]) {          \
         Py_ssize_t q = n / SEG;                                                                     \
         memset(pos, 0, sizeof(Py_ssize_t) * SEG * 256);                                             \
         for (int s = 0; s < SEG; s++) {                                                             \
@@ -118,7 +118,7 @@
         if (rot) d = (U)((U)(d << rot) | (U)(d >> (BITS - rot)));                                   \
         return d;                                                                                   \
     }                                                                                               \
-    KERNEL static void forward_##BITS(const U *restrict c, const U *restrict b, uint8_t *restrict out,      \
+    KERNEL static void forward_##BITS(const U *restrict c, const U *restrict b, uint8_t *restrict out, \
                                Py_ssize_t n, int t, int rot, int perm, U off) {                     \
         static const U zero = 0;                                                                    \
         if (perm) {                                                                                 \
@@ -158,7 +158,7 @@
         }                                                                                           \
         return z;                                                                                   \
     }                                                                                               \
-    KERNEL static void inverse_##BITS(const uint8_t *const *p, const U *b, U *out,                         \
+    KERNEL static void inverse_##BITS(const uint8_t *const *p, const U *b, U *out,                  \
                                Py_ssize_t n, int t, int rot, int perm, U off) {                     \
         const uint8_t *q[W];                                                                        \
         for (int k = 0; k < W; k++) q[k] = p[k];                                                    \
