@@ -73,6 +73,44 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         out["fallback_step"] = got["step"]
         out["fallback_ok"] = bool(torch.equal(got["shard"], torch.full((40_000,), float(rank) + 2.0)))
         out["fallback_warning"] = [str(w.message) for w in caught if ids[2] in str(w.message)][:1]
+        dist.barrier()
+        # 5) the ranks agree on what their own clocks and uploads would decide alone: on_busy="skip" where only
+        # rank 0's save is still uploading (rank 1's is done), and every_minutes where only rank 0 is due.
+        # Decided alone, rank 1 would save what rank 0 skips: their ids drift apart and no later save commits.
+        import threading
+        import time
+
+        from gpu_notebook.checkpoint import LocalStore
+
+        class Slow(LocalStore):
+            gate = threading.Event()
+
+            def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]
+                if key.startswith("objects/"):
+                    self.gate.wait(30)
+                return super().put(key, data, create_only)
+
+        store = Slow(f"{root}/agree") if rank == 0 else LocalStore(f"{root}/agree")
+        if rank != 0:
+            Slow.gate.set()
+        ag = Checkpointer(store, sharded=True, on_busy="skip", every_minutes=1e6, commit_timeout_s=20, preemption=None)
+        vec = torch.full((10_000,), float(rank))
+        first = ag.save({"v": vec, "step": 0})
+        while rank == 1 and not Path(f"{root}/agree/shards").exists():
+            time.sleep(0.01)  # rank 1's part is written: only rank 0 is still busy
+        dist.barrier()
+        second = ag.save({"v": vec + 1, "step": 1})
+        out["agree_skipped"] = second.skipped
+        Slow.gate.set()
+        first.result(60)
+        if rank == 0:
+            ag._last_save_time = time.time() - 1e9  # only rank 0's clock says "due"
+        third = ag.maybe_save({"v": vec + 2, "step": 2}, 2)
+        out["agree_saved"] = third is not None
+        if third is not None:
+            third.result(60)
+        dist.barrier()
+        out["agree_steps"] = [c.step for c in Checkpointer(f"{root}/agree", rank=rank, world_size=2).list()]
     finally:
         Path(f"{root}/result-{rank}.json").write_text(json.dumps(out))
         dist.destroy_process_group()
@@ -137,3 +175,15 @@ def test_fallback_is_agreed_across_ranks(ranks_dir: str) -> None:
         assert res["fallback_warning"], (r, res)
     r0 = json.loads(Path(f"{ranks_dir}/result-0.json").read_text())
     assert "another rank could not restore its part" in r0["fallback_warning"][0]
+
+
+def test_ranks_agree_to_skip_and_to_save(ranks_dir: str) -> None:
+    # a save skipped on one rank is skipped on every rank; a clock due on one rank saves on every rank: the
+    # checkpoints that exist have both shards
+    for r in range(2):
+        res = json.loads(Path(f"{ranks_dir}/result-{r}.json").read_text())
+        assert res["agree_skipped"] is True, (r, res)
+        assert res["agree_saved"] is True, (r, res)
+        assert res["agree_steps"] == [0, 2], (r, res)
+    man = Checkpointer(f"{ranks_dir}/agree", rank=0, world_size=2, sharded=True).manifest()
+    assert sorted(s["rank"] for s in man["shards"]) == [0, 1]

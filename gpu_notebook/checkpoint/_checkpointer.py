@@ -63,7 +63,7 @@ from ._manifest import (
     walk_chunks,
 )
 from ._progress import Progress
-from ._store import Store, open_store
+from ._store import LocalStore, Store, open_store
 from ._tree import Leaf, flatten, leaf_from_bytes, unflatten
 
 __all__ = ["Checkpointer", "SaveHandle", "current", "GcResult", "DiffResult"]
@@ -290,6 +290,12 @@ class Checkpointer:
         else a delta), ``"full"`` or ``"delta"``.
     hash
         ``"blake3"`` (format version 3, the default when the package is installed) or ``"sha256"`` (version 2).
+    read_only
+        Only read the store (list, show, diff, restore): nothing is written, not even the store's ``FORMAT``
+        marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
+        Works with read-only credentials.
+    current
+        Make this the current checkpointer (the store ``%gpu_checkpoint`` uses by default).
     store_options
         Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
 
@@ -325,6 +331,8 @@ class Checkpointer:
         preemption: Any = "auto",
         on_preemption: str = "auto",
         hash: str | None = None,
+        read_only: bool = False,
+        current: bool = True,
         **store_options: Any,
     ) -> None:
         if on_busy not in ("wait", "skip"):
@@ -340,6 +348,7 @@ class Checkpointer:
         self._h = hash_fn(self.hash)
         self._version = FORMAT_VERSION if self.hash == "blake3" else 2
         self.store: Store = open_store(store, **store_options)
+        self.read_only = bool(read_only)
         self.full_every = int(full_every)
         self.max_restore_ratio = None if max_restore_ratio is None else float(max_restore_ratio)
         self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
@@ -359,6 +368,7 @@ class Checkpointer:
         self.sharded = bool(sharded) and self.world_size > 1
         self._token = self._session_token(dist_ok)
         self._seq = 0
+        self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)
         self._lock = threading.Lock()
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
         self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-io")
@@ -383,7 +393,7 @@ class Checkpointer:
         self._rates: dict[bool, float] = {}  # raw bytes/s of the last full (True) and delta (False) persist
         self._new_bytes: dict[bool, int] = {}  # bytes written by the last full (True) and delta (False) save
         self._last_raw = 0
-        if preemption is not None and preemption is not False:
+        if preemption is not None and preemption is not False and not self.read_only:
             from ._preemption import PreemptionWatcher
 
             self._watcher = (
@@ -397,7 +407,8 @@ class Checkpointer:
         ] = {}  # chunk kind -> (encoding choice, seq)
         self.last_info: CheckpointInfo | None = None
         self._open_store()
-        _set_current(self)
+        if current:
+            _set_current(self)
 
     # ------------------------------------------------------------------ setup
     def _session_token(self, dist_ok: bool) -> str:
@@ -414,14 +425,24 @@ class Checkpointer:
         return tok
 
     def _open_store(self) -> None:
-        self.store.check()
+        if self.read_only and isinstance(self.store, LocalStore):
+            if not self.store.root.is_dir():  # (check() would create it)
+                raise StoreError(f"no checkpoint store at {self.store.url}: the folder does not exist")
+        else:
+            self.store.check()
         doc = {"format": FORMAT_NAME, "version": self._version}
-        if self.rank == 0 or not self.store.exists("FORMAT"):
+        # rank 0 writes the marker (create-only: a no-op when it exists): a store that cannot be written to
+        # fails here, before training starts, and not in the first background save
+        if not self.read_only and (self.rank == 0 or not self.store.exists("FORMAT")):
             self.store.put("FORMAT", json.dumps(doc).encode(), create_only=True)
         try:
             existing = json.loads(self.store.get("FORMAT"))
-        except ObjectMissingError:  # pragma: no cover - raced with another rank
-            return
+        except ObjectMissingError:
+            if self.read_only:
+                raise StoreError(
+                    f"{self.store.url} is not a checkpoint store (it has no FORMAT marker): check the path"
+                ) from None
+            return  # pragma: no cover - raced with another rank
         except ValueError as e:
             raise StoreError(f"{self.store.url}/FORMAT is not valid JSON: {e}") from e
         check_version(existing, f"store {self.store.url}")
@@ -473,7 +494,8 @@ class Checkpointer:
         state
             Usually a dict such as ``{"model": model, "optim": optimizer, "step": step}``.
         step
-            Training step; defaults to ``state["step"]`` if it is an int, else a counter.
+            Training step; defaults to ``state["step"]`` if it is an int, else one after the newest step in the
+            store (then counting up), so that a resumed run's checkpoints come after the ones it resumed from.
         block
             Wait until the checkpoint is committed.
         full
@@ -489,12 +511,15 @@ class Checkpointer:
         CheckpointSaveError
             An earlier background save failed for good (raised once, here or from :meth:`wait`).
         """
+        self._check_writable("save")
         _set_current(self)
         self._raise_pending()
         if step is None:
             s = state.get("step") if isinstance(state, dict) else None
-            step = int(s) if isinstance(s, int | np.integer) else self._seq
+            step = int(s) if isinstance(s, int | np.integer) else self._next_auto_step()
         step = int(step)
+        if self._auto_step is not None:
+            self._auto_step = max(self._auto_step, step + 1)
         if step < 0:
             raise ValueError("step must be >= 0")
         if self.world_size > 1 and not self.sharded and self.rank != 0:
@@ -502,21 +527,31 @@ class Checkpointer:
             self._last_save_step, self._last_save_time = step, time.time()
             return SaveHandle(None, step, None)
         prev = self._inflight
-        if prev is not None and not prev.done():
+        busy = prev is not None and not prev.done()
+        if self.sharded and self.on_busy == "skip":
+            # every rank skips, or none does: a shard missing from a checkpoint would stall its commit
+            agreed = self._agree_min(0 if busy else 1)
+            busy = busy if agreed is None else agreed == 0
+        if busy:
             if self.on_busy == "skip":
                 log.warning("checkpoint at step %s skipped: the previous save is still uploading", step)
                 return SaveHandle(None, step, None, skipped=True)
-            try:
-                prev._future.result()  # type: ignore[union-attr]
-            except Exception:
-                pass  # recorded by the job itself
+            if prev is not None:
+                try:
+                    prev._future.result()  # type: ignore[union-attr]
+                except Exception:
+                    pass  # recorded by the job itself
             self._raise_pending()
+        seq = self._seq
+        if self.sharded:  # the ranks' shards meet under one id: agree on its counter (it could drift apart)
+            agreed = self._agree_min(-seq)
+            seq = seq if agreed is None else -agreed
         t0 = time.perf_counter()
         tree, leaves = flatten(state, allow_pickle=self.allow_pickle, copy=True, alloc=self._alloc)
         snap = _Snapshot(tree, leaves, step, time.perf_counter() - t0)
         snap.full = bool(full)
-        ckpt_id = f"{step:012d}-{self._token}{self._seq:04d}"
-        self._seq += 1
+        ckpt_id = f"{step:012d}-{self._token}{seq:04d}"
+        self._seq = seq + 1
         self._last_save_step, self._last_save_time = step, time.time()
         fut = self._executor.submit(self._persist_with_retries, snap, ckpt_id)
         handle = SaveHandle(ckpt_id, step, fut)
@@ -524,6 +559,29 @@ class Checkpointer:
         if block:
             self.wait()
         return handle
+
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise CheckpointError(
+                f"cannot {what}: this Checkpointer of {self.store.url} was opened read_only=True"
+            )
+
+    def _next_auto_step(self) -> int:
+        """The step of a save given none: one after the newest step in the store (so that a run resumed in a new
+        process goes on after its checkpoints instead of starting again at 0 below them), then counting up."""
+        if self._auto_step is None:
+            top = -1
+            for o in self.store.list(MANIFEST_PREFIX):
+                cid = id_from_key(o.key)
+                head = cid.split("-", 1)[0] if cid else ""
+                if head.isdigit():
+                    top = max(top, int(head))
+            self._auto_step = top + 1
+        step = self._auto_step
+        if self.sharded:  # every rank must save under the same step
+            agreed = self._agree_min(-step)
+            step = step if agreed is None else -agreed
+        return step
 
     def _alloc(self, nbytes: int, pinned: bool = False) -> np.ndarray:
         """A host buffer for a snapshot copy: a recycled one of that size, else a new one. ``pinned``: page-locked
@@ -595,7 +653,12 @@ class Checkpointer:
                 time.perf_counter() - t0,
             )
             return handle
-        if force or self._due(step):
+        due = force or self._due(step)
+        if self.world_size > 1 and self.every_minutes is not None and not force:
+            # a clock decides: the ranks could disagree by a hair; any rank due makes every rank save
+            agreed = self._agree_min(0 if due else 1)
+            due = due if agreed is None else agreed == 0
+        if due:
             return self.save(state, step)
         return None
 
@@ -980,9 +1043,22 @@ class Checkpointer:
         }
         data = json.dumps(doc, separators=(",", ":")).encode()
         if not self.store.put(manifest_key(ckpt_id), data, create_only=True):
-            raise CheckpointError(
-                f"manifest {manifest_key(ckpt_id)} already exists; refusing to overwrite it"
-            )
+            # an earlier attempt of this very save may have been committed with its answer lost (a dropped
+            # connection after the server stored it): then it is ours, and committed; anything else is refused
+            try:
+                there = read_manifest(self.store, ckpt_id)
+            except CheckpointError:
+                there = None
+            if not (
+                there is not None
+                and there.get("id") == ckpt_id
+                and there.get("created_at") == snap.created_at
+                and there.get("step") == snap.step
+            ):
+                raise CheckpointError(
+                    f"manifest {manifest_key(ckpt_id)} already exists; refusing to overwrite it"
+                )
+            doc = there
         if self.sharded:
             for r in range(1, self.world_size):
                 self.store.delete(f"{SHARD_PREFIX}{ckpt_id}/rank-{r:05d}.json")
@@ -1009,6 +1085,8 @@ class Checkpointer:
         def read(cid: str) -> CheckpointInfo | CheckpointError:
             try:
                 return CheckpointInfo.from_manifest(read_manifest(self.store, cid))
+            except StoreError:
+                raise  # the store failed (endpoint down, access denied): not a damaged manifest to skip
             except CheckpointError as e:
                 return e
 
@@ -1053,8 +1131,8 @@ class Checkpointer:
             for cid in by_step.get(st, []):
                 try:
                     docs.append(read_manifest(self.store, cid))
-                except FormatVersionError:
-                    raise
+                except (FormatVersionError, StoreError):
+                    raise  # never resume from an older checkpoint because the newest one could not be fetched
                 except CheckpointError as e:
                     log.warning("skipping unreadable manifest of %s: %s", cid, e)
             if docs:
@@ -1072,7 +1150,14 @@ class Checkpointer:
                     return read_manifest(self.store, ckpt_id)
                 except NoCheckpointError:  # else a unique prefix of one
                     matches = [o for o in self.store.list(MANIFEST_PREFIX + ckpt_id) if id_from_key(o.key)]
-                    if len(matches) != 1:
+                    if len(matches) > 1:
+                        few = ", ".join(str(id_from_key(o.key)) for o in matches[:5])
+                        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+                        raise NoCheckpointError(
+                            f"checkpoint id prefix {ckpt_id!r} is ambiguous: it matches {len(matches)} "
+                            f"checkpoints ({few}{more}); give more of the id"
+                        ) from None
+                    if not matches:
                         raise
                     return read_manifest(self.store, id_from_key(matches[0].key))  # type: ignore[arg-type]
         return self._newest(step)
@@ -1539,12 +1624,30 @@ class Checkpointer:
 
         Objects referenced by a kept checkpoint (including the bases of its delta chains) are never deleted.
         Unreferenced objects newer than ``grace_s`` seconds are kept too: they may belong to a save that is
-        still uploading.
+        still uploading. A manifest that cannot be read (damaged, or of a newer format version than this
+        library's) makes gc refuse before it deletes anything: the objects it needs cannot be told apart.
         """
         if keep < 1:
             raise ValueError("keep must be >= 1")
+        if not dry_run:
+            self._check_writable("gc")
         self.wait()
         lst = self.list()
+
+        def refuse(cid: str, err: CheckpointError) -> CheckpointError:
+            return CheckpointError(
+                f"gc refused, nothing deleted: manifest {manifest_key(cid)} cannot be read ({err}), so the objects "
+                f"it needs are unknown. "
+                + (
+                    "It was written by a newer version of gpu_notebook: run gc with that version."
+                    if isinstance(err, FormatVersionError)
+                    else "Restore or delete that checkpoint by hand first."
+                )
+            )
+
+        for bad, err in self.unreadable:
+            if not isinstance(err, NoCheckpointError | ObjectMissingError):  # (gone since it was listed)
+                raise refuse(bad, err) from err
         kept, drop = lst[-keep:], lst[:-keep]
         needed: set[str] = set()
         for c in kept:
@@ -1555,15 +1658,17 @@ class Checkpointer:
                 self.store.delete(manifest_key(c.id))
             res["manifests"].append(c.id)
         now = time.time()
-        # re-read after deleting: a manifest committed meanwhile protects its objects
-        if not dry_run:
-            for o in self.store.list(MANIFEST_PREFIX):
-                cid = id_from_key(o.key)
-                if cid and cid not in res["kept"] and cid not in res["manifests"]:
-                    try:
-                        needed |= manifest_objects(read_manifest(self.store, cid))
-                    except CheckpointError:
-                        pass
+        # re-read after deleting: a manifest committed meanwhile protects its objects (one that cannot be read
+        # stops gc before any object is deleted)
+        for o in self.store.list(MANIFEST_PREFIX):
+            cid = id_from_key(o.key)
+            if cid and cid not in res["kept"] and cid not in res["manifests"]:
+                try:
+                    needed |= manifest_objects(read_manifest(self.store, cid))
+                except (NoCheckpointError, ObjectMissingError):
+                    continue  # deleted since it was listed
+                except CheckpointError as e:
+                    raise refuse(cid, e) from e
         for o in self.store.list(OBJECT_PREFIX):
             if o.key in needed or now - o.mtime < grace_s:
                 continue
