@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
+import time
+import types
+import urllib.request
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
+from _s3proxy import Cut, Reply, Request, S3Proxy
 from _s3server import S3Server, fake_credentials
 
-from gpu_notebook.checkpoint import Checkpointer, CheckpointSaveError, S3Store, StoreError
+from gpu_notebook.checkpoint import (
+    Checkpointer,
+    CheckpointSaveError,
+    ObjectMissingError,
+    S3Store,
+    StoreError,
+    open_store,
+)
+from gpu_notebook.checkpoint import _s3 as s3mod
 
 pytest.importorskip("moto")
 
@@ -152,3 +166,202 @@ def test_endpoint_down_mid_upload(bucket: str) -> None:
         assert torch.equal(reader.restore()["w"], w)
     finally:
         srv.stop()
+
+
+def _read_only_user(srv: S3Server, bucket: str) -> dict[str, Any]:
+    """An IAM user allowed only to read ``bucket`` (its keys), then authentication enforced on ``srv``."""
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=srv.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    iam.create_user(UserName="reader")
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                # moto checks HEAD bucket as "s3:HeadBucket" (AWS: s3:ListBucket)
+                "Action": ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:HeadBucket"],
+                "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+            }
+        ],
+    }
+    iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    srv.client().create_bucket(Bucket=bucket)
+    srv.client().put_object(Bucket=bucket, Key="p/FORMAT", Body=b"3")
+    req = urllib.request.Request(
+        srv.endpoint + "/moto-api/reset-auth",
+        data=b"0",
+        method="POST",
+        headers={"Content-Type": "text/plain"},
+    )
+    urllib.request.urlopen(req, timeout=10).read()  # from now on every request is authenticated
+    return {"aws_access_key_id": key["AccessKeyId"], "aws_secret_access_key": key["SecretAccessKey"]}
+
+
+def test_read_only_credentials_raise_actionable_store_errors(bucket: str) -> None:
+    with S3Server(subprocess=True) as srv:  # its own process: enforcing auth must not leak into other tests
+        creds = _read_only_user(srv, bucket)
+        store = S3Store(
+            f"s3://{bucket}/p", endpoint_url=srv.endpoint, retries=1, backoff_s=0.01, multipart_threshold_mb=0.01,
+            aws_session_token=None, **creds,
+        )  # fmt: skip
+        store.check()
+        assert store.get("FORMAT") == b"3" and store.exists("FORMAT") and not store.exists("nope")
+        assert [o.key for o in store.list("")] == ["FORMAT"]
+        with pytest.raises(ObjectMissingError):
+            store.get("nope")
+        writes = {
+            "manifests/a.json": lambda: store.put("manifests/a.json", b"{}"),  # create-only (If-None-Match)
+            "objects/b": lambda: store.put("objects/b", b"x", create_only=False),
+            "objects/big": lambda: store.put("objects/big", os.urandom(20_000)),  # multipart
+        }
+        for key, write in writes.items():
+            with pytest.raises(StoreError) as ei:
+                write()
+            msg = str(ei.value)
+            assert f"access denied writing s3://{bucket}/p/{key} at {srv.endpoint} (AccessDenied)" in msg, msg
+            assert "read-only" in msg and "bucket policy" in msg
+            assert isinstance(ei.value, s3mod.S3RequestError) and ei.value.code == "AccessDenied"
+            assert creds["aws_secret_access_key"] not in msg and creds["aws_access_key_id"] not in msg
+        with pytest.raises(
+            StoreError, match=rf"access denied deleting s3://{bucket}/p/FORMAT .*\(AccessDenied\)"
+        ):
+            store.delete("FORMAT")
+        assert store.get("FORMAT") == b"3"
+        # unknown keys: rejected credentials are a StoreError too, from any method, without the secret
+        bad = S3Store(
+            f"s3://{bucket}/p", endpoint_url=srv.endpoint, retries=0, aws_access_key_id="AKIAUNKNOWNUNKNOWN12",
+            aws_secret_access_key="not-a-real-secret-at-all", aws_session_token=None,
+        )  # fmt: skip
+        for call in (lambda: bad.get("FORMAT"), lambda: bad.list(""), lambda: bad.put("x", b"1")):
+            with pytest.raises(StoreError, match=r"access denied .* \(InvalidAccessKeyId\)") as ei:
+                call()
+            assert "not-a-real-secret" not in str(ei.value) and "AKIAUNKNOWN" not in str(ei.value)
+
+
+def test_missing_bucket_is_a_store_error_from_every_method(s3: S3Server) -> None:
+    store = S3Store("s3://no-such-bucket-abc/p", endpoint_url=s3.endpoint, retries=0)
+    calls = {
+        "writing": lambda: store.put("k", b"1"),
+        "reading": lambda: store.get("k"),
+        "listing": lambda: store.list(""),
+        "deleting": lambda: store.delete("k"),
+    }
+    for verb, call in calls.items():
+        with pytest.raises(StoreError) as ei:
+            call()
+        assert f"bucket 'no-such-bucket-abc' does not exist ({verb} s3://no-such-bucket-abc/p/" in str(
+            ei.value
+        )
+        assert "(NoSuchBucket)" in str(ei.value) or "NoSuchBucket)" in str(ei.value)
+    assert store.exists("k") is False  # a HEAD cannot tell a missing bucket from a missing key
+
+
+def test_get_retries_a_body_cut_mid_stream(s3: S3Server, bucket: str) -> None:
+    blob = os.urandom(2 * 2**20)
+    s3.client().put_object(Bucket=bucket, Key="p/objects/blob", Body=blob)
+    cut: set[str] = set()
+
+    def fault(req: Request, i: int) -> Cut | None:
+        kind = req.headers.get("range", "full")
+        if req.method == "GET" and "objects/blob" in req.path and kind not in cut:
+            cut.add(kind)  # the first GET of each kind loses its connection half-way through the body
+            return Cut(after=len(blob) // 4)
+        return None
+
+    with S3Proxy(s3.endpoint, fault) as proxy:
+        store = S3Store(f"s3://{bucket}/p", endpoint_url=proxy.endpoint, retries=3, backoff_s=0.01)
+        assert store.get("objects/blob") == blob
+        assert store.get_range("objects/blob", 1000, 2**20) == blob[1000 : 1000 + 2**20]
+        gets = proxy.requests_for("GET", "objects/blob")
+        assert len(gets) == 4  # each read was re-issued once, as a whole GET
+        assert [g.headers.get("range") for g in gets] == [
+            None,
+            None,
+            "bytes=1000-1049575",
+            "bytes=1000-1049575",
+        ]
+
+
+def test_transient_errors_are_retried_with_backoff(
+    s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        time.sleep(s)
+
+    monkeypatch.setattr(s3mod, "time", types.SimpleNamespace(sleep=sleep))  # the store's own backoff only
+    faults: dict[str, list[Reply | Cut]] = {
+        # botocore itself retries a 5xx; a 409 OperationAborted or a dropped body is left to the store,
+        # which backs off and tries again
+        "PUT": [Reply(503, "SlowDown"), Reply(409, "OperationAborted")],
+        "GET": [Reply(500, "InternalError"), Cut(after=0)],  # the connection drops before the body
+    }
+
+    def fault(req: Request, i: int) -> Reply | Cut | None:
+        if "objects/t" in req.path and faults.get(req.method):
+            return faults[req.method].pop(0)
+        return None
+
+    data = os.urandom(100_000)
+    with S3Proxy(s3.endpoint, fault) as proxy:
+        store = S3Store(f"s3://{bucket}/p", endpoint_url=proxy.endpoint, retries=4, backoff_s=0.01)
+        t0 = time.monotonic()
+        assert store.put("objects/t", data) is True
+        assert store.get("objects/t") == data
+        assert time.monotonic() - t0 < 20
+        assert (
+            len(proxy.requests_for("PUT", "objects/t")) == 3
+        )  # two failures (one retried by botocore), then the upload
+        assert len(proxy.requests_for("GET", "objects/t")) == 3
+    assert len(sleeps) == 2 and all(0.005 <= s <= 0.015 for s in sleeps)  # the store's backoff, jittered
+    assert s3.client().get_object(Bucket=bucket, Key="p/objects/t")["Body"].read() == data
+    # after the last retry: a StoreError that says how many attempts were made
+    with S3Proxy(s3.endpoint, lambda req, i: Reply(409, "OperationAborted")) as proxy:
+        store = S3Store(f"s3://{bucket}/p", endpoint_url=proxy.endpoint, retries=1, backoff_s=0.01)
+        with pytest.raises(
+            StoreError, match=r"S3 put of s3://.*/p/objects/u failed after 2 attempts .*\(OperationAborted\)"
+        ):
+            store.put("objects/u", b"1")
+
+
+def test_uploads_send_no_aws_chunked_encoding_or_checksum_headers(s3: S3Server, bucket: str) -> None:
+    """``checksum="when_required"`` (the default) keeps PutObject and UploadPart plain, as MinIO & co need."""
+    blob = os.urandom(6 * 2**20)
+    with S3Proxy(s3.endpoint) as proxy:
+        store = S3Store(
+            f"s3://{bucket}/p", endpoint_url=proxy.endpoint, multipart_threshold_mb=5, part_size_mb=5
+        )
+        assert store.put("manifests/m.json", b"{}") and store.put("objects/big", blob)
+        assert store.get("objects/big") == blob
+        puts = proxy.requests_for("PUT")
+    parts = [r for r in puts if "partNumber=" in r.path and "uploadId=" in r.path]
+    assert len(parts) == 2 and len(puts) == 3
+    for r in puts:
+        h = r.headers
+        assert "aws-chunked" not in h.get("content-encoding", ""), h
+        assert not h.get("x-amz-content-sha256", "").startswith("STREAMING-"), h
+        assert "chunked" not in h.get("transfer-encoding", ""), h
+        assert not [
+            k
+            for k in h
+            if k.startswith("x-amz-checksum-") or k in ("x-amz-trailer", "x-amz-sdk-checksum-algorithm")
+        ], h
+        assert int(h["content-length"]) == r.body_len
+
+
+def test_missing_boto3_says_pip_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if boto3 were not installed
+    with pytest.raises(ImportError, match="pip install boto3"):
+        S3Store("s3://some-bucket/run")
+    with pytest.raises(ImportError, match=r"\(s3://some-bucket/run\) need boto3.*pip install boto3"):
+        open_store("s3://some-bucket/run")
