@@ -102,3 +102,63 @@ def test_restore_fallback_skips_a_damaged_latest(
         ip.run_line_magic("gpu_checkpoint", f"restore --fallback --store {ck.store.url} -o st")
     assert f"restored {ids[2]} (step 2)" in capsys.readouterr().out
     assert ip.user_ns["st"]["step"] == 2
+
+
+def test_wrong_positional_arguments_print_usage(
+    ip: Any, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ck, ids = store
+    ip.run_line_magic("gpu_checkpoint", f"gc 1 --store {ck.store.url}")  # (meant --keep 1)
+    err = capsys.readouterr().err
+    assert "gc takes no checkpoint id (how many to keep: --keep N), got 1" in err
+    assert "%gpu_checkpoint [--store STORE]" in err and "Traceback" not in err  # the usage
+    assert [c.id for c in ck.list()] == ids  # nothing was deleted
+    ip.run_line_magic("gpu_checkpoint", f"list {ids[0]} --store {ck.store.url}")
+    assert "list takes no checkpoint id" in capsys.readouterr().err
+    ip.run_line_magic("gpu_checkpoint", f"show {ids[0]} {ids[1]} --store {ck.store.url}")
+    assert "show takes at most one checkpoint id" in capsys.readouterr().err
+    ip.run_line_magic("gpu_checkpoint", "use")
+    assert "use takes one store" in capsys.readouterr().err
+
+
+def test_a_mistyped_store_is_an_error_not_a_new_store(
+    ip: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    typo = tmp_path / "rnu"
+    for line in (f"list --store {typo}", f"restore --store {typo}", f"use {typo}"):
+        ip.run_line_magic("gpu_checkpoint", line)
+        err = capsys.readouterr().err
+        assert f"no checkpoint store at {typo}" in err and "Traceback" not in err, line
+    assert not typo.exists()
+
+
+def test_store_checkpointers_are_reused_and_never_become_current(
+    ip: Any, store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpu_notebook import checkpoint
+
+    ck, ids = store
+    other = Checkpointer(tmp_path / "other")
+    other.save({"x": torch.ones(3), "step": 0}, block=True)
+    mine = Checkpointer(tmp_path / "mine")  # the training loop's checkpointer
+    ip.run_line_magic("gpu_checkpoint", f"list --store {other.store.url}")
+    ip.run_line_magic("gpu_checkpoint", f"show --store {other.store.url}")
+    assert checkpoint.current() is mine  # a --store look elsewhere does not redirect later commands
+    mag = ip.magics_manager.registry["CheckpointMagics"]
+    opened = [k for k in mag._opened if k[0] == other.store.url]
+    assert len(opened) == 1 and mag._opened[opened[0]].read_only  # one read-only checkpointer, reused
+    capsys.readouterr()
+
+
+def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_notebook.checkpoint import _checkpointer
+
+    ck, ids = store
+    _checkpointer._current = None  # no training checkpointer in this kernel: the magic's store decides
+    ip.run_line_magic("gpu_checkpoint", f"use {ck.store.url}")
+    assert "(4 checkpoints)" in capsys.readouterr().out
+    ip.run_line_magic("gpu_checkpoint", "gc --keep 2 --grace 0")  # `use` is read-only; gc reopens it to write
+    assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
+    assert [c.id for c in ck.list()] == ids[-2:]
+    ip.run_line_magic("gpu_checkpoint", "restore 00000000000")
+    assert "ambiguous" in capsys.readouterr().err

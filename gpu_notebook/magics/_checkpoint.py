@@ -12,6 +12,16 @@ from IPython.display import display
 from gpu_notebook.magics._common import BadArguments, error, parse
 
 COMMANDS = ["list", "show", "restore", "diff", "gc", "use"]
+#: how many positional ids each command takes (min, max)
+_IDS = {"list": (0, 0), "show": (0, 1), "restore": (0, 1), "diff": (2, 2), "gc": (0, 0), "use": (1, 1)}
+_IDS_HINT = {
+    "list": "list takes no checkpoint id",
+    "show": "show takes at most one checkpoint id (default: the latest)",
+    "restore": "restore takes at most one checkpoint id (default: the latest)",
+    "diff": "diff takes two checkpoint ids: %gpu_checkpoint diff A B",
+    "gc": "gc takes no checkpoint id (how many to keep: --keep N)",
+    "use": "use takes one store: %gpu_checkpoint use /path/or/s3://bucket/prefix",
+}
 
 
 @magics_class
@@ -21,6 +31,7 @@ class CheckpointMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self._used: Any = None  # the Checkpointer opened by ``use`` (the library only keeps a weak reference)
+        self._opened: dict[tuple[str, str | None, bool], Any] = {}  # --store checkpointers, kept for reuse
 
     @magic_arguments()
     @argument("command", nargs="?", default="list", choices=COMMANDS, help="what to do (default: list)")
@@ -74,37 +85,57 @@ class CheckpointMagics(Magics):
             args = parse(self.gpu_checkpoint, line)
         except BadArguments:
             return None
+        lo, hi = _IDS[args.command]
+        if not lo <= len(args.ids) <= hi:
+            parser = self.gpu_checkpoint.parser  # type: ignore[attr-defined]
+            error(
+                f"{_IDS_HINT[args.command]}, got {' '.join(args.ids) or 'none'}\n\n{parser.format_usage()}"
+                f"Try %gpu_checkpoint? for help."
+            )
+            return None
         from gpu_notebook import checkpoint
 
         try:
             return getattr(self, f"_cmd_{args.command}")(args, checkpoint)
-        except (checkpoint.CheckpointError, LookupError, ValueError, OSError) as exc:
+        except (checkpoint.CheckpointError, LookupError, ValueError, OSError, ImportError) as exc:
             error(str(exc))
             return None
 
     # ------------------------------------------------------------------ helpers
-    def _ckpt(self, args: Any, checkpoint: Any) -> Any:
-        opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    def _open(self, checkpoint: Any, store: Any, endpoint_url: str | None, write: bool) -> Any:
+        """A Checkpointer of ``store`` for the magic's own use: read-only unless ``write`` (gc), never the
+        current one, no preemption watcher; one per store, reused (their threads are not left behind)."""
+        key = (str(getattr(store, "url", store)), endpoint_url, write)
+        ck = self._opened.get(key)
+        if ck is None:
+            opts = {"endpoint_url": endpoint_url} if endpoint_url and isinstance(store, str) else {}
+            ck = checkpoint.Checkpointer(store, read_only=not write, current=False, preemption=None, **opts)
+            self._opened[key] = ck
+        return ck
+
+    def _ckpt(self, args: Any, checkpoint: Any, write: bool = False) -> Any:
         if args.store:
-            return checkpoint.Checkpointer(args.store, **opts)
+            return self._open(checkpoint, args.store, args.endpoint_url, write)
         cur = checkpoint.current() or self._used
         if cur is None:
             raise LookupError("no current checkpoint store: use %gpu_checkpoint use STORE, or --store STORE")
+        if write and cur.read_only:  # the store set by ``use`` is opened read-only: gc needs one that writes
+            return self._open(checkpoint, cur.store, getattr(cur.store, "endpoint_url", None), True)
         return cur
 
     @staticmethod
     def _one_id(args: Any, what: str) -> str | None:
-        if len(args.ids) > 1:
-            raise ValueError(f"{what} takes one checkpoint id")
         return args.ids[0] if args.ids else None
 
     # ------------------------------------------------------------------ commands
     def _cmd_use(self, args: Any, checkpoint: Any) -> None:
-        if len(args.ids) != 1:
-            raise ValueError("use takes one store: %gpu_checkpoint use /path/or/s3://bucket/prefix")
         opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
-        ck = self._used = checkpoint.Checkpointer(args.ids[0], **opts)
-        print(f"current checkpoint store: {ck.store.url}")
+        # read-only: a mistyped path is an error (not a new, empty store) and nothing is written
+        ck = checkpoint.Checkpointer(args.ids[0], read_only=True, preemption=None, **opts)
+        if self._used is not None and self._used is not ck:
+            self._used.close(wait=False)
+        self._used = ck
+        print(f"current checkpoint store: {ck.store.url} ({len(ck.list())} checkpoints)")
 
     def _cmd_list(self, args: Any, checkpoint: Any) -> Any:
         lst = self._ckpt(args, checkpoint).list()
@@ -148,12 +179,12 @@ class CheckpointMagics(Magics):
         )
 
     def _cmd_diff(self, args: Any, checkpoint: Any) -> None:
-        if len(args.ids) != 2:
-            raise ValueError("diff takes two checkpoint ids: %gpu_checkpoint diff A B")
         print(repr(self._ckpt(args, checkpoint).diff(*args.ids)))
 
     def _cmd_gc(self, args: Any, checkpoint: Any) -> None:
-        res = self._ckpt(args, checkpoint).gc(keep=args.keep, grace_s=args.grace, dry_run=args.dry_run)
+        res = self._ckpt(args, checkpoint, write=not args.dry_run).gc(
+            keep=args.keep, grace_s=args.grace, dry_run=args.dry_run
+        )
         print(("(dry run) " if args.dry_run else "") + repr(res))
 
 
