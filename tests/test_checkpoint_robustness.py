@@ -243,3 +243,35 @@ def test_an_ambiguous_id_prefix_says_so(tmp_path: Path) -> None:
         ck.restore("0000000009")
     assert ck.restore(ids[1][:12])["step"] == 1
     assert os.path.isdir(tmp_path)
+
+
+def test_a_dtype_name_from_the_store_must_be_a_dtype(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, preemption=None)
+    ck.save({"dt": torch.bfloat16, "step": 0}, block=True)
+    assert ck.restore()["dt"] is torch.bfloat16
+    path = next((tmp_path / "manifests").iterdir())
+    text = path.read_text()
+    assert '"bfloat16"' in text
+    path.write_text(text.replace('"bfloat16"', '"load"'))  # torch.load is an attribute of torch, not a dtype
+    with pytest.raises(ValueError, match="'load' is not a torch dtype"):
+        Checkpointer(tmp_path, read_only=True).restore()
+
+
+def test_a_save_that_reuses_an_orphan_object_makes_it_new_again(tmp_path: Path) -> None:
+    # a checkpoint's manifest was deleted (by gc), its objects are orphans, old enough for gc to delete; a save
+    # that needs the same bytes finds them there and reuses them: they must now count as new, or a gc running
+    # meanwhile could delete what the new checkpoint is about to reference
+    state = {"w": torch.arange(1000, dtype=torch.float32), "step": 0}
+    Checkpointer(tmp_path, threads=1, preemption=None).save(state, block=True)
+    for m in (tmp_path / "manifests").iterdir():
+        m.unlink()
+    old = 1_000_000_000.0
+    objects = [p for p in (tmp_path / "objects").rglob("*") if p.is_file()]
+    assert objects
+    for p in objects:
+        os.utime(p, (old, old))
+    Checkpointer(tmp_path, threads=1, preemption=None).save(state, block=True)
+    assert [p for p in (tmp_path / "objects").rglob("*") if p.is_file()] == objects  # reused, not rewritten
+    assert all(p.stat().st_mtime > old + 1e6 for p in objects)
+    res = Checkpointer(tmp_path, preemption=None).gc(keep=1)  # default grace: nothing of it goes
+    assert not res["objects"]

@@ -365,3 +365,15 @@ def test_missing_boto3_says_pip_install(monkeypatch: pytest.MonkeyPatch) -> None
         S3Store("s3://some-bucket/run")
     with pytest.raises(ImportError, match=r"\(s3://some-bucket/run\) need boto3.*pip install boto3"):
         open_store("s3://some-bucket/run")
+
+
+def test_touch_makes_an_object_new_again(s3: S3Server, bucket: str) -> None:
+    store = S3Store(f"s3://{bucket}/p", endpoint_url=s3.endpoint)
+    store.put("objects/o", b"payload")
+    before = {o.key: o.mtime for o in store.list("objects/")}["objects/o"]
+    time.sleep(1.1)  # S3's LastModified has whole seconds
+    store.touch("objects/o")
+    after = {o.key: o.mtime for o in store.list("objects/")}["objects/o"]
+    assert after >= before + 1 and store.get("objects/o") == b"payload"
+    store.touch("objects/gone")  # no error: nothing to protect
+    assert not store.exists("objects/gone")

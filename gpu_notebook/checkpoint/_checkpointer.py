@@ -850,6 +850,8 @@ class Checkpointer:
                 with nb_lock:
                     new_bytes += len(blob)
                     new_objects += 1
+            else:
+                self.store.touch(key)  # found there: perhaps an orphan a concurrent gc is about to delete
 
         def add_to_pack(entry: dict[str, Any], frame: bytes) -> None:
             nonlocal pack, pack_n
@@ -909,6 +911,8 @@ class Checkpointer:
                     with nb_lock:
                         new_bytes += len(frame)
                         new_objects += 1
+                else:
+                    self.store.touch(key)  # (as for packs)
                 prog.add(ln)
                 return k, entry, None
             add_to_pack(entry, frame)

@@ -478,3 +478,21 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._k(key)))
+
+    def touch(self, key: str) -> None:
+        # S3 has no "touch": a copy of the object onto itself with its metadata replaced sets LastModified
+        k = self._k(key)
+        try:
+            self._call(
+                "touch",
+                key,
+                lambda: self.client.copy_object(
+                    Bucket=self.bucket,
+                    Key=k,
+                    CopySource={"Bucket": self.bucket, "Key": k},
+                    MetadataDirective="REPLACE",
+                ),
+            )
+        except S3RequestError as e:
+            if e.attempts or not (e.status == 404 or e.code in _MISSING_CODES):
+                raise  # (gone: nothing to protect)

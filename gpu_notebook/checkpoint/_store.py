@@ -65,6 +65,12 @@ class Store:
         """Delete a key (no error if it is already gone)."""
         raise NotImplementedError
 
+    def touch(self, key: str) -> None:
+        """Make an existing object count as new (its modification time: now), so that a concurrent ``gc``'s
+        grace window protects it. A save calls it on an object it reuses that it did not write (a create-only
+        ``put`` that found it there): such an object may be an orphan a ``gc`` is about to delete. No error if
+        the key is gone."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
@@ -185,6 +191,12 @@ class LocalStore(Store):
     def delete(self, key: str) -> None:
         try:
             self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def touch(self, key: str) -> None:
+        try:
+            os.utime(self._path(key))
         except FileNotFoundError:
             pass
 

@@ -316,7 +316,10 @@ def unflatten(tree: Any, values: dict[str, Any]) -> Any:
                 if tag == "$dtype":
                     import torch
 
-                    return getattr(torch, val)
+                    dt = getattr(torch, val, None) if isinstance(val, str) else None
+                    if not isinstance(dt, torch.dtype):  # a name from the store: only ever a dtype
+                        raise ValueError(f"$dtype {val!r} is not a torch dtype")
+                    return dt
                 if tag == "$device":
                     import torch
 
