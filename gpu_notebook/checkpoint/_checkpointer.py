@@ -198,6 +198,7 @@ class _Snapshot:
         self.stall_s = stall_s
         self.created_at = time.time()
         self.full = False  # write a full base whatever the schedule says
+        self.progress: Progress | None = None  # shown by save() on its own thread: in the cell that saved
 
     @property
     def nbytes(self) -> int:
@@ -551,6 +552,9 @@ class Checkpointer:
         snap = _Snapshot(tree, leaves, step, time.perf_counter() - t0)
         snap.full = bool(full)
         ckpt_id = f"{step:012d}-{self._token}{seq:04d}"
+        # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
+        # and updated in place from the background; shown first from there, it could land under another cell
+        snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
         self._seq = seq + 1
         self._last_save_step, self._last_save_time = step, time.time()
         fut = self._executor.submit(self._persist_with_retries, snap, ckpt_id)
@@ -791,7 +795,8 @@ class Checkpointer:
             snap.full or not self._shadow or self._since_base + 1 >= self.full_every or self._restore_too_costly()
         )
         total = snap.nbytes
-        prog = Progress(f"checkpoint {ckpt_id}", total, self.progress)
+        prog = snap.progress or Progress(f"checkpoint {ckpt_id}", total, self.progress)
+        prog.restart()  # (a retry counts again from 0)
         # 1) per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk
         # of this save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint)
         # and upload a big frame directly (small ones are collected into packs)

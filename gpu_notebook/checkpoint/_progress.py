@@ -45,9 +45,13 @@ def describe(label: str, done: int, total: int, elapsed: float) -> str:
 
 
 class _NotebookLine:
-    def __init__(self) -> None:
+    """One progress line in the notebook: displayed when created (so under the cell running then, also for work
+    that goes on in background threads), then updated in place by its display id from any thread."""
+
+    def __init__(self, label: str, total: int) -> None:
         self.display_id = f"gnb-ckpt-{uuid.uuid4().hex}"
         self.shown = False
+        self(label, 0, total, 0.0)
 
     def __call__(self, label: str, done: int, total: int, elapsed: float) -> None:
         from IPython.display import display, update_display
@@ -90,10 +94,17 @@ class Progress:
         if callable(progress):
             fn = progress
         elif progress is None and self.total >= min_bytes and in_notebook():
-            fn = _NotebookLine()
+            fn = _NotebookLine(label, self.total)
         elif progress is True:
-            fn = _NotebookLine() if in_notebook() else _print_line
+            fn = _NotebookLine(label, self.total) if in_notebook() else _print_line
         self._fn: ProgressFn | None = fn
+
+    def restart(self) -> None:
+        """Count again from 0 (the same line: a retried save)."""
+        with self._lock:
+            self.done = 0
+            self.t0 = time.perf_counter()
+            self._last = 0.0
 
     def add(self, n: int) -> None:
         if self._fn is None:
