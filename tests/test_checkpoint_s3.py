@@ -377,3 +377,38 @@ def test_touch_makes_an_object_new_again(s3: S3Server, bucket: str) -> None:
     assert after >= before + 1 and store.get("objects/o") == b"payload"
     store.touch("objects/gone")  # no error: nothing to protect
     assert not store.exists("objects/gone")
+
+
+def test_two_writers_on_one_prefix(s3: S3Server, bucket: str) -> None:
+    # two jobs save into the same prefix at the same time, with one tensor in common (the same objects: each
+    # create-only write of it either creates it or finds it there); every manifest holds its own writer's state
+    url = f"s3://{bucket}/shared"
+    shared = torch.ones(100_000)
+    saved: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}}
+    go = threading.Barrier(2)
+
+    def writer(name: str, seed: int) -> None:
+        ck = Checkpointer(url, endpoint_url=s3.endpoint, full_every=3, preemption=None, current=False)
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randn(60_000, generator=g)
+        go.wait()
+        for step in range(5):
+            w = w + 1e-3 * torch.randn(60_000, generator=g)
+            info = ck.save({"w": w, "shared": shared, "writer": name, "step": step}, block=True).result()
+            saved[name][info.id] = w.clone()
+        ck.close()
+
+    threads = [threading.Thread(target=writer, args=(n, s)) for n, s in (("a", 1), ("b", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    reader = Checkpointer(url, endpoint_url=s3.endpoint, read_only=True)
+    lst = reader.list()
+    assert len(lst) == 10 and len({c.id for c in lst}) == 10
+    for name in ("a", "b"):
+        assert len(saved[name]) == 5
+        for cid, w in saved[name].items():
+            got = reader.restore(cid)
+            assert got["writer"] == name and torch.equal(got["w"], w)
+            assert torch.equal(got["shared"], shared)
