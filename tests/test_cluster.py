@@ -40,6 +40,13 @@ def test_status_shows_nodes_and_workers_as_html_and_text(ip, shared):
     assert str(st.workers[0].pid) in bundle["text/plain"]  # the terminal shell only renders text
 
 
+def test_other_commands_take_the_cluster_name_as_name_too(ip, shared, capsys):
+    res = ip.run_cell(f"%gpu_cluster status --name {shared.name}")
+    assert res.success
+    out = capsys.readouterr().out
+    assert all(str(w.pid) in out for w in shared.status().workers)
+
+
 def test_status_reports_a_dead_worker(ip, shared):
     import os
     import signal
@@ -125,6 +132,18 @@ def test_output_printed_between_cells_by_a_background_thread_reaches_logs(ip, sh
         ("use nosuch", "no cluster named 'nosuch'"),
         ("start --address not-an-address", "bad Ray address"),
         ("list extra", "list takes no positional arguments"),
+        # an option of another subcommand is refused, not ignored (stop --dry-run used to really stop)
+        ("stop --dry-run", "--dry-run does not apply to stop"),
+        ("stop --budget 5", "--budget does not apply to stop"),
+        ("scale 4 --name x", "--name does not apply to scale"),
+        ("status --workers 3", "--workers does not apply to status"),
+        ("logs --cloud aws", "--cloud does not apply to logs"),
+        ("bench allreduce --tail 3", "--tail does not apply to bench"),
+        ("list --all", "--all does not apply to list"),
+        # --name names the cluster for the other commands too (stop --name big used to stop the current one)
+        ("status --name nosuch", "no cluster named 'nosuch'"),
+        ("stop --name nosuch", "no cluster named 'nosuch'"),
+        ("stop a --name b", "the cluster named twice"),
     ],
 )
 def test_bad_gpu_cluster_arguments_print_usage_not_a_traceback(ip, shared, capsys, line, expect):

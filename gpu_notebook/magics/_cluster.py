@@ -10,6 +10,25 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer, show
 
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench"]
+#: the options each subcommand takes (argparse dests); any other option given is a usage error, never ignored
+#: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
+_START_OPTS = {
+    "name", "workers", "cpus_per_worker", "gpus_per_worker", "address", "dashboard", "backend", "gpu_visibility",
+    "cloud", "region", "gpu", "instance_type", "spot", "dry_run", "max_workers", "project", "namespace",
+    "no_tunnel", "idle_stop", "budget",
+}
+OPTIONS: dict[str, set[str]] = {
+    "start": _START_OPTS,
+    "status": {"name"},
+    "stop": {"name", "all"},
+    "scale": set(),
+    "list": set(),
+    "use": {"name"},
+    "logs": {"name", "rank", "tail"},
+    "restart": {"name"},
+    "doctor": {"name", "local"},
+    "bench": {"max_bytes", "iters", "steps"},
+}
 
 
 @magics_class
@@ -19,7 +38,7 @@ class ClusterMagics(Magics):
     @magic_arguments()
     @argument("command", choices=COMMANDS, help="what to do")
     @argument("args", nargs="*", help="scale: N; use: NAME; stop: [NAME]")
-    @argument("--name", help="start: the cluster's name (default local, local-2, ...)")
+    @argument("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
     @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
     @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
     @argument("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)")
@@ -75,6 +94,7 @@ class ClusterMagics(Magics):
             return None
         handler = getattr(self, f"_cmd_{args.command}")
         try:
+            self._check_options(args)
             return handler(args)
         except BadArguments:
             return None
@@ -89,6 +109,23 @@ class ClusterMagics(Magics):
 
         print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %gpu_cluster? for help.", file=sys.stderr)
         raise BadArguments(msg)
+
+    def _check_options(self, args: Any) -> None:
+        parser = self.gpu_cluster.parser
+        allowed = OPTIONS[args.command]
+        for action in parser._actions:
+            dest = action.dest
+            if dest in ("help", "command", "args") or dest in allowed:
+                continue
+            if getattr(args, dest, None) != action.default:
+                flag = max(action.option_strings, key=len)
+                self._usage(f"{flag} does not apply to {args.command}")
+        # NAME positionally or as --name (as for start): the same thing, said once
+        if args.command != "start" and args.name is not None:
+            if args.args and args.args[0] != args.name:
+                self._usage(f"{args.command}: the cluster named twice ({args.args[0]!r} and --name {args.name!r})")
+            if not args.args:
+                args.args = [args.name]
 
     def _no_extra(self, args: Any) -> None:
         if args.args:
