@@ -55,7 +55,11 @@ SCRIPT = textwrap.dedent(
         out["layout"] = [list(v) for v in res.values]
         out["head_cmds"] = len(rec.matching("ray start --head"))
         out["saved"] = [s.name for s in list_states()]
+        reaper = c._reaper
+        out["reaper_alive"] = reaper is not None and reaper.alive
         out["stop"] = c.stop()
+        from gpu_notebook.cloud._reaper import lease_path, log_path
+        out["reaper_after"] = [reaper.alive, lease_path(c.name).exists(), log_path(c.name).read_text()]
         out["after"] = aws_leftovers(c.name, "us-east-1")
         out["saved_after"] = [s.name for s in list_states()]
     fake.shutdown()
@@ -75,6 +79,7 @@ def test_cloud_cluster_start_run_stop(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path), "GPU_NOTEBOOK_CONFIG_DIR": str(tmp_path / "cfg"),
            "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.pop("RAY_AUTH_MODE", None)  # set by the session's own Ray (ray_session): the test cluster's GCS then never starts
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=280, env=env,
                           cwd=tmp_path)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -91,3 +96,7 @@ def test_cloud_cluster_start_run_stop(tmp_path):
     assert all(r[1] == "0" for r in out["layout"])  # each rank sees its node's one GPU
     assert "nothing tagged" in out["stop"] and "left" in out["stop"]
     assert out["after"] == [] and out["saved_after"] == []
+    # the reaper watched while the cluster ran; a normal stop released it and it ended without a second teardown
+    assert out["reaper_alive"] is True
+    alive, lease, log = out["reaper_after"]
+    assert alive is False and lease is False and "released" in log and "tearing it down" not in log

@@ -124,6 +124,59 @@ def test_budget_checkpoint_failure_does_not_prevent_stop_and_local_says_zero() -
         BudgetPolicy(0, local)
 
 
+def test_a_checkpoint_callback_that_blocks_does_not_hold_the_budget_stop() -> None:
+    """A callback queued behind a long training cell (what ``lambda: cluster.run(...)`` does) blocks: the stop
+    waits ``budget_checkpoint_timeout_s``, says so, and stops anyway."""
+    import threading
+
+    clock = Clock()
+    stub = Stub()
+    stub.options["budget_checkpoint_timeout_s"] = 0.5  # Cluster(..., budget_checkpoint_timeout_s=0.5)
+    meter = CostMeter(stub, node_pricing={"node-a": G5}, clock=clock, catalog=Catalog.shipped())
+    release = threading.Event()
+    entered = threading.Event()
+
+    def queued_behind_training() -> str:
+        entered.set()
+        release.wait(20)  # the training cell ends
+        return "too late"
+
+    w = attach_policies(stub, budget_usd=1.0, node_pricing={"node-a": G5}, clock=clock, start=False,
+                        on_budget_checkpoint=queued_behind_training, notify=lambda m: None)
+    try:
+        w.tick()
+        clock.t += 3600                                  # 1.006 USD > the 1 USD budget
+        t0 = time.monotonic()
+        out = w.tick()
+        waited = time.monotonic() - t0
+        assert entered.is_set() and 0.4 < waited < 10
+        assert stub.state == "stopped" and w.policies[0].state == "stopped"
+        assert "checkpoint NOT finished after 1s (budget_checkpoint_timeout_s)" in out[0]
+        assert "stopping anyway; workers stopped" in out[0]
+    finally:
+        release.set()
+        w.stop()
+    # the default, and as an argument
+    assert BudgetPolicy(1.0, meter).checkpoint_timeout_s == 120.0
+    w2 = attach_policies(Stub(), budget_usd=1.0, start=False, notify=lambda m: None, budget_checkpoint_timeout_s=7)
+    assert w2.policies[0].checkpoint_timeout_s == 7.0
+    w2.stop()
+    with pytest.raises(ValueError):
+        BudgetPolicy(1.0, meter, checkpoint_timeout_s=0)
+
+
+def test_the_budget_says_which_nodes_have_no_known_price() -> None:
+    clock = Clock()
+    stub = Stub()
+    meter = CostMeter(stub, node_pricing={"node-a": ("kubernetes", "pod:A100x8", "ml", "on_demand")}, clock=clock)
+    pol = BudgetPolicy(5.0, meter, stub, notify=lambda m: None)
+    meter.poll()
+    clock.t += 3600
+    assert pol.check(clock()) is None
+    assert "not counted: nodes with no known price (pod:A100x8)" in pol.message
+    assert meter.unknown_prices() == ["pod:A100x8"]
+
+
 # -- idle stop --------------------------------------------------------------------------------------------------
 def test_idle_stop_counts_down_and_stops() -> None:
     clock = Clock()

@@ -15,6 +15,7 @@ Nothing here imports Ray, boto3 or kubernetes at import time.
 
 from ._credentials import CredentialsError, CredentialsInfo, check_credentials
 from ._launcher import CloudLauncher, LaunchError, Plan, TeardownReport, plan_cluster, spec_from_options
+from ._pricing import CloudNodePricing, node_pricing_for
 from ._ray_compat import RayVersionError, check_ray_version
 from ._render import render_kuberay_manifest, render_ray_config, to_yaml
 from ._spec import CloudRequestError, ClusterSpec, InstanceChoice, Resolved, default_image, resolve
@@ -30,6 +31,7 @@ from ._state import (
 
 __all__ = [
     "CloudLauncher",
+    "CloudNodePricing",
     "CloudRequestError",
     "ClusterSpec",
     "ClusterState",
@@ -50,6 +52,7 @@ __all__ = [
     "list_states",
     "active_states",
     "load_state",
+    "node_pricing_for",
     "plan_cluster",
     "render_kuberay_manifest",
     "render_ray_config",

@@ -148,7 +148,10 @@ class Cluster:
     gpu_visibility
         ``own`` (each worker sees only its GPUs) or ``node`` (each sees the node's GPUs of the group).
     **options
-        Extras other parts read (``idle_stop``, ``budget``, ``cloud`` ...), kept in :attr:`options`.
+        Extras other parts read (``idle_stop``, ``budget``, ``budget_checkpoint_timeout_s``, ``node_pricing``,
+        ``cloud``, ``reaper`` ...), kept in :attr:`options`. A ``cloud`` cluster gets ``node_pricing`` from
+        what it launched, and a reaper process that tears it down if this process dies first
+        (``reaper=False`` turns it off; see ``docs/cloud.md``).
 
     Examples
     --------
@@ -199,6 +202,7 @@ class Cluster:
         self._cell_counter = 0
         self.cloud_state: Any = None  # a gpu_notebook.cloud.ClusterState once launched
         self.policies: Any = None  # the cost/idle watcher, when --idle-stop or --budget is given
+        self._reaper: Any = None  # a gpu_notebook.cloud._reaper.Reaper while a cloud cluster may be running
 
     # ---- identity --------------------------------------------------------------------------------------------
     @property
@@ -263,15 +267,14 @@ class Cluster:
                 f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
             )
         if self.options.get("cloud"):
+            self._refuse_second_connection()  # before paying for a launch this process could not connect to
             # replacement nodes (a spot preemption, autoscaling) take minutes to join: wait for them
             self.timeouts.placement = max(self.timeouts.placement, 900.0)
             self._launch_cloud(say)
+        connection: _connect.RayConnection | None = None
         try:
-            self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
-        except Exception:
-            self._teardown_cloud(say, "the notebook could not connect to the new cluster")
-            raise
-        try:
+            self._price_cloud_nodes(say)
+            connection = self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
             workers, cpus, gpus = self._size_workers()
             self.group = WorkerGroup(
                 workers,
@@ -284,11 +287,19 @@ class Cluster:
                 log=self.log,
             )
             self.group.start(progress=say)
-        except Exception:
+        except BaseException as exc:  # Ctrl-C too: launched instances must not be left running and untracked
             self.state = "failed"
-            if self.connection.owned and not manager.others_on_connection(self):
-                _connect.disconnect()
-            self._teardown_cloud(say, "the worker group could not start")
+            if isinstance(exc, KeyboardInterrupt):
+                why = "interrupted while starting"
+            elif connection is None:
+                why = "the notebook could not connect to the new cluster"
+            else:
+                why = "the worker group could not start"
+            try:
+                self._teardown_cloud(say, why)  # first: it is what costs money
+            finally:
+                if connection is not None and connection.owned and not manager.others_on_connection(self):
+                    _connect.disconnect()
             raise
         self.state = "running"
         self.started_at = self.last_activity = time.time()
@@ -380,24 +391,92 @@ class Cluster:
             raise ClusterError("plan() is for cloud clusters: give cloud='aws'|'gcp'|'azure'|'kubernetes'")
         return CloudLauncher().plan(self.cloud_spec())
 
+    def _refuse_second_connection(self) -> None:
+        """A process holds one Ray connection: refuse a cloud start that could not connect, before launching."""
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return
+        from gpu_notebook.cluster._manager import get_manager
+
+        conn = _connect.current_connection()
+        users = [c.name for c in get_manager().list() if conn is not None and c.connection is conn]
+        where = f"Ray at {conn.address}" if conn is not None else "a Ray cluster (ray.init was called)"
+        if users:
+            where += f", used by cluster {', '.join(repr(u) for u in users)}"
+        how = "%gpu_cluster stop --all" if len(users) > 1 else "%gpu_cluster stop"
+        raise ClusterError(
+            f"this kernel is already connected to {where}, and a process can hold only one Ray connection, so "
+            f"it could not connect to a new {self.options['cloud']} cluster. Nothing was launched. Stop the "
+            f"current cluster first ({how}; or ray.shutdown() if you called ray.init yourself), or start the "
+            f"cloud cluster from another notebook (kernel)."
+        )
+
     def _launch_cloud(self, say: Progress) -> None:
         from gpu_notebook.cloud import CloudLauncher
 
-        launcher = CloudLauncher()
-        state = launcher.launch(self.cloud_spec(), progress=say)  # cleans up itself when the launch fails
+        spec = self.cloud_spec()
+        self._start_reaper(str(spec.name), say)
+        try:
+            state = CloudLauncher().launch(spec, progress=say)  # cleans up itself when the launch fails
+        except BaseException:
+            self._release_reaper()
+            raise
         self.cloud_state = state
         self.address = state.client_address or state.address
         # --workers counts cloud nodes; ranks are one per GPU of all worker nodes
         self._cloud_ranks = getattr(state, "world_size", None)
 
+    def _price_cloud_nodes(self, say: Progress) -> None:
+        """Let the cost meter (``--budget``, ``%gpu_cost``) price each node from what was launched.
+
+        Sets ``options["node_pricing"]`` unless the user gave their own.
+        """
+        state = self.cloud_state
+        if state is None:
+            return
+        from gpu_notebook.cloud import CloudNodePricing, node_pricing_for
+
+        if not isinstance(self.options.get("node_pricing"), (type(None), CloudNodePricing)):
+            return
+        ref = weakref.ref(self)  # the pricing lives in self.options: no strong cycle
+
+        def nodes() -> list[dict[str, Any]]:
+            c = ref()
+            return c.ray_nodes() if c is not None else []
+
+        try:
+            self.options["node_pricing"] = node_pricing_for(state, nodes=nodes)
+        except Exception as exc:  # noqa: BLE001 - a price lookup must not fail a launched cluster
+            say(f"cost: could not price the cloud nodes ({exc}); the cost meter counts them as $0")
+
+    def _start_reaper(self, name: str, say: Progress) -> None:
+        """A detached process that tears the cluster down if this kernel dies without doing it."""
+        if self.options.get("reaper") is False:
+            return
+        from gpu_notebook.cloud import _reaper
+
+        try:
+            self._reaper = _reaper.start(name)
+        except Exception as exc:  # noqa: BLE001
+            say(f"WARNING: could not start the reaper process ({exc}): if this kernel dies, stop the cluster "
+                f"from another one (%gpu_cluster stop {name})")
+
+    def _release_reaper(self) -> None:
+        reaper = getattr(self, "_reaper", None)
+        if reaper is not None:
+            self._reaper = None
+            reaper.release()
+
     def _teardown_cloud(self, say: Progress | None, reason: str) -> str:
         state = getattr(self, "cloud_state", None)
         if state is None:
+            self._release_reaper()
             return ""
         from gpu_notebook.cloud import CloudLauncher
 
         report = CloudLauncher().teardown(state.name, progress=say)
         self.cloud_state = None
+        self._release_reaper()  # only now: if this kernel dies during the teardown, the reaper finishes it
         return report.message() if callable(getattr(report, "message", None)) else str(report)
 
     def _policy_text(self) -> str:

@@ -351,6 +351,11 @@ class CostMeter:
         with self._lock:
             return {m: sum(iv.cost(at, m) for iv in self._intervals) for m in MARKETS}
 
+    def unknown_prices(self) -> list[str]:
+        """Instance types seen whose price is unknown (counted as $0: a budget does not see them)."""
+        with self._lock:
+            return sorted({iv.price.instance_type for iv in self._intervals if not iv.price.known})
+
     def node_hours(self, at: float | None = None) -> float:
         at = self.clock() if at is None else at
         with self._lock:
@@ -372,7 +377,7 @@ class CostMeter:
             rate = self.usd_per_hour()
             spent = self.spent(at)
             priced = [iv.price for iv in self._intervals if not iv.price.is_local and iv.price.known]
-            unknown = sorted({iv.price.instance_type for iv in self._intervals if not iv.price.known})
+            unknown = self.unknown_prices()
             source = priced[-1].source if priced else "local cluster"
             date = priced[-1].date if priced else ""
             snap = CostSnapshot(

@@ -27,6 +27,10 @@ from ._meter import CostMeter, cost_meter_for
 
 log = logging.getLogger("gpu_notebook.cost")
 
+#: How long a budget stop waits for ``on_budget_checkpoint`` before stopping anyway.
+DEFAULT_CHECKPOINT_TIMEOUT_S = 120.0
+_DEFAULT: Any = object()
+
 Notify = Callable[[str], None]
 Utilisation = Callable[[float], "float | None"]
 
@@ -186,8 +190,13 @@ class BudgetPolicy:
     cluster
         Stopped with ``cluster.stop(reason=...)`` at 100% unless ``stop`` is given.
     on_budget_checkpoint
-        Called before stopping, to save a checkpoint (e.g. ``lambda: cluster.call(save_fn)``); its return value
-        is shown. Errors are reported and do not prevent the stop.
+        Called before stopping, on a thread of its own, to save a checkpoint; its return value is shown. Errors
+        are reported and do not prevent the stop. It must not wait for the workers: a ``cluster.run``/``call``
+        queues behind the cell that is training and would only start when training ends. Save from inside the
+        training loop instead (``Checkpointer.maybe_save`` with ``every_minutes``); see ``docs/cost.md``.
+    checkpoint_timeout_s
+        How long the stop waits for ``on_budget_checkpoint`` (default 120 s; None: no limit). After that it
+        warns and stops the workers anyway.
     stop
         ``stop(reason)`` instead of ``cluster.stop``.
     notify
@@ -198,11 +207,15 @@ class BudgetPolicy:
 
     def __init__(self, usd: float, meter: CostMeter, cluster: Any = None, warn_fraction: float = 0.8,
                  on_budget_checkpoint: Callable[[], Any] | None = None, stop: Callable[[str], Any] | None = None,
-                 notify: Notify | None = None) -> None:
+                 notify: Notify | None = None, checkpoint_timeout_s: float | None = DEFAULT_CHECKPOINT_TIMEOUT_S
+                 ) -> None:
         if not usd > 0:
             raise ValueError("--budget must be a positive number of US dollars")
         if not 0 < warn_fraction < 1:
             raise ValueError("warn_fraction is between 0 and 1")
+        if checkpoint_timeout_s is not None and not checkpoint_timeout_s > 0:
+            raise ValueError("budget_checkpoint_timeout_s must be a positive number of seconds (or None)")
+        self.checkpoint_timeout_s = checkpoint_timeout_s
         self.usd = float(usd)
         self.meter = meter
         self._cluster = weakref.ref(cluster) if cluster is not None else None
@@ -239,21 +252,47 @@ class BudgetPolicy:
             self.message = f"${self.usd:,.2f} budget; a local cluster costs $0, so it will not be reached"
         else:
             self.message = f"${spent:,.2f} of ${self.usd:,.2f} spent ({100 * spent / self.usd:.0f}%){eta}"
+            unknown = self.meter.unknown_prices()
+            if unknown:
+                self.message += f"; not counted: nodes with no known price ({', '.join(unknown)})"
         return None
 
     def _trigger(self, spent: float, at: float) -> str:
         reason = f"budget of ${self.usd:,.2f} reached: ${spent:,.2f} spent (estimate)"
         parts = [reason]
         if self.on_budget_checkpoint is not None:
-            try:
-                saved = self.on_budget_checkpoint()
-                parts.append("checkpoint saved" + (f": {saved}" if saved is not None else ""))
-            except Exception as e:  # noqa: BLE001 - stopping matters more than the checkpoint
-                parts.append(f"checkpoint FAILED ({type(e).__name__}: {e})")
+            parts.append(self._checkpoint())
         else:
             parts.append("no checkpoint saved (no on_budget_checkpoint given)" + _active_checkpointer_note())
         self.state = "stopped"
         return _stop_and_report(self, reason, parts)
+
+    def _checkpoint(self) -> str:
+        """Run ``on_budget_checkpoint`` on its own thread for at most ``checkpoint_timeout_s``; say what happened."""
+        fn = self.on_budget_checkpoint
+        assert fn is not None
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - reported below (or dropped once the stop went on)
+                outcome["error"] = e
+
+        t = threading.Thread(target=run, name="gpu_notebook-budget-checkpoint", daemon=True)
+        t.start()
+        t.join(self.checkpoint_timeout_s)
+        if t.is_alive():
+            timeout = self.checkpoint_timeout_s or 0.0
+            msg = (f"checkpoint NOT finished after {_fmt(timeout)} (budget_checkpoint_timeout_s): "
+                   "on_budget_checkpoint is still running, e.g. queued behind the training cell; stopping anyway")
+            log.warning(msg)
+            return msg
+        if "error" in outcome:
+            e = outcome["error"]
+            return f"checkpoint FAILED ({type(e).__name__}: {e})"
+        saved = outcome.get("value")
+        return "checkpoint saved" + (f": {saved}" if saved is not None else "")
 
     def status(self, at: float | None = None) -> dict[str, Any]:
         return {"name": self.name, "state": self.state, "message": self.message, "budget_usd": self.usd}
@@ -511,11 +550,14 @@ def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget
                     node_pricing: Any = None, utilisation: Utilisation | None = None,
                     on_budget_checkpoint: Callable[[], Any] | None = None, idle_threshold: float | None = None,
                     interval_s: float = 10.0, clock: Callable[[], float] | None = None, start: bool = True,
-                    notify: Notify | None = None) -> PolicyWatcher:
+                    notify: Notify | None = None, budget_checkpoint_timeout_s: Any = _DEFAULT
+                    ) -> PolicyWatcher:
     """Attach a cost meter, a budget cap and/or an idle stop to ``cluster``; returns the running watcher.
 
     This is what ``%gpu_cluster start --idle-stop MINUTES --budget USD`` calls. Attaching again replaces the
-    previous policies. The watcher ends when the cluster stops.
+    previous policies. The watcher ends when the cluster stops. ``on_budget_checkpoint`` and
+    ``budget_checkpoint_timeout_s`` (default 120 s) default to the cluster's options of those names; see
+    :class:`BudgetPolicy`.
 
     Examples
     --------
@@ -533,12 +575,15 @@ def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget
     if node_pricing is not None:
         meter.node_pricing = node_pricing
         meter.reprice()
+    opts = getattr(cluster, "options", None) or {}
     if on_budget_checkpoint is None:
-        on_budget_checkpoint = (getattr(cluster, "options", None) or {}).get("on_budget_checkpoint")
+        on_budget_checkpoint = opts.get("on_budget_checkpoint")
+    if budget_checkpoint_timeout_s is _DEFAULT:
+        budget_checkpoint_timeout_s = opts.get("budget_checkpoint_timeout_s", DEFAULT_CHECKPOINT_TIMEOUT_S)
     policies: list[Any] = []
     if budget_usd is not None:
         policies.append(BudgetPolicy(budget_usd, meter, cluster, on_budget_checkpoint=on_budget_checkpoint,
-                                     notify=notify))
+                                     notify=notify, checkpoint_timeout_s=budget_checkpoint_timeout_s))
     if idle_stop_minutes is not None:
         policies.append(IdleStopPolicy(idle_stop_minutes, cluster, utilisation=utilisation,
                                        threshold=idle_threshold, notify=notify))
