@@ -1,10 +1,13 @@
 """A persistent group of rank workers (Ray actors) with one torch.distributed process group.
 
 The group places its workers with a placement group, orders ranks by node, initialises torch.distributed once
-(NCCL when every rank has a GPU, gloo otherwise), and runs cells or functions on any subset of ranks while
-streaming their output. It recovers from failures without a kernel restart: ranks left hanging by a failed
-rank are interrupted, and when they cannot be (a thread blocked inside a collective) or a worker died, the
-group is rebuilt with fresh workers and the caller is told that worker state was reset.
+(NCCL when every rank has a GPU of its own that CUDA can use, gloo otherwise; see ``explain_backend``), and
+runs cells or functions on any subset of ranks while streaming their output. It recovers from failures without
+a kernel restart: ranks left hanging by a failed rank are interrupted, and when they cannot be (a thread
+blocked inside a collective) or a worker died, the group is rebuilt with fresh workers and the caller is told
+that worker state was reset. A rank whose value the notebook cannot rebuild fails alone; the others' values
+are kept. When the group is stopped while a cell runs (a budget stop, say), the cell ends as "cluster stopped"
+and nothing is rebuilt.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook.distributed._output import RankLog, Streamer
-from gpu_notebook.distributed._ranks import RankPlan, format_ranks, parse_ranks, plan_ranks
+from gpu_notebook.distributed._ranks import RankPlan, explain_backend, format_ranks, parse_ranks, plan_ranks
 from gpu_notebook.distributed._results import CellResult, RankFailure, RankResults
 
 Progress = Callable[[str], None]
@@ -44,7 +47,11 @@ def _ray() -> Any:
 
 
 class WorkerGroup:
-    """``size`` rank workers holding one process group; see the module docstring."""
+    """``size`` rank workers holding one process group; see the module docstring.
+
+    ``max_result_bytes`` is the most a rank's value may take, pickled, to be sent back to the notebook (None:
+    64 MiB; 0: no limit); a larger value comes back as a placeholder saying how to fetch it with ``pull``.
+    """
 
     def __init__(
         self,
@@ -58,6 +65,7 @@ class WorkerGroup:
         runtime_env: dict[str, Any] | None = None,
         timeouts: GroupTimeouts | None = None,
         log: RankLog | None = None,
+        max_result_bytes: int | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a worker group needs at least 1 worker")
@@ -75,17 +83,22 @@ class WorkerGroup:
         self.runtime_env = runtime_env
         self.timeouts = timeouts or GroupTimeouts()
         self.log = log or RankLog()
+        from gpu_notebook.distributed._worker import DEFAULT_MAX_RESULT_BYTES
+
+        self.max_result_bytes = DEFAULT_MAX_RESULT_BYTES if max_result_bytes is None else max_result_bytes
         self.group_id = uuid.uuid4().hex[:8]
         self.generation = 0
         self.actors: list[Any] = []  # indexed by rank
         self.plans: list[RankPlan] = []
         self.metas: list[dict[str, Any]] = []  # indexed by rank
         self.backend: str | None = None
+        self.backend_note = ""  # why the backend is not NCCL (empty for NCCL or a requested backend)
         self.master: tuple[str, int] | None = None
         self._pg: Any = None
         self._dead: set[int] = set()
         self.started_at: float | None = None
         self.busy = False
+        self._stopping: str | None = None  # set by stop(): why the group is going away (a running cell ends)
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -97,10 +110,14 @@ class WorkerGroup:
 
         Interrupting it (the kernel's stop button) releases whatever was already reserved or started.
         """
+        self._stopping = None
+        return self._start_or_release(progress)
+
+    def _start_or_release(self, progress: Progress | None) -> WorkerGroup:
         try:
             return self._start(progress)
         except KeyboardInterrupt:
-            self.stop()
+            self._end_workers()
             raise GroupError("starting the workers was interrupted; nothing was left running") from None
 
     def _start(self, progress: Progress | None) -> WorkerGroup:
@@ -136,6 +153,7 @@ class WorkerGroup:
                 waited_msg = now
                 say(f"waiting for resources ({self._available_text()})")
         self._pg = pg
+        self._check_not_stopping()
         say(f"starting {self.size} worker process(es)")
         cls = remote_worker_class()
         actors = []
@@ -152,10 +170,11 @@ class WorkerGroup:
                 opts["runtime_env"] = self.runtime_env
             actors.append(cls.options(**opts).remote(self.group_id, self.env))
         self.actors = list(actors)  # so stop() can end them if anything below fails or is interrupted
+        self._check_not_stopping()
         try:
             metas = ray.get([a.meta.remote() for a in actors], timeout=self.timeouts.init)
         except Exception as exc:
-            self.stop()
+            self._end_workers()
             raise GroupError(f"the worker processes did not start: {exc}") from exc
         driver_ip = ray.util.get_node_ip_address()
         plans = plan_ranks(metas, driver_ip=driver_ip, gpu_visibility=self.gpu_visibility)
@@ -165,10 +184,14 @@ class WorkerGroup:
         master_ip = plans[0].node_ip
         port = ray.get(self.actors[0].free_port.remote())
         self.master = (master_ip, port)
-        backend = self.requested_backend
+        backend, why = self.requested_backend, ""
         if backend == "auto":
-            backend = "nccl" if all(p.gpu_ids for p in plans) else "gloo"
-        say(f"initialising torch.distributed ({backend}, world size {self.size}, master {master_ip}:{port})")
+            backend, why = explain_backend(plans, [bool(m.get("cuda_available")) for m in self.metas])
+        self.backend_note = why
+        say(
+            f"initialising torch.distributed ({backend}{': ' + why if why else ''}; world size {self.size}, "
+            f"master {master_ip}:{port})"
+        )
         refs = [
             a.init_process_group.remote(
                 p.rank,
@@ -188,14 +211,31 @@ class WorkerGroup:
         try:
             infos = ray.get(refs, timeout=self.timeouts.init)
         except Exception as exc:
-            self.stop()
+            self._end_workers()
             raise GroupError(f"torch.distributed did not initialise on every rank: {exc}") from exc
+        self._check_not_stopping()
         self.backend = infos[0]["backend"]
         self.started_at = time.time()
         return self
 
-    def stop(self) -> None:
-        """Leave the process group, end the worker processes and free their resources."""
+    def _check_not_stopping(self) -> None:
+        """Give up a start (a rebuild after a failure, say) when stop() was called meanwhile."""
+        if self._stopping is not None:
+            self._end_workers()
+            raise GroupError(f"the group was stopped while its workers were starting ({self._stopping})")
+
+    def stop(self, reason: str | None = None) -> None:
+        """Leave the process group, end the worker processes and free their resources.
+
+        A cell running meanwhile (in another thread) ends at once, reported as "cluster stopped" with
+        ``reason``, and the group is not rebuilt for it.
+        """
+        self._stopping = reason or "the cluster was stopped"
+        if self.busy:  # free the cell's thread so the workers can leave the process group before they end
+            self._interrupt(range(len(self.actors)))
+        self._end_workers()
+
+    def _end_workers(self) -> None:
         ray = _ray()
         if self.actors:
             try:
@@ -215,15 +255,17 @@ class WorkerGroup:
 
     def rebuild(self, progress: Progress | None = None) -> None:
         """Replace every worker with a fresh one and initialise a new process group (state is lost)."""
-        self.stop()
-        self.start(progress)
+        self._stopping = None
+        self._end_workers()
+        self._start_or_release(progress)
 
     def resize(self, size: int, progress: Progress | None = None) -> None:
         if size < 1:
             raise ValueError("a worker group needs at least 1 worker")
-        self.stop()
+        self._stopping = None
+        self._end_workers()
         self.size = size
-        self.start(progress)
+        self._start_or_release(progress)
 
     @staticmethod
     def _kill(actors: Sequence[Any]) -> None:
@@ -296,7 +338,10 @@ class WorkerGroup:
         ``header``: the notebook cell's first line (``%%distributed ...``), so traceback line numbers match.
         """
         selected = parse_ranks(ranks, self.size)
-        return self._execute(lambda a: a.run_cell.remote(code, label, header), selected, timeout, sink, progress)
+        limit = self.max_result_bytes or None
+        return self._execute(
+            lambda a: a.run_cell.remote(code, label, header, limit), selected, timeout, sink, progress
+        )
 
     def call(
         self,
@@ -311,7 +356,8 @@ class WorkerGroup:
         """Run ``fn(*args, **kwargs)`` in each selected rank's process."""
         selected = parse_ranks(ranks, self.size)
         kw = kwargs or {}
-        return self._execute(lambda a: a.call.remote(fn, args, kw), selected, timeout, sink, progress)
+        limit = self.max_result_bytes or None
+        return self._execute(lambda a: a.call.remote(fn, args, kw, limit), selected, timeout, sink, progress)
 
     def push(self, values: dict[str, Any], ranks: str | Sequence[int] | None = None) -> None:
         ray = _ray()
@@ -335,11 +381,19 @@ class WorkerGroup:
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             raise type(cause)(str(cause)) if isinstance(cause, (NameError, TypeError)) else cause from None
+        except ray.exceptions.RaySystemError as exc:  # sent, but it cannot be rebuilt here
+            raise TypeError(
+                f"variable {name!r} from rank {rank} cannot be rebuilt in the notebook: {_ray_cause(exc)}"
+            ) from None
 
-    def _drain(self, ranks: Sequence[int], streamer: Streamer) -> None:
+    def _drain(self, ranks: Sequence[int], streamer: Streamer, actors: Sequence[Any] | None = None) -> None:
         ray = _ray()
-        live = [r for r in ranks if r not in self._dead]
-        refs = [self.actors[r].drain_output.remote() for r in live]
+        actors = self.actors if actors is None else actors
+        live = [r for r in ranks if r not in self._dead and r < len(actors)]
+        try:
+            refs = [actors[r].drain_output.remote() for r in live]
+        except Exception:  # noqa: BLE001 - Ray itself is going away (the cluster is being stopped)
+            return
         for rank, ref in zip(live, refs, strict=True):
             try:
                 text = ray.get(ref, timeout=5)
@@ -364,7 +418,8 @@ class WorkerGroup:
         say = progress or (lambda msg: None)
         streamer = Streamer(self.log, sink)
         start = time.monotonic()
-        pending: dict[Any, int] = {submit(self.actors[r]): r for r in selected}
+        actors = list(self.actors)  # stop() from another thread empties self.actors
+        pending: dict[Any, int] = {submit(actors[r]): r for r in selected}
         values: dict[int, Any] = {}
         failures: dict[int, RankFailure] = {}
         first_failure_at: float | None = None
@@ -372,24 +427,34 @@ class WorkerGroup:
         interrupt_reason = ""
         notes: list[str] = []
         rebuild_reason = ""
+        stopped: str | None = None
         poll = 0.002
         last_drain = start
         self.busy = True
         try:
             while pending:
+                if self._stopping is not None:
+                    stopped = self._stopping
+                    break
                 try:
-                    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll)
+                    try:
+                        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=poll)
+                    except Exception:
+                        if self._stopping is not None:  # Ray is shut down under us
+                            continue
+                        raise
                     poll = min(poll * 2, 0.1)
                     now = time.monotonic()
                     if ready or now - last_drain >= 0.1:
-                        self._drain(selected, streamer)
+                        self._drain(selected, streamer, actors)
                         last_drain = now
                     for ref in ready:
-                        rank = pending.pop(ref)
-                        self._collect(rank, ref, values, failures, interrupt_reason)
+                        self._collect(pending[ref], ref, values, failures, interrupt_reason)
+                        del pending[ref]  # after: an interrupt while collecting leaves it to collect again
                     if not pending:
                         break
-                    if failures and first_failure_at is None:
+                    # a rank whose value could not be rebuilt here finished its cell: it leaves no one hanging
+                    if first_failure_at is None and any(f.kind != "value" for f in failures.values()):
                         first_failure_at = now
                     if interrupted_at is None:
                         if first_failure_at is not None and now - first_failure_at > self.timeouts.hang_grace:
@@ -398,7 +463,7 @@ class WorkerGroup:
                             interrupt_reason = "timeout"
                         if interrupt_reason:
                             interrupted_at = now
-                            self._interrupt(list(pending.values()))
+                            self._interrupt(list(pending.values()), actors)
                     elif now - interrupted_at > self.timeouts.interrupt_grace:
                         rebuild_reason = interrupt_reason
                         break
@@ -408,12 +473,29 @@ class WorkerGroup:
                         break
                     interrupt_reason = "interrupted"
                     interrupted_at = time.monotonic()
-                    self._interrupt(list(pending.values()))
+                    self._interrupt(list(pending.values()), actors)
+            if stopped is None and self._stopping is not None and any(
+                f.kind == "died" for f in failures.values()
+            ):
+                stopped = self._stopping  # the workers died because the group was being stopped
             # ranks that never came back
             stuck = sorted(pending.values())
-            self._drain([r for r in selected if r not in stuck] + stuck, streamer)
+            self._drain([r for r in selected if r not in stuck] + stuck, streamer, actors)
             for rank in selected:
                 streamer.finish(rank)
+            if stopped is not None:
+                for rank in stuck + [r for r, f in failures.items() if f.kind == "died"]:
+                    failures[rank] = RankFailure(
+                        rank=rank,
+                        kind="stopped",
+                        detail=f"cluster stopped while the cell ran ({stopped})",
+                        last_output=self.log.tail(rank, 10),
+                    )
+                notes.append(
+                    f"Cluster stopped: {stopped}. Its workers were ended while the cell ran; nothing was "
+                    f"restarted. Start a cluster again (%gpu_cluster start) to go on."
+                )
+                return self._result(selected, values, streamer, start, failures, notes)
             for rank in stuck:
                 failures[rank] = RankFailure(
                     rank=rank,
@@ -439,6 +521,17 @@ class WorkerGroup:
                 )
         finally:
             self.busy = False
+        return self._result(selected, values, streamer, start, failures, notes)
+
+    @staticmethod
+    def _result(
+        selected: list[int],
+        values: dict[int, Any],
+        streamer: Streamer,
+        start: float,
+        failures: dict[int, RankFailure],
+        notes: list[str],
+    ) -> CellResult:
         return CellResult(
             ranks=selected,
             values=RankResults(values),
@@ -480,6 +573,31 @@ class WorkerGroup:
                 last_output=self.log.tail(rank, 10),
             )
             return
+        except Exception as exc:  # noqa: BLE001 - any other Ray error is this rank's failure, not the cell's
+            if isinstance(exc, ray.exceptions.RaySystemError) and isinstance(exc.client_exc, BaseException):
+                # the value came back, but unpickling it here raised (a CUDA tensor on a notebook without
+                # a GPU, a class the notebook cannot import, ...)
+                failures[rank] = RankFailure(
+                    rank=rank,
+                    kind="value",
+                    detail=(
+                        f"the cell ran, but its value cannot be rebuilt in the notebook: {_ray_cause(exc)}. "
+                        f"Keep such values on the workers (end the cell with `;` or an assignment), or "
+                        f"convert them first (`.cpu()`, `.tolist()`, `str(...)`)"
+                    ),
+                )
+                return
+            cause = getattr(exc, "cause", None)
+            cause = cause if isinstance(cause, BaseException) else exc
+            failures[rank] = RankFailure(
+                rank=rank,
+                kind="error",
+                etype=type(cause).__name__,
+                evalue=_first_line(str(cause)),
+                detail=f"Ray could not return this rank's result ({type(exc).__name__})",
+                traceback=f"Ray could not return this rank's result: {type(exc).__name__}\n",
+            )
+            return
         if out.get("ok"):
             values[rank] = out.get("value")
             return
@@ -500,19 +618,25 @@ class WorkerGroup:
             }.get(kind, ""),
         )
 
-    def _interrupt(self, ranks: Sequence[int]) -> None:
+    def _interrupt(self, ranks: Sequence[int], actors: Sequence[Any] | None = None) -> None:
         ray = _ray()
-        refs = [self.actors[r].interrupt.remote() for r in ranks if r not in self._dead]
+        actors = self.actors if actors is None else actors
         try:
+            refs = [actors[r].interrupt.remote() for r in ranks if r not in self._dead and r < len(actors)]
             ray.get(refs, timeout=5)
         except Exception:  # noqa: BLE001
             pass
 
     def _recover(self, why: str, say: Progress) -> str:
+        if self._stopping is not None:  # the group is going away: do not start workers on it again
+            return f"Cluster stopped: {self._stopping} ({why}); nothing was restarted."
         say(f"rebuilding the worker group: {why}")
         try:
-            self.rebuild(progress=say)
+            self._end_workers()
+            self._start_or_release(say)
         except Exception as exc:  # noqa: BLE001
+            if self._stopping is not None:
+                return f"Cluster stopped: {self._stopping} ({why}); nothing was restarted."
             return (
                 f"Worker state was lost: {why}. Rebuilding the group failed ({exc}); run "
                 f"`%gpu_cluster scale {self.size}` once resources are back."
@@ -522,6 +646,15 @@ class WorkerGroup:
             f"(new process group). Variables, models and optimizers defined on the workers are gone: re-run "
             f"your setup cells."
         )
+
+
+def _ray_cause(exc: BaseException) -> str:
+    """``Type: message`` of what a RaySystemError wraps (a deserialization error, say)."""
+    cause = getattr(exc, "client_exc", None)
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {_first_line(str(cause))}"
+    text = _first_line(str(cause if cause is not None else exc))
+    return text.removeprefix("System error: ")
 
 
 def _first_line(text: str) -> str:

@@ -1,9 +1,15 @@
-"""Per-rank output: prefixing lines with their rank while streaming, and the driver-side log of each rank."""
+"""Per-rank output: prefixing lines with their rank while streaming, and the driver-side log of each rank.
+
+A progress bar (tqdm) redraws one line with ``\r`` and ends it with a newline only when it is done. While it
+redraws, the :class:`Streamer` shows the line's latest state live (``\r[rank N] ...``, rate-limited); the
+log and the cell's captured output keep what the line finally showed.
+"""
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 
 # Ray writes these markers into worker output to attribute log lines; they are not the user's output.
@@ -28,16 +34,24 @@ class RankLog:
             *complete, rest = buf.split("\n")
             self._partial[rank] = rest
             # a progress bar (tqdm) redraws its line with \r: keep what the line finally showed
-            complete = [line.rsplit("\r", 1)[-1] for line in complete]
+            complete = [_final_state(line) for line in complete]
             complete = [line for line in complete if not line.startswith(_RAY_MARKERS)]
             dq = self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines))
             dq.extend(complete)
             return complete
 
-    def flush(self, rank: int) -> list[str]:
-        """End a rank's partial line (at the end of a cell)."""
+    def live(self, rank: int) -> str | None:
+        """What a rank's unfinished line shows now, if it is being redrawn with ``\r`` (else None)."""
         with self._lock:
-            rest = self._partial.pop(rank, "")
+            rest = self._partial.get(rank, "")
+        if "\r" not in rest:
+            return None
+        return _final_state(rest) or None
+
+    def flush(self, rank: int) -> list[str]:
+        """End a rank's partial line (at the end of a cell), keeping what it finally showed."""
+        with self._lock:
+            rest = _final_state(self._partial.pop(rank, ""))
             if not rest:
                 return []
             self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines)).append(rest)
@@ -60,21 +74,50 @@ class RankLog:
             self._partial.clear()
 
 
+def _final_state(line: str) -> str:
+    """What a line redrawn with ``\r`` shows last: its last non-empty ``\r`` segment."""
+    if "\r" not in line:
+        return line
+    for segment in reversed(line.split("\r")):
+        if segment:
+            return segment
+    return ""
+
+
 def prefix(rank: int, line: str) -> str:
     return f"[rank {rank}] {line}"
 
 
 class Streamer:
-    """Feeds rank output into a :class:`RankLog` and writes complete lines, prefixed, to a sink."""
+    """Feeds rank output into a :class:`RankLog` and writes complete lines, prefixed, to a sink.
 
-    def __init__(self, log: RankLog, sink: Callable[[str], None] | None) -> None:
+    A line being redrawn with ``\r`` is also written live, as ``\r[rank N] <latest state>`` without a newline,
+    at most once every ``live_interval`` seconds per rank; the next line written starts with ``\r`` so it
+    replaces it. Only complete lines are captured.
+    """
+
+    def __init__(self, log: RankLog, sink: Callable[[str], None] | None, live_interval: float = 0.3) -> None:
         self.log = log
         self.sink = sink
+        self.live_interval = live_interval
         self.captured: dict[int, list[str]] = collections.defaultdict(list)
+        self._live_shown: dict[int, tuple[float, str]] = {}
+        self._live_open = False  # the sink's current line is a live state, not ended by a newline
 
     def feed(self, rank: int, text: str) -> None:
         for line in self.log.feed(rank, text):
             self._emit(rank, line)
+        if self.sink is None:
+            return
+        state = self.log.live(rank)
+        if state is None:
+            return
+        now = time.monotonic()
+        last_at, last_state = self._live_shown.get(rank, (float("-inf"), ""))
+        if state != last_state and now - last_at >= self.live_interval:
+            self._live_shown[rank] = (now, state)
+            self.sink("\r" + prefix(rank, state))
+            self._live_open = True
 
     def finish(self, rank: int) -> None:
         for line in self.log.flush(rank):
@@ -82,5 +125,7 @@ class Streamer:
 
     def _emit(self, rank: int, line: str) -> None:
         self.captured[rank].append(line)
+        self._live_shown.pop(rank, None)
         if self.sink is not None:
-            self.sink(prefix(rank, line) + "\n")
+            self.sink(("\r" if self._live_open else "") + prefix(rank, line) + "\n")
+            self._live_open = False

@@ -63,7 +63,9 @@ class RankFailure:
     """How one rank failed."""
 
     rank: int
-    kind: str  # "error" (the cell raised), "died" (process gone), "interrupted", "timeout", "hung"
+    # "error" (the cell raised), "died" (process gone), "interrupted", "timeout", "hung", "value" (the cell
+    # ran but its value cannot be rebuilt in the notebook), "stopped" (the cluster was stopped under the cell)
+    kind: str
     etype: str = ""
     evalue: str = ""
     traceback: str = ""
