@@ -350,7 +350,7 @@ class Cluster:
                 print(f"gpu_notebook: stop hook failed: {exc}", file=sys.stderr)
         n = self.world_size
         if self.group is not None:
-            self.group.stop()
+            self.group.stop(f"cluster {self.name!r}: {reason}")  # (a cell still running reports this reason)
         manager = get_manager()
         last_user = bool(self.connection and self.connection.owned and not manager.others_on_connection(self))
         shut_ray = bool(last_user and self.connection and self.connection.started_here)
