@@ -16,7 +16,7 @@ CELL = (
     "t = torch.ones(1, device='cuda') * (dist.get_rank() + 1)\n"
     "dist.all_reduce(t)\n"
     "(dist.get_rank(), dist.get_backend(), os.environ.get('CUDA_VISIBLE_DEVICES'), torch.cuda.current_device(),"
-    " torch.cuda.get_device_name(), t.item())\n"
+    " torch.cuda.get_device_name(), t.item(), t)\n"
 )
 
 
@@ -80,10 +80,12 @@ def main() -> int:
                 return 1
             results.append(out["value"])
     ok = True
-    for rank, backend, visible, dev, name, total in results:
+    for rank, backend, visible, dev, name, total, tensor in results:
+        # a CUDA tensor in a cell's value comes back on the CPU (the notebook host may have no GPU)
+        where = getattr(getattr(tensor, "device", None), "type", type(tensor).__name__)
         print(f"rank {rank}: backend={backend} CUDA_VISIBLE_DEVICES={visible} device={dev} ({name}) "
-              f"all_reduce={total}")
-        ok &= backend == "nccl" and total == sum(range(1, world + 1))
+              f"all_reduce={total} returned tensor on {where}")
+        ok &= backend == "nccl" and total == sum(range(1, world + 1)) and where == "cpu"
     if world > 1:
         ok &= len({r[2] for r in results}) == world  # each rank its own GPU
     print("gpu_check_distributed:", "OK" if ok else "FAILED")
