@@ -191,7 +191,7 @@ def test_read_only_never_creates_or_writes(tmp_path: Path) -> None:
 class _ReadOnlyCredentials(LocalStore):
     """Reads work; every write is refused (as with read-only cloud credentials)."""
 
-    def check(self) -> None:
+    def check(self, write: bool = True) -> None:
         pass
 
     def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]

@@ -63,7 +63,7 @@ from ._manifest import (
     walk_chunks,
 )
 from ._progress import Progress
-from ._store import LocalStore, Store, open_store
+from ._store import Store, open_store
 from ._tree import Leaf, flatten, leaf_from_bytes, unflatten
 
 __all__ = ["Checkpointer", "SaveHandle", "current", "GcResult", "DiffResult"]
@@ -426,9 +426,8 @@ class Checkpointer:
         return tok
 
     def _open_store(self) -> None:
-        if self.read_only and isinstance(self.store, LocalStore):
-            if not self.store.root.is_dir():  # (check() would create it)
-                raise StoreError(f"no checkpoint store at {self.store.url}: the folder does not exist")
+        if self.read_only:
+            self.store.check(write=False)
         else:
             self.store.check()
         doc = {"format": FORMAT_NAME, "version": self._version}

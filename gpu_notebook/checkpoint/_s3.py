@@ -304,7 +304,7 @@ class S3Store(Store):
         raise AssertionError("unreachable")  # pragma: no cover
 
     # ------------------------------------------------------------ Store API
-    def check(self) -> None:
+    def check(self, write: bool = True) -> None:  # (reads only, either way)
         from botocore.exceptions import NoCredentialsError, PartialCredentialsError
 
         where = f"s3://{self.bucket}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")

@@ -38,8 +38,9 @@ class Store:
 
     url: str = ""
 
-    def check(self) -> None:
-        """Verify the store is reachable and writable; raise :class:`StoreError` with a clear message if not."""
+    def check(self, write: bool = True) -> None:
+        """Verify the store is reachable (and writable, with ``write``; without it, create nothing); raise
+        :class:`StoreError` with a clear message if not."""
         raise NotImplementedError
 
     def put(self, key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
@@ -92,7 +93,11 @@ class LocalStore(Store):
             raise ValueError(f"bad key {key!r}")
         return self.root / key
 
-    def check(self) -> None:
+    def check(self, write: bool = True) -> None:
+        if not write:
+            if not self.root.is_dir():
+                raise StoreError(f"no checkpoint store at {self.url}: the folder does not exist")
+            return
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe-{uuid.uuid4().hex}"

@@ -124,7 +124,7 @@ class CheckpointMagics(Magics):
         return cur
 
     @staticmethod
-    def _one_id(args: Any, what: str) -> str | None:
+    def _one_id(args: Any) -> str | None:
         return args.ids[0] if args.ids else None
 
     # ------------------------------------------------------------------ commands
@@ -144,7 +144,7 @@ class CheckpointMagics(Magics):
 
     def _cmd_show(self, args: Any, checkpoint: Any) -> None:
         ck = self._ckpt(args, checkpoint)
-        cid = self._one_id(args, "show")
+        cid = self._one_id(args)
         if args.step is not None and cid is None:
             found = [c.id for c in ck.list() if c.step == args.step]
             if not found:
@@ -165,7 +165,7 @@ class CheckpointMagics(Magics):
                     raise LookupError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
         state = ck.restore(
-            self._one_id(args, "restore"),
+            self._one_id(args),
             step=args.step,
             into=into,
             allow_pickle=args.allow_pickle or None,
