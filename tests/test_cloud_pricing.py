@@ -86,3 +86,51 @@ def test_ray_unreachable_prices_as_a_worker() -> None:
 
     pricing = node_pricing_for(_state(), nodes=broken)
     assert pricing("head-1")[1] == "g4dn.xlarge"
+
+
+def test_a_spot_clusters_on_demand_fallback_workers_are_priced_on_demand() -> None:
+    """Ray's autoscaler starts on-demand workers when spot capacity is short: they cost the on-demand price."""
+    from gpu_notebook.cloud._pricing import MARKET_OF_RESOURCE
+    from gpu_notebook.cloud._render import (
+        MARKET_RESOURCE,
+        WORKER_ONDEMAND_TYPE,
+        WORKER_SPOT_TYPE,
+        render_ray_config,
+    )
+    from gpu_notebook.cloud._spec import resolve
+
+    assert {v: k for k, v in MARKET_RESOURCE.items()} == MARKET_OF_RESOURCE
+    cat = Catalog.shipped()
+    state = _state(spot=True, workers=2)
+    # the rendered config gives each worker type the resource that names its market
+    types = render_ray_config(ClusterSpec(**state.spec), resolve(ClusterSpec(**state.spec), cat))["available_node_types"]
+    spot_res = types[WORKER_SPOT_TYPE]["resources"]
+    od_res = types[WORKER_ONDEMAND_TYPE]["resources"]
+    assert spot_res.get(MARKET_RESOURCE["spot"]) == 1 and MARKET_RESOURCE["on_demand"] not in spot_res
+    assert od_res.get(MARKET_RESOURCE["on_demand"]) == 1 and MARKET_RESOURCE["spot"] not in od_res
+
+    spot_worker = {"NodeID": "w-spot", "Alive": True, "Resources": {"CPU": 4.0, "GPU": 1.0, **spot_res}}
+    od_worker = {"NodeID": "w-od", "Alive": True, "Resources": {"CPU": 4.0, "GPU": 1.0, **od_res}}
+    pricing = node_pricing_for(state, nodes=lambda: [HEAD, spot_worker, od_worker], catalog=cat)
+    assert pricing("w-spot")[:4] == ("aws", "g4dn.xlarge", "us-east-1", "spot")
+    assert pricing("w-od")[:4] == ("aws", "g4dn.xlarge", "us-east-1", "on_demand")
+    g4dn = cat.get("aws", "g4dn.xlarge")
+    assert pricing("w-od")[4] == pytest.approx(g4dn.price("us-east-1"))  # the fallback price is on demand too
+
+    clock = Clock()
+    meter = CostMeter(node_pricing=pricing, clock=clock, catalog=cat)
+    meter.sync_nodes(["head-1", "w-spot", "w-od"])
+    expected = 0.192 + g4dn.price("us-east-1", "spot") + g4dn.price("us-east-1")
+    assert g4dn.price("us-east-1", "spot") < g4dn.price("us-east-1")
+    assert meter.usd_per_hour() == pytest.approx(expected)
+    labels = sorted(n["label"] for n in meter.snapshot().nodes)
+    assert "aws g4dn.xlarge us-east-1 on-demand" in labels and "aws g4dn.xlarge us-east-1 spot" in labels
+
+
+def test_an_on_demand_clusters_workers_and_old_workers_without_the_resource() -> None:
+    cat = Catalog.shipped()
+    g4dn = cat.get("aws", "g4dn.xlarge")
+    od = node_pricing_for(_state(spot=False), nodes=lambda: [HEAD, WORKER], catalog=cat)
+    assert od("worker-1")[3:] == ("on_demand", pytest.approx(g4dn.price("us-east-1")))
+    spot = node_pricing_for(_state(spot=True), nodes=lambda: [HEAD, WORKER], catalog=cat)
+    assert spot("worker-1")[3] == "spot"  # no market resource (an older launch): the market asked for

@@ -17,6 +17,9 @@ HEAD_TYPE = "ray.head.default"
 WORKER_TYPE = "ray.worker.gpu"
 WORKER_SPOT_TYPE = "ray.worker.gpu.spot"
 WORKER_ONDEMAND_TYPE = "ray.worker.gpu.ondemand"
+#: A custom resource every worker advertises, naming the market it was launched in: the cost meter prices a
+#: worker that Ray's autoscaler started on demand (the spot fallback) at the on-demand price.
+MARKET_RESOURCE = {"spot": "gpu_notebook_spot", "on_demand": "gpu_notebook_on_demand"}
 RAY_CLIENT_PORT = 10001
 GCS_PORT = 6379
 DASHBOARD_PORT = 8265
@@ -220,21 +223,21 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
             "min_workers": int(spec.workers),
             "max_workers": max_workers,
             "priority": 10,
-            "resources": dict(worker_resources),
+            "resources": {**worker_resources, MARKET_RESOURCE["spot"]: 1},
             "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, True, worker.extra),
         }
         node_types[WORKER_ONDEMAND_TYPE] = {
             "min_workers": 0,
             "max_workers": max_workers,
             "priority": 0,
-            "resources": dict(worker_resources),
+            "resources": {**worker_resources, MARKET_RESOURCE["on_demand"]: 1},
             "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, False, worker.extra),
         }
     else:
         node_types[WORKER_TYPE] = {
             "min_workers": int(spec.workers),
             "max_workers": max_workers,
-            "resources": dict(worker_resources),
+            "resources": {**worker_resources, MARKET_RESOURCE["spot" if spec.spot else "on_demand"]: 1},
             "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, spec.spot, worker.extra),
         }
     return {
