@@ -149,3 +149,18 @@ def test_gpm_sm_activity(clock: Clock) -> None:
     mg.version, mg.numMetrics, mg.sample1, mg.sample2 = 1, 1, s1, s2
     mg.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
     assert nv.nvmlGpmMetricsGet(mg).metrics[0].value == pytest.approx(62.5)
+
+
+def test_every_public_fake_function_has_pynvml_parameter_names() -> None:
+    """All of the fake's nvml* functions, not just the sampled ones: same names, so keyword calls work too."""
+    import inspect
+
+    nv = FakeNVML(1)
+    for name in dir(nv):
+        if not name.startswith("nvml") or not callable(getattr(nv, name)):
+            continue
+        real = [p.name for p in inspect.signature(getattr(pynvml, name)).parameters.values()]
+        fake = [p.name for p in inspect.signature(getattr(nv, name)).parameters.values()]
+        assert fake == real, (name, real, fake)
+    nv.nvmlInitWithFlags(0)  # pynvml.nvmlInitWithFlags(flags): the fake used to take no argument
+    assert nv.nvmlDeviceGetCount() == 1

@@ -92,8 +92,9 @@ def _active_checkpointer_note(timeout: float = 60.0) -> str:
 class MonitorUtilisation:
     """``utilisation(window_s)`` from a running :class:`gpu_notebook.monitor.Monitor`.
 
-    The busiest node decides: its busiest GPU's mean utilisation over the window, or its CPU % if it has no
-    GPU. ``None`` when the monitor has no samples yet.
+    The busiest GPU decides (its mean utilisation over the window). Only when no node has a GPU does the
+    busiest node's CPU % decide: on a GPU cluster the CPU of a CPU-only head node (Ray's own daemons, the
+    notebook) says nothing about whether the GPUs are used. ``None`` when the monitor has no samples yet.
     """
 
     kind = "gpu"
@@ -105,16 +106,14 @@ class MonitorUtilisation:
         from gpu_notebook.monitor import utilisation_summary
 
         summary = utilisation_summary(self.monitor, window_s)
+        nodes = [node for node in summary.values() if node.get("samples")]
+        any_gpu = any(node.get("has_gpu") for node in nodes)
+        key = "max_gpu_util" if any_gpu else "cpu_percent"
         vals: list[float] = []
-        any_gpu = False
-        for node in summary.values():
-            if not node.get("samples"):
+        for node in nodes:
+            if any_gpu and not node.get("has_gpu"):
                 continue
-            if node.get("has_gpu"):
-                any_gpu = True
-                v = node.get("max_gpu_util", math.nan)
-            else:
-                v = node.get("cpu_percent", math.nan)
+            v = node.get(key, math.nan)
             if v is not None and not math.isnan(v):
                 vals.append(float(v))
         self.kind = "gpu" if any_gpu else "cpu"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import math
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -12,6 +14,39 @@ from traitlets import Float
 from gpu_notebook.magics._common import BadArguments, error, parse
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (a bad value prints the usage, not a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
+def percent(text: str) -> float:
+    """argparse type: a percentage from 0 to 100."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 100, not {text!r}")
+    return value
+
+
+def tcp_port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, not {text!r}")
+    return value
 
 
 @magics_class
@@ -32,12 +67,12 @@ class MonitorMagics(Magics):
     @magic_arguments()
     @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
     @argument("--local", action="store_true", help="watch only this machine, even when a cluster is running")
-    @argument("--interval", type=float, help="sampling period on each node, seconds (default 0.5)")
-    @argument("--refresh", type=float, help="show: dashboard refresh period, seconds (default 1)")
-    @argument("--window", type=float, help="show: seconds of history on the charts (default 300)")
-    @argument("--advice-window", type=float, help="seconds a GPU must stay under the threshold (default 300)")
-    @argument("--threshold", type=float, help="utilisation %% below which a GPU is under-used (default 70)")
-    @argument("--port", type=int, default=0, help="prometheus: TCP port (default: a free one)")
+    @argument("--interval", type=positive_seconds, help="sampling period on each node, seconds (default 0.5)")
+    @argument("--refresh", type=positive_seconds, help="show: dashboard refresh period, seconds (default 1)")
+    @argument("--window", type=positive_seconds, help="show: seconds of history on the charts (default 300)")
+    @argument("--advice-window", type=positive_seconds, help="seconds a GPU must stay under the threshold (default 300)")
+    @argument("--threshold", type=percent, help="utilisation %% below which a GPU is under-used (default 70)")
+    @argument("--port", type=tcp_port, default=0, help="prometheus: TCP port (default: a free one)")
     @argument("--host", default="127.0.0.1", help="prometheus: address to bind (default 127.0.0.1)")
     @argument("--path", help="csv: write to this file instead of printing")
     @line_magic
@@ -80,15 +115,25 @@ class MonitorMagics(Magics):
         w.show()
         return None
 
+    @staticmethod
+    def _running(args: Any) -> Any:
+        from gpu_notebook.monitor import running_monitor
+
+        return running_monitor(local=args.local)
+
     def _cmd_stop(self, args: Any) -> None:
+        had_widgets = bool(self._widgets)
         for w in self._widgets:
             w.stop()
         self._widgets.clear()
-        self._monitor(args).stop()
-        print("GPU monitor stopped.")
+        mon = self._running(args)  # never start samplers (actors on every node) only to stop them
+        if mon is not None:
+            mon.stop()
+        print("GPU monitor stopped." if mon is not None or had_widgets else "No GPU monitor is running.")
 
     def _cmd_status(self, args: Any) -> None:
-        print(repr(self._monitor(args)))
+        mon = self._running(args)
+        print(repr(mon) if mon is not None else "No GPU monitor is running; start one with %gpu_monitor")
 
     def _cmd_snapshot(self, args: Any) -> None:
         display(HTML(self._monitor(args).snapshot_html()))

@@ -26,6 +26,7 @@ __all__ = [
     "monitor_for",
     "nvidia_smi_csv",
     "prometheus_text",
+    "running_monitor",
     "sampler_actor_class",
     "steps",
     "utilisation_summary",
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._aggregator import Aggregator
     from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
     from gpu_notebook.monitor._fake_nvml import FakeGPU, FakeNVML, steps
-    from gpu_notebook.monitor._monitor import Monitor, monitor_for, utilisation_summary
+    from gpu_notebook.monitor._monitor import Monitor, monitor_for, running_monitor, utilisation_summary
     from gpu_notebook.monitor._ring import RingBuffer
     from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler, sampler_actor_class
 
@@ -52,6 +53,7 @@ _LAZY = {
     "steps": "_fake_nvml",
     "Monitor": "_monitor",
     "monitor_for": "_monitor",
+    "running_monitor": "_monitor",
     "utilisation_summary": "_monitor",
     "RingBuffer": "_ring",
     "GPU_METRICS": "_sampler",

@@ -362,7 +362,8 @@ class FakeNVML:
             self._t0 = self.clock()
         self._init_count += 1
 
-    nvmlInitWithFlags = nvmlInit
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
 
     def nvmlShutdown(self) -> None:
         self._enter("nvmlShutdown")
@@ -491,7 +492,8 @@ class FakeNVML:
             for pid, mib in gpu.processes
         ]
 
-    def nvmlDeviceGetPcieThroughput(self, handle: _Handle, counter: int) -> int:
+    def nvmlDeviceGetPcieThroughput(self, device: _Handle, counter: int) -> int:
+        handle = device
         gpu = self._enter("nvmlDeviceGetPcieThroughput", handle)
         assert gpu is not None
         t = self._t()
@@ -502,7 +504,8 @@ class FakeNVML:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
 
     # -- GPM (Hopper+ SM activity) --------------------------------------------------------------------------------
-    def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> c_nvmlGpmSupport_t:
+    def nvmlGpmQueryDeviceSupport(self, device: _Handle) -> c_nvmlGpmSupport_t:
+        handle = device
         gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
         assert gpu is not None
         return c_nvmlGpmSupport_t(NVML_GPM_SUPPORT_VERSION, 1 if gpu.gpm else 0)
@@ -511,10 +514,11 @@ class FakeNVML:
         self._enter("nvmlGpmSampleAlloc")
         return _GpmSample()
 
-    def nvmlGpmSampleFree(self, sample: _GpmSample) -> None:
+    def nvmlGpmSampleFree(self, gpmSample: _GpmSample) -> None:  # noqa: N803 - pynvml's name
         self._enter("nvmlGpmSampleFree")
 
-    def nvmlGpmSampleGet(self, handle: _Handle, sample: _GpmSample) -> _GpmSample:
+    def nvmlGpmSampleGet(self, device: _Handle, gpmSample: _GpmSample) -> _GpmSample:  # noqa: N803
+        handle, sample = device, gpmSample
         gpu = self._enter("nvmlGpmSampleGet", handle)
         assert gpu is not None
         if not gpu.gpm:
@@ -522,7 +526,8 @@ class FakeNVML:
         sample.device, sample.t = handle.index, self._t()
         return sample
 
-    def nvmlGpmMetricsGet(self, metrics_get: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+    def nvmlGpmMetricsGet(self, metricsGet: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:  # noqa: N803
+        metrics_get = metricsGet
         self._enter("nvmlGpmMetricsGet")
         s1, s2 = metrics_get.sample1, metrics_get.sample2
         if s1 is None or s2 is None or s1.device is None or s1.device != s2.device:

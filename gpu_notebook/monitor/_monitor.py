@@ -22,7 +22,7 @@ from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
 from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
-__all__ = ["Monitor", "monitor_for", "utilisation_summary"]
+__all__ = ["Monitor", "monitor_for", "running_monitor", "utilisation_summary"]
 
 
 class Monitor:
@@ -384,11 +384,7 @@ _LOCAL: weakref.WeakValueDictionary[str, Monitor] = weakref.WeakValueDictionary(
 _KEEP: list[Monitor] = []  # the shared monitors handed out by monitor_for stay alive until stopped
 
 
-def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> Monitor:
-    """The shared, started monitor for ``cluster`` (default: the current cluster, else this machine).
-
-    ``%gpu_monitor`` uses this, so repeated calls reuse the same samplers.
-    """
+def _default_cluster(cluster: Any, local: bool) -> Any:
     if cluster is None and not local:
         try:
             from gpu_notebook.cluster import get_manager
@@ -398,6 +394,22 @@ def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> M
                 cluster = None
         except Exception:
             cluster = None
+    return cluster
+
+
+def running_monitor(cluster: Any = None, *, local: bool = False) -> Monitor | None:
+    """The shared monitor :func:`monitor_for` would return, if it is running; never starts one (None then)."""
+    cluster = _default_cluster(cluster, local)
+    mon = _LOCAL.get("local") if cluster is None else _BY_CLUSTER.get(cluster)
+    return mon if mon is not None and mon.started else None
+
+
+def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> Monitor:
+    """The shared, started monitor for ``cluster`` (default: the current cluster, else this machine).
+
+    ``%gpu_monitor`` uses this, so repeated calls reuse the same samplers.
+    """
+    cluster = _default_cluster(cluster, local)
     if cluster is None:
         mon = _LOCAL.get("local")
         if mon is None or not mon.started:

@@ -157,6 +157,8 @@ class CostWidget:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            if getattr(self.box, "comm", True) is None:  # closed (close(), Widget.close_all()): nothing to update
+                break
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
@@ -180,6 +182,15 @@ class CostWidget:
             from IPython.display import HTML
 
             self._handle.update(HTML(self.snapshot_html()))
+
+    def close(self) -> None:
+        """Stop refreshing and close the widgets (their browser views go away)."""
+        self.stop(snapshot=False)
+        for w in (self.box, self.header, self.fig):
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001
+                pass
 
     # -- display -----------------------------------------------------------------------------------------------
     def snapshot_html(self) -> str:

@@ -100,6 +100,11 @@ def _to_ms(t: np.ndarray) -> np.ndarray:
     return np.round((t + offset) * 1000.0)
 
 
+def _num(v: float, spec: str, unit: str = "") -> str:
+    """A header number, or "–" when nothing reported it (NaN)."""
+    return "–" if math.isnan(v) else f"{v:{spec}}{unit}"
+
+
 def _y_out(y: np.ndarray) -> np.ndarray:
     """Values rounded to 2 decimals as float64 (NaN stays NaN: plotly.js draws a gap there)."""
     return np.round(np.asarray(y, dtype=np.float64), 2)
@@ -380,11 +385,14 @@ class MonitorWidget:
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(np.mean(v)) if v else math.nan
 
-            used = sum(r["mem_used_mib"] for r in g if not math.isnan(r["mem_used_mib"])) / 1024
-            total = sum(r["mem_total_mib"] for r in g if not math.isnan(r["mem_total_mib"])) / 1024
-            power = sum(r["power_w"] for r in g if not math.isnan(r["power_w"]))
-            cells += [("GPUs", str(len(g))), ("mean util", f"{mean('util_gpu'):.0f}%"),
-                      ("memory", f"{used:.1f}/{total:.0f} GiB"), ("power", f"{power:.0f} W")]
+            def total(k: str) -> float:  # NaN when no GPU reports it (NVML_ERROR_NOT_SUPPORTED), never 0
+                v = [r[k] for r in g if not math.isnan(r[k])]
+                return float(sum(v)) if v else math.nan
+
+            cells += [("GPUs", str(len(g))), ("mean util", _num(mean("util_gpu"), ".0f", "%")),
+                      ("memory", f"{_num(total('mem_used_mib') / 1024, '.1f')}/"
+                                 f"{_num(total('mem_total_mib') / 1024, '.0f')} GiB"),
+                      ("power", _num(total("power_w"), ".0f", " W"))]
             sm = mean("sm_active")
             if not math.isnan(sm):
                 cells.append(("SM active", f"{sm:.2f}"))
@@ -394,9 +402,9 @@ class MonitorWidget:
         else:
             h = latest["hosts"]
             cpu = [r["cpu_percent"] for r in h if not math.isnan(r["cpu_percent"])]
-            mem = sum(r["mem_used_mib"] for r in h if not math.isnan(r["mem_used_mib"])) / 1024
+            mems = [r["mem_used_mib"] for r in h if not math.isnan(r["mem_used_mib"])]
             cells += [("GPUs", "none (host metrics)"), ("mean CPU", f"{np.mean(cpu):.0f}%" if cpu else "–"),
-                      ("memory", f"{mem:.1f} GiB")]
+                      ("memory", _num(sum(mems) / 1024 if mems else math.nan, ".1f", " GiB"))]
         body = "".join(
             f"<div style='display:inline-block;margin-right:1.6em'><div style='font-size:0.8em;color:#666'>"
             f"{html.escape(k)}</div><div style='font-size:1.3em;font-weight:600'>{html.escape(v)}</div></div>"
@@ -522,9 +530,21 @@ class MonitorWidget:
             self.refreshes += 1
             return True
 
+    def _closed(self) -> bool:
+        """The dashboard was closed (``close()``, ``Widget.close_all()``): its comm is gone."""
+        return getattr(self.box, "comm", True) is None
+
     def _run(self) -> None:
         self._load.share()
         while not self._stop.wait(self.interval):
+            if self._closed():
+                break
+            if not getattr(self.monitor, "started", True):  # monitor stopped (cluster stop): show the end, quit
+                try:
+                    self.refresh(force=True)
+                except Exception:
+                    pass
+                break
             try:
                 busy = self.busy_interval is not None and self._load.share() > 0.5
                 if busy and self.clock() - self._last_refresh < float(self.busy_interval or 0.0):
@@ -545,13 +565,22 @@ class MonitorWidget:
     def stop(self, snapshot: bool = True) -> None:
         """Stop refreshing; a dashboard shown with :meth:`show` is replaced by a static snapshot table."""
         self._stop.set()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-            self._thread = None
+        self._thread = None
         if snapshot and self._handle is not None:
             from IPython.display import HTML
 
             self._handle.update(HTML(self.snapshot_html()))
+
+    def close(self) -> None:
+        """Stop refreshing and close the widgets (their browser views go away). The monitor keeps running."""
+        self.stop(snapshot=False)
+        for w in (self.box, self.header, self.fig):
+            try:
+                w.close()
+            except Exception:
+                pass
 
     # -- display --------------------------------------------------------------------------------------------------
     def snapshot_html(self) -> str:

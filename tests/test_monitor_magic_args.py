@@ -1,0 +1,69 @@
+"""``%gpu_monitor``: bad values print the usage (no traceback); stop and status never start samplers."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from gpu_notebook.magics._monitor import MonitorMagics
+from gpu_notebook.monitor import _monitor as monitor_mod
+
+pytest.importorskip("plotly")
+
+
+@pytest.fixture
+def ip(monkeypatch: pytest.MonkeyPatch):
+    shell = InteractiveShell.instance()
+    shell.register_magics(MonitorMagics)
+    local = monitor_mod._LOCAL.get("local")
+    if local is not None:
+        local.stop()
+    started: list[object] = []
+    real_start = monitor_mod.Monitor.start
+
+    def start(self):
+        started.append(self)
+        return real_start(self)
+
+    monkeypatch.setattr(monitor_mod.Monitor, "start", start)
+    shell.started_monitors = started
+    yield shell
+    for m in started:
+        m.stop()
+
+
+def run(ip, line: str):
+    with capture_output() as cap:
+        result = ip.run_line_magic("gpu_monitor", line)
+    return result, cap
+
+
+@pytest.mark.parametrize("line", [
+    "prometheus --local --port 70000",
+    "prometheus --local --port -1",
+    "show --local --window -5",
+    "show --local --interval inf",
+    "show --local --refresh 0",
+    "advice --local --advice-window nan",
+    "advice --local --threshold 150",
+])
+def test_out_of_range_values_print_usage_not_a_traceback(ip, line: str) -> None:
+    result, cap = run(ip, line)
+    assert result is None
+    assert "UsageError" in cap.stderr and "%gpu_monitor" in cap.stderr and "Traceback" not in cap.stderr + cap.stdout
+    assert ip.started_monitors == []
+
+
+def test_stop_and_status_do_not_start_a_monitor(ip) -> None:
+    _, cap = run(ip, "stop --local")
+    assert "No GPU monitor is running." in cap.stdout
+    _, cap = run(ip, "status --local")
+    assert "No GPU monitor is running" in cap.stdout
+    assert ip.started_monitors == []                  # no samplers (actors on every node) started to be stopped
+    run(ip, "snapshot --local")
+    assert len(ip.started_monitors) == 1
+    _, cap = run(ip, "status --local")
+    assert cap.stdout.startswith("Monitor(local, 1 nodes") and "running" in cap.stdout
+    _, cap = run(ip, "stop --local")
+    assert "GPU monitor stopped." in cap.stdout and not ip.started_monitors[0].started
