@@ -347,3 +347,57 @@ def test_stopping_the_group_while_a_cell_runs_ends_the_cell_without_a_rebuild(ra
             break
         time.sleep(0.2)
     assert left == []
+
+
+# ---- 7. collectives left out of step by a failed rank ------------------------------------------------------
+def test_a_collective_a_failed_rank_never_joined_resets_the_group_instead_of_pairing_wrongly(ip, shared):
+    """Rank 0 starts an all_reduce and finishes its cell (as every NCCL rank does: collectives are asynchronous);
+    rank 1 raised before joining it. Left alone, the next cell's all_reduce on rank 1 would be paired with rank
+    0's leftover one: wrong sums, then a hang. The ranks' collective counts differ, so the group is rebuilt."""
+    import re
+
+    assert ip.run_cell("%%distributed\nkept = 'yes'\n").success
+    pids = [w.pid for w in shared.status().workers]
+    # a failure that leaves no collective behind keeps the workers and their state
+    res = ip.run_cell("%%distributed\nif rank == 1:\n    raise ValueError('no collective here')\n")
+    text = "\n".join(res.error_in_exec._render_traceback_())
+    assert "ValueError: no collective here" in text and "Worker state" not in text
+    assert [w.pid for w in shared.status().workers] == pids
+
+    res = ip.run_cell(
+        "%%distributed\nimport torch, torch.distributed as dist\n"
+        "if rank == 1:\n    raise RuntimeError('rank 1 fails before the all_reduce')\n"
+        "pending = dist.all_reduce(torch.ones(1), async_op=True)\n"
+    )
+    err = res.error_in_exec
+    assert err is not None and err.ranks == [1]
+    text = "\n".join(err._render_traceback_())
+    assert "rank 1: RuntimeError: rank 1 fails before the all_reduce" in text
+    m = re.search(r"collectives are out of step \(collectives issued, rank 0: (\d+), rank 1: (\d+)\)", text)
+    assert m and int(m.group(1)) == int(m.group(2)) + 1, text
+    assert "Worker state was reset" in text
+    assert set(w.pid for w in shared.status().workers).isdisjoint(pids)
+    # the fresh group's collectives pair up: every rank gets the right sum
+    res = ip.run_cell("%%distributed -o s\nimport torch, torch.distributed as dist\n"
+                      "t = torch.ones(1); dist.all_reduce(t); (t.item(), 'kept' in dir())\n")
+    assert res.success and list(ip.user_ns["s"]) == [(2.0, False), (2.0, False)]
+
+
+def test_the_collective_count_check_by_backend():
+    """NCCL counts only collectives: checked after every cell. gloo counts send/recv too (a pipeline's ranks
+    differ legitimately): checked only after a cell in which a rank failed."""
+    from gpu_notebook.distributed._results import RankFailure
+
+    g = WorkerGroup(3)
+    g._seqs = {0: 4, 1: 5, 2: 4}
+    g.backend = "gloo"
+    assert g._out_of_step({}) == ""
+    assert g._out_of_step({1: RankFailure(rank=1, kind="value")}) == ""  # a value failure: the cell finished
+    msg = g._out_of_step({1: RankFailure(rank=1, kind="error")})
+    assert "rank 1: 5, ranks 0,2: 4" in msg
+    g.backend = "nccl"
+    assert "out of step" in g._out_of_step({})
+    g._seqs = {0: 4, 1: 4, 2: 4}
+    assert g._out_of_step({1: RankFailure(rank=1, kind="error")}) == ""
+    g._seqs = {0: 4, 1: 5}  # a rank without a count (no group, or it died): no verdict
+    assert g._out_of_step({}) == ""

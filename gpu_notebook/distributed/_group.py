@@ -96,6 +96,7 @@ class WorkerGroup:
         self.master: tuple[str, int] | None = None
         self._pg: Any = None
         self._dead: set[int] = set()
+        self._seqs: dict[int, int] = {}  # rank -> collectives issued on the default group, after its last cell
         self.started_at: float | None = None
         self.busy = False
         self._stopping: str | None = None  # set by stop(): why the group is going away (a running cell ends)
@@ -130,6 +131,7 @@ class WorkerGroup:
 
         self.generation += 1
         self._dead.clear()
+        self._seqs.clear()
         bundle: dict[str, float] = {"CPU": self.cpus_per_worker}
         if self.gpus_per_worker:
             bundle["GPU"] = self.gpus_per_worker
@@ -514,6 +516,8 @@ class WorkerGroup:
                 if stuck:
                     why.append(f"rank(s) {format_ranks(stuck)} could not be interrupted")
                 notes.append(self._recover("; ".join(why), say))
+            elif desync := self._out_of_step(failures):
+                notes.append(self._recover(desync, say))
             elif interrupt_reason and interrupted_at is not None:
                 notes.append(
                     f"The running ranks were interrupted ({interrupt_reason}); the workers are still usable "
@@ -522,6 +526,33 @@ class WorkerGroup:
         finally:
             self.busy = False
         return self._result(selected, values, streamer, start, failures, notes)
+
+    def _out_of_step(self, failures: dict[int, RankFailure]) -> str:
+        """Why the ranks' collectives are out of step after a cell, or "" when they are not (or cannot be told).
+
+        A collective that some ranks started and the others never joined (one rank raised before it, say) stays
+        queued: the next collective would be paired with it, and compute wrong results or hang. Every rank
+        reports how many collectives it has issued on the default process group at the end of each cell; they
+        must be equal. With NCCL (collectives run asynchronously, so the ranks that issued one finish their cell
+        as if all went well) this is checked after every cell. With gloo a collective blocks until every rank
+        joins, and ``send``/``recv`` count too (a pipeline's ranks legitimately differ), so it is checked only
+        after a cell in which a rank failed or was interrupted (an ``async_op`` collective left behind).
+        """
+        if len(self._seqs) < self.size or len(set(self._seqs.values())) < 2:
+            return ""
+        if self.backend != "nccl" and not any(f.kind != "value" for f in failures.values()):
+            return ""
+        by_count: dict[int, list[int]] = {}
+        for rank, seq in sorted(self._seqs.items()):
+            by_count.setdefault(seq, []).append(rank)
+        counts = ", ".join(
+            f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}: {seq}"
+            for seq, ranks in sorted(by_count.items(), reverse=True)
+        )
+        return (
+            f"the ranks' collectives are out of step (collectives issued, {counts}): a collective some ranks "
+            f"started was never joined by the others, and the next one would be paired with it"
+        )
 
     @staticmethod
     def _result(
@@ -598,6 +629,8 @@ class WorkerGroup:
                 traceback=f"Ray could not return this rank's result: {type(exc).__name__}\n",
             )
             return
+        if isinstance(out.get("seq"), int):
+            self._seqs[rank] = out["seq"]
         if out.get("ok"):
             values[rank] = out.get("value")
             return

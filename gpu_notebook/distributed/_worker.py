@@ -396,6 +396,7 @@ class RankWorker:
                 result = _format_exception(exc, cell_file)
         else:
             result = _format_exception(payload, cell_file)
+        result["seq"] = _collective_seq()
         _flush_std()
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
         return result
@@ -539,6 +540,22 @@ for _name in _EXEC:
 
 
 _LIBC: Any = None
+
+
+def _collective_seq() -> int | None:
+    """The default process group's sequence number: how many collectives this rank has issued on it.
+
+    Ranks in step have equal numbers after a cell. With NCCL only collectives count (point-to-point operations
+    have their own counter); with gloo ``send``/``recv`` count too.
+    """
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - an older torch, a destroyed group: no check
+        return None
 
 
 def _flush_std() -> None:
