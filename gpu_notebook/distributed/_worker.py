@@ -553,7 +553,8 @@ def _collective_seq() -> int | None:
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+        group: Any = dist.distributed_c10d._get_default_group()
+        return int(group._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - an older torch, a destroyed group: no check
         return None
 
