@@ -139,7 +139,8 @@ class CostSnapshot:
     def estimate_label(self) -> str:
         if self.is_local:
             return "local cluster: $0 (your own hardware; electricity not counted)"
-        text = f"estimate from list prices ({self.source}, as of {self.date}); not a bill"
+        when = f", as of {self.date}" if self.date else ""  # a caller's own price has no catalog date
+        text = f"estimate from list prices ({self.source}{when}); not a bill"
         if self.unknown_prices:
             text += f"; excludes {len(self.unknown_prices)} node(s) with no known price ({', '.join(self.unknown_prices)})"
         return text

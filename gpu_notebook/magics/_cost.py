@@ -61,7 +61,9 @@ class CostMagics(Magics):
     def _meter() -> Any:
         from gpu_notebook.cost import cost_meter_for
 
-        return cost_meter_for()
+        meter = cost_meter_for()
+        meter.poll()  # the nodes as they are now (one may have left or joined since the meter last looked)
+        return meter
 
     def _cmd_show(self, args: Any) -> None:
         meter = self._meter()

@@ -135,7 +135,12 @@ class CostWidget:
             if not force and self._recent() + 5 > self.max_msgs_per_s:
                 self.skipped += 1
                 return False
-            snap = self.meter.snapshot(self.clock())
+            now = self.clock()
+            try:
+                self.meter.poll(now)  # nodes that joined or left since the last look (no policy watcher polls)
+            except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
+                pass
+            snap = self.meter.snapshot(now)
             hist = self.meter.history[-self.max_points:]
             key = (round(snap.spent_usd, 2), round(snap.usd_per_hour, 2), snap.nodes_running,
                    tuple((p.get("state"), p.get("message")) for p in snap.policies), len(hist))
@@ -151,7 +156,8 @@ class CostWidget:
                 self.fig.data[0].y = [round(s, 4) for _t, s, _r in hist]
                 self.fig.data[1].y = [round(snap.by_market[m], 4) for m in ("on_demand", "spot", "reserved_1y")]
                 self.fig.layout.title.text = ("local cluster: $0" if snap.is_local else
-                                              f"${snap.spent_usd:,.2f} so far (estimate, prices as of {snap.date})")
+                                              f"${snap.spent_usd:,.2f} so far (estimate"
+                                              + (f", prices as of {snap.date})" if snap.date else ")"))
             self.refreshes += 1
             return True
 
