@@ -55,6 +55,8 @@ def test_prometheus_text_parses_with_one_sample_per_gpu(monitor: Monitor) -> Non
     assert mem[("node-1", "1")] == 1001 * 2**20
     energy = fams["gpu_notebook_gpu_energy_joules"]
     assert energy.type == "counter" and all(s.name.endswith("_total") for s in energy.samples)
+    assert len(energy.samples) == 4                      # typed samples, not an empty family plus untyped ones
+    assert "gpu_notebook_gpu_energy_joules_total" not in fams
     sm = fams["gpu_notebook_gpu_sm_active_ratio"]
     assert {s.labels["gpu"] for s in sm.samples} == {"0"}  # only GPUs with GPM
     host = fams["gpu_notebook_host_memory_total_bytes"]

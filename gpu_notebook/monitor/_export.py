@@ -70,8 +70,10 @@ def prometheus_text(agg: Aggregator) -> str:
         rows = [r for r in latest["gpus"] if not math.isnan(r[col])]
         if not rows:
             continue
+        # a counter's samples end in _total, and in format 0.0.4 its HELP/TYPE lines name the same _total metric
+        # (as prometheus_client writes them); a TYPE naming the bare name leaves the samples untyped
         sample = name + "_total" if typ == "counter" else name
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
+        lines += [f"# HELP {sample} {help_}", f"# TYPE {sample} {typ}"]
         for r in rows:
             labels = (f'node="{_label(r["node"])}",gpu="{r["index"]}",uuid="{_label(r["uuid"])}",'
                       f'name="{_label(r["name"])}"')
