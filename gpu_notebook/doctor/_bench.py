@@ -7,6 +7,10 @@ nccl-tests does by default. ``#wrong`` counts result elements that differ from t
 
 torch's ``all_reduce`` works in place, so the timed loop runs in place on a zeroed buffer (values stay
 finite), and correctness is checked once per size with a fresh rank-dependent pattern.
+
+Every collective runs in a process group made for the benchmark with ``collective_timeout`` seconds (default
+300): a rank that is stuck or gone makes the others fail with ``TimeoutError`` after that long instead of
+waiting for the cluster's own process-group timeout (30 minutes for gloo).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT",
     "parse_size",
     "algbw_gbps",
     "busbw_gbps",
@@ -32,6 +37,9 @@ __all__ = [
     "BenchResult",
     "bench_allreduce",
 ]
+
+#: Seconds any one collective (all-reduce, barrier, group creation) of a benchmark may take.
+COLLECTIVE_TIMEOUT = 300.0
 
 _DTYPE_NAMES = {
     "float32": "float",
@@ -58,7 +66,7 @@ def parse_size(text: str | int) -> int:
     number = t[:-1] if mult > 1 else t
     try:
         value = int(float(number) * mult)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: "inf"
         raise ValueError(f"not a size: {text!r} (use e.g. 8, 64K, 128M, 1G)") from None
     if value <= 0:
         raise ValueError(f"size must be positive: {text!r}")
@@ -104,6 +112,36 @@ def _device_and_sync(group: Any = None) -> tuple[Any, Any]:
     return torch.device("cpu"), lambda: None
 
 
+def bench_group(ranks: list[int], timeout: float) -> Any:
+    """A process group of ``ranks`` whose collectives fail after ``timeout`` seconds (every rank must call)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.new_group(sorted(ranks), timeout=datetime.timedelta(seconds=float(timeout)))
+
+
+def free_group(group: Any) -> None:
+    """Destroy a benchmark sub-group (older torch cannot destroy sub-groups; they are freed at exit)."""
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def collective_failed(exc: BaseException, rank: int, what: str, timeout: float) -> TimeoutError | None:
+    """A clear ``TimeoutError`` for a collective that timed out (``None`` when ``exc`` is something else)."""
+    text = str(exc).lower()
+    if "timed out" not in text and "timeout" not in text:
+        return None
+    return TimeoutError(
+        f"rank {rank}: {what} did not complete within {timeout:g} s: another rank is stuck or has died "
+        f"({type(exc).__name__}: {str(exc)[:200]}); restart the workers before the next distributed call"
+    )
+
+
 def _where() -> dict[str, Any]:
     ip = None
     try:
@@ -127,11 +165,13 @@ def allreduce_bench(
     warmup: int = 5,
     dtype: str = "float32",
     check: bool = True,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
 ) -> dict[str, Any]:
     """Time all-reduce (sum) for each message size; run it in every rank of an initialised process group.
 
     Returns this rank's measurements: ``{"rank", "world_size", "backend", "dtype", "hostname", "node_ip",
     "rows": [{"bytes", "count", "time_us", "wrong"}]}``; :func:`bench_allreduce` combines the ranks.
+    Raises ``TimeoutError`` when a collective takes longer than ``collective_timeout`` seconds.
     """
     import torch
     import torch.distributed as dist
@@ -141,28 +181,38 @@ def allreduce_bench(
     rank, n = dist.get_rank(), dist.get_world_size()
     elem = torch.tensor([], dtype=tdtype).element_size()
     sizes = message_sizes(min_bytes, max_bytes, factor, elem)
-    buf = torch.zeros(sizes[-1][1] if sizes else 1, dtype=tdtype, device=device)
+    what = "creating the benchmark's process group"
     rows = []
-    for nbytes, count in sizes:
-        view = buf[:count]
-        wrong = 0
-        if check:
-            pattern = (torch.arange(count, device=device, dtype=torch.int32) % 13).to(tdtype)
-            view.copy_(pattern + (rank + 1))
-            dist.all_reduce(view)
-            expected = pattern * n + n * (n + 1) // 2
-            wrong = int((view != expected).sum().item())
-        view.zero_()
-        for _ in range(warmup):
-            dist.all_reduce(view)
-        sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(view)
-        sync()
-        elapsed = (time.perf_counter() - t0) / max(1, iters)
-        rows.append({"bytes": nbytes, "count": count, "time_us": elapsed * 1e6, "wrong": wrong})
+    try:
+        group = bench_group(list(range(n)), collective_timeout)
+        buf = torch.zeros(sizes[-1][1] if sizes else 1, dtype=tdtype, device=device)
+        for nbytes, count in sizes:
+            what = f"all_reduce of {nbytes} B"
+            view = buf[:count]
+            wrong = 0
+            if check:
+                pattern = (torch.arange(count, device=device, dtype=torch.int32) % 13).to(tdtype)
+                view.copy_(pattern + (rank + 1))
+                dist.all_reduce(view, group=group)
+                expected = pattern * n + n * (n + 1) // 2
+                wrong = int((view != expected).sum().item())
+            view.zero_()
+            for _ in range(warmup):
+                dist.all_reduce(view, group=group)
+            sync()
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(view, group=group)
+            sync()
+            elapsed = (time.perf_counter() - t0) / max(1, iters)
+            rows.append({"bytes": nbytes, "count": count, "time_us": elapsed * 1e6, "wrong": wrong})
+    except Exception as exc:
+        timed_out = collective_failed(exc, rank, what, collective_timeout)
+        if timed_out is not None:
+            raise timed_out from exc
+        raise
+    free_group(group)
     return {
         "rank": rank,
         "world_size": n,
@@ -174,12 +224,17 @@ def allreduce_bench(
 
 
 def pair_bench(
-    pairs: list[list[int]], nbytes: int = 4 * 2**20, iters: int = 10, warmup: int = 3
+    pairs: list[list[int]],
+    nbytes: int = 4 * 2**20,
+    iters: int = 10,
+    warmup: int = 3,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
 ) -> list[dict[str, Any]]:
     """Time a 2-rank all-reduce for each pair of ranks in turn (all ranks must call this, with equal pairs).
 
     Every rank creates every pair's sub-group (``dist.new_group`` is collective); only the pair's members
     run the timing while the rest wait at a barrier. Returns this rank's timings, one per pair it was in.
+    Raises ``TimeoutError`` when a collective takes longer than ``collective_timeout`` seconds.
     """
     import torch
     import torch.distributed as dist
@@ -189,25 +244,36 @@ def pair_bench(
     count = max(1, nbytes // 4)
     buf = torch.zeros(count, dtype=torch.float32, device=device)
     out = []
-    for pair in pairs:
-        group = dist.new_group(sorted(pair))
-        if rank in pair:
-            for _ in range(warmup):
-                dist.all_reduce(buf, group=group)
-            sync()
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(buf, group=group)
-            sync()
-            out.append(
-                {"pair": list(pair), "bytes": count * 4, "time_us": (time.perf_counter() - t0) / iters * 1e6}
-            )
-        dist.barrier()
-        try:
-            dist.destroy_process_group(group)
-        except Exception:  # noqa: BLE001 - older torch cannot destroy sub-groups; they are freed at exit
-            pass
+    what = "creating the benchmark's process group"
+    try:
+        everyone = bench_group(list(range(dist.get_world_size())), collective_timeout)
+        for pair in pairs:
+            what = f"the 2-rank all_reduce of ranks {pair[0]} and {pair[1]}"
+            group = bench_group(pair, collective_timeout)
+            if rank in pair:
+                for _ in range(warmup):
+                    dist.all_reduce(buf, group=group)
+                sync()
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(buf, group=group)
+                sync()
+                out.append(
+                    {
+                        "pair": list(pair),
+                        "bytes": count * 4,
+                        "time_us": (time.perf_counter() - t0) / iters * 1e6,
+                    }
+                )
+            dist.barrier(group=everyone)
+            free_group(group)
+    except Exception as exc:
+        timed_out = collective_failed(exc, rank, what, collective_timeout)
+        if timed_out is not None:
+            raise timed_out from exc
+        raise
+    free_group(everyone)
     return out
 
 
@@ -427,6 +493,7 @@ def bench_allreduce(
     links: bool = True,
     link_bytes: int = 4 * 2**20,
     timeout: float | None = 1800.0,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
 ) -> BenchResult:
     """Run the all-reduce benchmark on every rank of ``cluster`` (``%gpu_cluster bench allreduce``).
 
@@ -444,7 +511,15 @@ def bench_allreduce(
     links
         Also time a 2-rank all-reduce of ``link_bytes`` for pairs of nodes (pairs of ranks on one node)
         to find a node whose links are much slower.
+    timeout
+        Seconds the whole size sweep (and then the link test) may take.
+    collective_timeout
+        Seconds any one collective may take: a stuck or dead rank makes the others raise ``TimeoutError``.
     """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"iters must be >= 1 and warmup >= 0 (got iters={iters}, warmup={warmup})")
+    if not 0 < min_bytes <= max_bytes:
+        raise ValueError(f"need 0 < min_bytes <= max_bytes (got {min_bytes} and {max_bytes})")
     per_rank = cluster.call(
         allreduce_bench,
         min_bytes=min_bytes,
@@ -453,6 +528,7 @@ def bench_allreduce(
         iters=iters,
         warmup=warmup,
         dtype=dtype,
+        collective_timeout=collective_timeout,
         timeout=timeout,
     )
     n, backend, dtype_name, rows = combine(per_rank)
@@ -468,7 +544,15 @@ def bench_allreduce(
     if links and n >= 2:
         mode, pairs = choose_pairs(rank_nodes)
         if pairs:
-            timings = cluster.call(pair_bench, pairs, nbytes=link_bytes, iters=10, warmup=3, timeout=timeout)
+            timings = cluster.call(
+                pair_bench,
+                pairs,
+                nbytes=link_bytes,
+                iters=10,
+                warmup=3,
+                collective_timeout=collective_timeout,
+                timeout=timeout,
+            )
             by_pair: dict[tuple[int, ...], list[dict[str, Any]]] = {}
             for rank_timings in timings:
                 for t in rank_timings:

@@ -114,8 +114,14 @@ def _nvml_gpus(facts: dict[str, Any]) -> list[dict[str, Any]]:
     return list(nvml.get("gpus") or []) if nvml.get("available") else []
 
 
+def _node_gpu_count(facts: dict[str, Any]) -> int:
+    """GPUs on the node: torch's, NVML's, or (without NVML) the kernel module's count in /proc."""
+    proc = (facts.get("nvml") or {}).get("gpu_count")
+    return max(len(_nvml_gpus(facts)), int(facts.get("device_count") or 0), int(proc or 0))
+
+
 def _has_gpu(facts: dict[str, Any]) -> bool:
-    return bool(facts.get("device_count")) or bool(_nvml_gpus(facts))
+    return _node_gpu_count(facts) > 0
 
 
 def _gpu_ccs(facts: dict[str, Any]) -> list[tuple[str, tuple[int, int]]]:
@@ -141,7 +147,7 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
         return [Finding(check, OK, node, rank, f"no GPU on this node ({build}); driver check skipped")]
     driver = nvml.get("driver")
     max_cuda = _driver_max_cuda(facts)
-    n_gpus = max(len(_nvml_gpus(facts)), int(facts.get("device_count") or 0))
+    n_gpus = _node_gpu_count(facts)
     ccs = _gpu_ccs(facts)
     if not torch_cuda:
         tag, how = recommend_wheel(ccs[0][1], max_cuda) if ccs else (None, "install a CUDA build of torch")
@@ -168,6 +174,30 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 "start the cluster with gpus_per_worker=1 to use them",
             )
         ]
+    compat = driver_runs_cuda(driver, torch_cuda, max_cuda)
+    if compat.status == "too_old":
+        # torch.cuda.is_available() is False then ("The NVIDIA driver on your system is too old"), unless a
+        # CUDA forward-compatibility package supplies a newer libcuda
+        tag, how = recommend_wheel(ccs[0][1], max_cuda) if ccs else (None, "")
+        if not tag:  # no wheel this driver runs has the GPU's architecture: only the upgrade helps
+            how = ""
+            if not ccs and compat.driver_max_cuda:  # GPU model unknown (no NVML, CUDA unusable)
+                how = f"install a PyTorch build for CUDA <= {format_version(compat.driver_max_cuda)}"
+        fix = f"upgrade the driver to >= {format_driver(compat.needed_driver)}" + (
+            f", or {how}" if how else ""
+        )
+        state = "" if facts.get("cuda_available") else "torch.cuda.is_available() is False: "
+        return [
+            Finding(
+                check,
+                ERROR,
+                node,
+                rank,
+                f"{state}driver {driver or '?'} (CUDA <= {format_version(compat.driver_max_cuda)}) is older "
+                f"than PyTorch's CUDA {torch_cuda}: 'CUDA driver version is insufficient for CUDA runtime version'",
+                fix,
+            )
+        ]
     if not facts.get("cuda_available"):
         return [
             Finding(
@@ -175,7 +205,7 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 ERROR,
                 node,
                 rank,
-                f"NVML sees {n_gpus} GPU(s) but torch.cuda.is_available() is False "
+                f"the node has {n_gpus} GPU(s) but torch.cuda.is_available() is False "
                 f"(driver {driver or 'unknown'}, PyTorch CUDA {torch_cuda})",
                 "check CUDA_VISIBLE_DEVICES and the container's GPU access (docker run --gpus all), "
                 "and that the driver supports the build",
@@ -192,7 +222,6 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 "pip install nvidia-ml-py to let the doctor read the driver version",
             )
         ]
-    compat = driver_runs_cuda(driver, torch_cuda, max_cuda)
     shown_max = format_version(compat.driver_max_cuda)
     if compat.status == "ok":
         return [
@@ -215,20 +244,6 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 f"driver {driver or '?'} supports CUDA {shown_max}, PyTorch is built with CUDA {torch_cuda}: "
                 "runs through CUDA minor version compatibility (no JIT of its newer PTX, some features missing)",
                 f"upgrade the driver to >= {needed}, or install a torch build for CUDA <= {shown_max}",
-            )
-        ]
-    if compat.status == "too_old":
-        tag, how = recommend_wheel(ccs[0][1], max_cuda) if ccs else (None, "")
-        fix = f"upgrade the driver to >= {needed}" + (f", or {how}" if tag else "")
-        return [
-            Finding(
-                check,
-                ERROR,
-                node,
-                rank,
-                f"driver {driver or '?'} (CUDA <= {shown_max}) is older than PyTorch's CUDA {torch_cuda}: "
-                "'CUDA driver version is insufficient for CUDA runtime version'",
-                fix,
             )
         ]
     return [
@@ -438,14 +453,14 @@ def check_gpu_assignment(facts: list[dict[str, Any]], labels: dict[int, str]) ->
                         "give every worker a GPU (gpus_per_worker=1) and leave CUDA_VISIBLE_DEVICES to Ray",
                     )
                 )
-            elif _nvml_gpus(f):
+            elif _has_gpu(f):
                 out.append(
                     Finding(
                         check,
                         WARNING,
                         node,
                         rank,
-                        f"the node has {len(_nvml_gpus(f))} GPU(s) but this rank sees none "
+                        f"the node has {_node_gpu_count(f)} GPU(s) but this rank sees none "
                         f"(CUDA_VISIBLE_DEVICES={(f.get('env') or {}).get('CUDA_VISIBLE_DEVICES')!r})",
                         "start the cluster with gpus_per_worker=1",
                     )

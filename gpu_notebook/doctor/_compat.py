@@ -7,7 +7,8 @@ Programming Guide's binary/PTX compatibility rules:
 
 * a cubin built for ``sm_XY`` runs on a GPU of compute capability ``X.Z`` only when ``Z >= Y`` (same major);
   an arch-specific ``sm_XYa`` cubin runs only on exactly ``X.Y``;
-* PTX built for ``compute_XY`` is JIT-compiled by the driver for any GPU of capability ``>= X.Y``.
+* PTX built for ``compute_XY`` is JIT-compiled by the driver for any GPU of capability ``>= X.Y``; arch-specific
+  ``compute_XYa`` PTX only for exactly ``X.Y``, family-specific ``compute_XYf`` only for ``X.Z`` with ``Z >= Y``.
 
 A GPU whose capability none of the compiled architectures covers fails at the first kernel with
 ``CUDA error: no kernel image is available for execution on the device``.
@@ -24,6 +25,7 @@ __all__ = [
     "CC_MIN_CUDA",
     "CC_MAX_CUDA_MAJOR",
     "TORCH_WHEEL_CUDA",
+    "TORCH_WHEEL_MIN_CC",
     "NO_KERNEL_IMAGE",
     "ArchSupport",
     "DriverCompat",
@@ -67,7 +69,7 @@ CUDA_DRIVER_TABLE: list[tuple[tuple[int, int], Version]] = [
     ((11, 3), (465, 19, 1)),
     ((11, 2), (460, 27, 3)),
     ((11, 1), (455, 23)),
-    ((11, 0), (450, 36, 6)),
+    ((11, 0), (450, 51, 5)),  # 11.0.2 GA (450.36.06 was the 11.0.1 release candidate)
     ((10, 2), (440, 33)),
     ((10, 1), (418, 39)),
     ((10, 0), (410, 48)),
@@ -117,6 +119,15 @@ TORCH_WHEEL_CUDA: list[tuple[int, int]] = [
     (10, 2), (11, 1), (11, 3), (11, 6), (11, 7), (11, 8),
     (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0),
 ]  # fmt: skip
+
+#: Wheel index CUDA -> lowest compute capability its newest PyTorch wheels still carry, where that is above what
+#: the toolkit itself could build: PyTorch dropped Maxwell and Pascal from its CUDA 12.8/12.9 wheels (2.8) and
+#: Volta from them too (2.11); those GPUs are served by the cu126 wheels (pytorch/pytorch#157517, #172352).
+TORCH_WHEEL_MIN_CC: dict[tuple[int, int], tuple[int, int]] = {
+    (12, 8): (7, 5),
+    (12, 9): (7, 5),
+    (13, 0): (7, 5),
+}
 
 _ARCH_NAMES = {
     3: "Kepler",
@@ -293,7 +304,11 @@ def arch_support(cc: tuple[int, int], arch_list: list[str] | tuple[str, ...]) ->
                 continue
             if best_sass is None or a_minor > best_sass[0]:
                 best_sass = (a_minor, name)
-        elif (a_major, a_minor) <= (major, minor):
+        else:
+            if (a_major, a_minor) > (major, minor):
+                continue
+            if (suffix == "a" and a_minor != minor) or (suffix in ("a", "f") and a_major != major):
+                continue  # arch-specific PTX only JITs for its own GPU, family-specific within its family
             if best_ptx is None or (a_major, a_minor) > best_ptx[0]:
                 best_ptx = ((a_major, a_minor), name)
     arches = tuple(arch_list)
@@ -329,11 +344,15 @@ def recommend_wheel(
 ) -> tuple[str | None, str]:
     """The PyTorch wheel index to install for a GPU, and a one-line instruction.
 
-    Picks the newest ``cuXYZ`` wheel whose CUDA compiles for ``cc`` and that the driver fully supports
+    Picks the newest ``cuXYZ`` wheel whose CUDA compiles for ``cc`` (and whose PyTorch builds still include it:
+    :data:`TORCH_WHEEL_MIN_CC`) and that the driver fully supports
     (``driver_max_cuda``); with an unknown driver, the oldest wheel that supports ``cc`` (the least driver
     demand). Returns ``(None, advice)`` when the driver is too old for every such wheel.
     """
-    fits = [c for c in TORCH_WHEEL_CUDA if cuda_supports_cc(c, cc)]
+    cc = (int(cc[0]), int(cc[1]))
+    fits = [
+        c for c in TORCH_WHEEL_CUDA if cuda_supports_cc(c, cc) and cc >= TORCH_WHEEL_MIN_CC.get(c, (0, 0))
+    ]
     if not fits:
         return None, f"no PyTorch wheel index is known to support compute capability {cc[0]}.{cc[1]}"
     if driver_max_cuda is None:

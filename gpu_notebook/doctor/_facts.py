@@ -190,6 +190,14 @@ def _proc_driver_version(path: str = "/proc/driver/nvidia/version") -> str | Non
     return match.group(1) if match else None
 
 
+def _proc_gpu_count(path: str = "/proc/driver/nvidia/gpus") -> int | None:
+    """How many GPUs the NVIDIA kernel module drives (one directory per PCI device); ``None`` without it."""
+    try:
+        return len(os.listdir(path))
+    except OSError:
+        return None
+
+
 def _nvml_facts() -> dict[str, Any]:
     try:
         import pynvml
@@ -198,6 +206,7 @@ def _nvml_facts() -> dict[str, Any]:
             "available": False,
             "reason": "pynvml (nvidia-ml-py) is not installed",
             "driver": _proc_driver_version(),
+            "gpu_count": _proc_gpu_count(),
         }
     try:
         pynvml.nvmlInit()
@@ -206,6 +215,7 @@ def _nvml_facts() -> dict[str, Any]:
             "available": False,
             "reason": f"{type(exc).__name__}: {exc}",
             "driver": _proc_driver_version(),
+            "gpu_count": _proc_gpu_count(),
         }
 
     def _s(x: Any) -> str:

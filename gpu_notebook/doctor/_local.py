@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -143,16 +144,30 @@ class LocalGroup:
         return self
 
     def _collect(self, call_id: Any, timeout: float | None) -> dict[int, tuple[Any, str | None]]:
+        """Each rank's answer to ``call_id``; a rank whose process died fails the call at once (no wait for
+        ``timeout``), naming the rank and its exit code."""
         results: dict[int, tuple[Any, str | None]] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        dead_since: float | None = None
         while len(results) < self.world_size:
+            wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic()))
             try:
-                cid, rank, value, err = self._outbox.get(timeout=timeout)
+                cid, rank, value, err = self._outbox.get(timeout=wait)
             except queue.Empty:
-                dead = [i for i, p in enumerate(self._procs) if not p.is_alive()]
-                raise TimeoutError(
-                    f"ranks {sorted(set(range(self.world_size)) - set(results))} did not answer in {timeout} s"
-                    + (f" (dead: {dead})" if dead else "")
-                ) from None
+                missing = sorted(set(range(self.world_size)) - set(results))
+                dead = {r: self._procs[r].exitcode for r in missing if not self._procs[r].is_alive()}
+                if dead:
+                    # an answer sent just before exiting may still be in the pipe: give it a moment
+                    dead_since = dead_since or time.monotonic()
+                    if time.monotonic() - dead_since > 1.0:
+                        raise RuntimeError(
+                            "LocalGroup: "
+                            + ", ".join(f"rank {r} died (exit code {code})" for r, code in dead.items())
+                            + " without answering; the group is broken: stop() it and start a new one"
+                        ) from None
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"ranks {missing} did not answer in {timeout} s") from None
+                continue
             if cid == call_id:
                 results[rank] = (value, err)
         return results

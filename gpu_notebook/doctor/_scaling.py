@@ -7,7 +7,8 @@ reference point from practice: 8 A100s trained 7.8x faster than one, 97.5 % effi
 Each worker count ``k`` trains on ranks ``0..k-1`` in a sub-group made with ``dist.new_group`` (every rank
 takes part in creating it; the others wait at a barrier). On CPU (gloo) every rank is limited to one
 intra-op thread during the benchmark, so one worker cannot borrow the others' cores; the setting is
-restored afterwards.
+restored afterwards. Every collective (DDP's gradient all-reduce included) runs in a group made with
+``collective_timeout`` seconds: a stuck or dead rank makes the others raise ``TimeoutError`` after that long.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import html
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpu_notebook.doctor._bench import COLLECTIVE_TIMEOUT, bench_group, collective_failed, free_group
 
 __all__ = ["REFERENCE", "scaling_sizes", "scaling_train", "ScalingResult", "bench_scaling", "scaling_rows"]
 
@@ -41,6 +44,7 @@ def scaling_train(
     hidden: int | None = None,
     layers: int = 4,
     seed: int = 0,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
 ) -> list[dict[str, Any]]:
     """Run in every rank: for each worker count, DDP-train an MLP on synthetic data and time ``steps`` steps.
 
@@ -60,9 +64,12 @@ def scaling_train(
     if not on_gpu:
         torch.set_num_threads(1)
     out = []
+    what = "creating the benchmark's process group"
     try:
+        everyone = bench_group(list(range(dist.get_world_size())), collective_timeout)
         for k in sizes:
-            group = dist.new_group(list(range(k)))
+            what = f"training on {k} worker(s)"
+            group = bench_group(list(range(k)), collective_timeout)
             if rank < k:
                 torch.manual_seed(seed)
                 mods: list[Any] = []
@@ -92,11 +99,14 @@ def scaling_train(
                     }
                 )
                 del ddp, model, opt
-            dist.barrier()
-            try:
-                dist.destroy_process_group(group)
-            except Exception:  # noqa: BLE001
-                pass
+            dist.barrier(group=everyone)
+            free_group(group)
+        free_group(everyone)
+    except Exception as exc:
+        timed_out = collective_failed(exc, rank, what, collective_timeout)
+        if timed_out is not None:
+            raise timed_out from exc
+        raise
     finally:
         torch.set_num_threads(threads)
     return out
@@ -219,6 +229,7 @@ def bench_scaling(
     batch: int | None = None,
     hidden: int | None = None,
     timeout: float | None = 1800.0,
+    collective_timeout: float = COLLECTIVE_TIMEOUT,
 ) -> ScalingResult:
     """Train the same small model on 1, 2, ... N workers of ``cluster`` (``%gpu_cluster bench scaling``).
 
@@ -232,7 +243,13 @@ def bench_scaling(
         Worker counts (default: :func:`scaling_sizes`).
     batch, hidden
         Per-worker batch and MLP width (defaults: 256 x 4096 on GPU, 64 x 256 on CPU).
+    timeout
+        Seconds the whole benchmark may take.
+    collective_timeout
+        Seconds any one collective may take (non-members of a size wait for its training at one barrier).
     """
+    if steps < 1 or warmup_steps < 0:
+        raise ValueError(f"steps must be >= 1 and warmup_steps >= 0 (got {steps} and {warmup_steps})")
     world = int(getattr(cluster, "world_size", 0)) or len(cluster.call(_world_size, timeout=timeout))
     sizes = sorted({int(k) for k in (sizes or scaling_sizes(world)) if 1 <= int(k) <= world})
     if 1 not in sizes:
@@ -244,6 +261,7 @@ def bench_scaling(
         warmup_steps=warmup_steps,
         batch=batch,
         hidden=hidden,
+        collective_timeout=collective_timeout,
         timeout=timeout,
     )
     backend = cluster.call(_backend, timeout=timeout)[0]

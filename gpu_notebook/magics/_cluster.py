@@ -213,17 +213,31 @@ class ClusterMagics(Magics):
     def _cmd_bench(self, args: Any) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
             self._usage("bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce")
-        from gpu_notebook.cluster import get_manager
-
-        cluster = get_manager().require_current()
-        if args.args[0] == "allreduce":
-            from gpu_notebook.doctor import bench_allreduce
+        kind = args.args[0]
+        # the arguments are checked before any cluster is needed; an option of the other benchmark is an error
+        other = {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind]
+        for dest in other:
+            action = next(a for a in self.gpu_cluster.parser._actions if a.dest == dest)
+            if getattr(args, dest) != action.default:
+                self._usage(f"{max(action.option_strings, key=len)} does not apply to bench {kind}")
+        max_bytes = 0
+        if kind == "allreduce":
             from gpu_notebook.doctor._bench import parse_size
 
             try:
                 max_bytes = parse_size(args.max_bytes)
             except ValueError as exc:
                 self._usage(f"--max-bytes: {exc}")
+            if args.iters < 1:
+                self._usage("--iters must be at least 1")
+        elif args.steps < 1:
+            self._usage("--steps must be at least 1")
+        from gpu_notebook.cluster import get_manager
+
+        cluster = get_manager().require_current()
+        if kind == "allreduce":
+            from gpu_notebook.doctor import bench_allreduce
+
             show(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
         else:
             from gpu_notebook.doctor import bench_scaling
