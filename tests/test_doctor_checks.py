@@ -71,6 +71,8 @@ def fake_gpu_facts(
             for i in range(n_gpus)
         ],
         "current_device": rank % n_gpus,
+        "libcuda_cuda": cuda_driver,
+        "cuda_kernel": {"ok": True, "error": None},
         "nccl_version": "2.20.5",
         "nvml": {
             "available": True,
@@ -163,6 +165,10 @@ def test_ptx_only_build_is_a_warning() -> None:
 
 def test_driver_older_than_cuda_runtime_is_an_error() -> None:
     facts = [fake_gpu_facts(driver="470.42.01", cuda_driver=11040, torch_cuda="12.1")]
+    # what torch reports then: CUDA does not initialise (CUDA working there is forward compatibility)
+    facts[0].update(cuda_available=False, device_count=0, gpus=[], current_device=None, torch_arch_list=[])
+    facts[0].update(libcuda_cuda=None, cuda_kernel=None, nccl_version=None)
+    facts[0]["dist"]["backend"] = "gloo"
     drv = [f for f in analyze(facts) if f.check == "cuda-driver"]
     assert [f.level for f in drv] == [ERROR]
     assert "insufficient" in drv[0].message and ">= 530.30.02" in drv[0].fix
@@ -221,6 +227,7 @@ def test_nvml_missing_on_gpu_node_is_a_warning() -> None:
     assert levels(findings, "cuda-driver") == {OK}  # torch sees the GPU; version unknown
     # the driver version from /proc still drives the CUDA check
     f["nvml"]["driver"] = "470.42.01"
+    f.update(cuda_kernel=None, libcuda_cuda=None)  # no kernel tried: nothing shows forward compatibility
     assert levels(analyze([f]), "cuda-driver") == {ERROR}
 
 

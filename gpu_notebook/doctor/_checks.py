@@ -137,6 +137,42 @@ def _driver_max_cuda(facts: dict[str, Any]) -> tuple[int, int] | None:
     return cuda_from_nvml((facts.get("nvml") or {}).get("cuda_driver"))
 
 
+def _kernel_runs(facts: dict[str, Any]) -> bool | None:
+    """Did the probe's small CUDA kernel run? ``None`` when it was not tried.
+
+    A kernel that failed only for want of a kernel image counts as run here: the driver loaded and launched
+    it (``gpu-arch`` reports the missing architecture).
+    """
+    probe = facts.get("cuda_kernel")
+    if not facts.get("cuda_available") or not isinstance(probe, dict):
+        return None
+    return bool(probe.get("ok")) or "no kernel image" in str(probe.get("error") or "")
+
+
+def _forward_compat(
+    facts: dict[str, Any], node: str, rank: int | None, driver: str | None, kmd_cuda: tuple[int, int] | None
+) -> Finding | None:
+    """The OK finding for a driver older than PyTorch's CUDA on which CUDA evidently works.
+
+    That is CUDA forward compatibility: a ``cuda-compat`` package puts a newer user-mode driver (libcuda) in
+    front of the older kernel-mode driver, which is all NVML's driver version describes. NVIDIA supports it only
+    on data-center GPUs, select NGC Server Ready RTX SKUs and Jetson boards.
+    """
+    if not _kernel_runs(facts):
+        return None
+    umd = cuda_from_nvml(facts.get("libcuda_cuda"))
+    umd_text = f"the user-mode libcuda it loaded supports CUDA {format_version(umd)}" if umd else "CUDA works"
+    return Finding(
+        "cuda-driver",
+        OK,
+        node,
+        rank,
+        f"driver {driver or '?'} (kernel module, CUDA <= {format_version(kmd_cuda)}) is older than PyTorch's "
+        f"CUDA {facts.get('torch_cuda')}, but a CUDA kernel runs: {umd_text}, through CUDA forward "
+        "compatibility (a cuda-compat package; data-center GPUs only)",
+    )
+
+
 def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) -> list[Finding]:
     """Driver version vs the CUDA version PyTorch was built with; CPU-only builds on GPU nodes."""
     check = "cuda-driver"
@@ -175,6 +211,14 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
             )
         ]
     compat = driver_runs_cuda(driver, torch_cuda, max_cuda)
+    if compat.status in ("too_old", "minor_compat"):
+        umd = cuda_from_nvml(facts.get("libcuda_cuda"))
+        built = parse_cuda_version(torch_cuda)
+        newer_umd = umd is not None and built is not None and umd >= built
+        if compat.status == "too_old" or newer_umd:
+            fwd = _forward_compat(facts, node, rank, driver, compat.driver_max_cuda)
+            if fwd is not None:
+                return [fwd]
     if compat.status == "too_old":
         # torch.cuda.is_available() is False then ("The NVIDIA driver on your system is too old"), unless a
         # CUDA forward-compatibility package supplies a newer libcuda
@@ -187,6 +231,9 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
             f", or {how}" if how else ""
         )
         state = "" if facts.get("cuda_available") else "torch.cuda.is_available() is False: "
+        probe = facts.get("cuda_kernel") or {}
+        if facts.get("cuda_available") and probe.get("error"):
+            state = f"a CUDA kernel fails ({probe['error']}): "
         return [
             Finding(
                 check,
@@ -209,6 +256,20 @@ def check_cuda_stack(facts: dict[str, Any], node: str, rank: int | None = None) 
                 f"(driver {driver or 'unknown'}, PyTorch CUDA {torch_cuda})",
                 "check CUDA_VISIBLE_DEVICES and the container's GPU access (docker run --gpus all), "
                 "and that the driver supports the build",
+            )
+        ]
+    probe = facts.get("cuda_kernel") or {}
+    if _kernel_runs(facts) is False:
+        return [
+            Finding(
+                check,
+                ERROR,
+                node,
+                rank,
+                f"CUDA initialises (driver {driver or 'unknown'}, PyTorch CUDA {torch_cuda}) but a small CUDA "
+                f"kernel fails: {probe.get('error')}",
+                "run nvidia-smi on the node: the GPU may be in exclusive-process mode and busy, or faulty "
+                "(Xid errors in dmesg); with a cuda-compat package, it must match the kernel driver",
             )
         ]
     if driver is None and max_cuda is None:

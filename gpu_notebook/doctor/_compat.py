@@ -121,9 +121,18 @@ TORCH_WHEEL_CUDA: list[tuple[int, int]] = [
 ]  # fmt: skip
 
 #: Wheel index CUDA -> lowest compute capability its newest PyTorch wheels still carry, where that is above what
-#: the toolkit itself could build: PyTorch dropped Maxwell and Pascal from its CUDA 12.8/12.9 wheels (2.8) and
-#: Volta from them too (2.11); those GPUs are served by the cu126 wheels (pytorch/pytorch#157517, #172352).
+#: the toolkit itself could build. PyTorch's pip wheels have had no ``sm_35`` since 1.3.1 (Kepler: only the
+#: K80's ``sm_37``, pytorch/pytorch#24205 and #30532; the build scripts' ``TORCH_CUDA_ARCH_LIST`` starts at 3.7
+#: for CUDA 10.x and 11.x), and none after CUDA 11.8 has Kepler at all. PyTorch dropped Maxwell and Pascal
+#: from its CUDA 12.8/12.9 wheels (2.8) and Volta from them too (2.11); those GPUs are served by the cu126
+#: wheels (pytorch/pytorch#157517, #172352).
 TORCH_WHEEL_MIN_CC: dict[tuple[int, int], tuple[int, int]] = {
+    (10, 2): (3, 7),
+    (11, 1): (3, 7),
+    (11, 3): (3, 7),
+    (11, 6): (3, 7),
+    (11, 7): (3, 7),
+    (11, 8): (3, 7),
     (12, 8): (7, 5),
     (12, 9): (7, 5),
     (13, 0): (7, 5),
@@ -339,22 +348,46 @@ def cuda_supports_cc(cuda: tuple[int, int], cc: tuple[int, int]) -> bool:
     return last_major is None or cuda[0] <= last_major
 
 
+def _wheel_runs_on(cuda: tuple[int, int], cc: tuple[int, int]) -> bool:
+    """Do the newest PyTorch wheels for ``cuda`` have a cubin that runs on ``cc``?
+
+    A cubin for ``X.Y`` runs on ``X.Z`` with ``Z >= Y``, so the GPU's own capability need not be compiled in:
+    an ``sm_86`` cubin runs an RTX 4090 (8.9) and ``sm_120`` a GB10 (12.1), in wheels built before the
+    toolkit knew those GPUs.
+    """
+    low = max(TORCH_WHEEL_MIN_CC.get(cuda, (0, 0)), (cc[0], 0))
+    return any(low <= k <= cc and cuda_supports_cc(cuda, k) for k in CC_MIN_CUDA)
+
+
+def _no_wheel(cc: tuple[int, int]) -> str:
+    """What to say when no PyTorch wheel index runs on ``cc``."""
+    text = f"no current PyTorch wheel supports compute capability {cc[0]}.{cc[1]}, {gpu_arch_name(cc)}"
+    toolkits = [c for c, _ in CUDA_DRIVER_TABLE if cuda_supports_cc(c, cc)]
+    if toolkits:  # the toolkit still compiles for it: only a source build helps
+        last = format_version(toolkits[0])
+        text += (
+            f"; build PyTorch from source with CUDA <= {last} and TORCH_CUDA_ARCH_LIST={cc[0]}.{cc[1]}, "
+            "or use a newer GPU"
+        )
+    return text
+
+
 def recommend_wheel(
     cc: tuple[int, int], driver_max_cuda: tuple[int, int] | None = None
 ) -> tuple[str | None, str]:
     """The PyTorch wheel index to install for a GPU, and a one-line instruction.
 
-    Picks the newest ``cuXYZ`` wheel whose CUDA compiles for ``cc`` (and whose PyTorch builds still include it:
-    :data:`TORCH_WHEEL_MIN_CC`) and that the driver fully supports
+    Picks the newest ``cuXYZ`` wheel with a cubin that runs on ``cc`` (its CUDA compiles for ``cc`` or a lower
+    minor of the same major, and its PyTorch builds still include that: :data:`TORCH_WHEEL_MIN_CC`) and that
+    the driver fully supports
     (``driver_max_cuda``); with an unknown driver, the oldest wheel that supports ``cc`` (the least driver
-    demand). Returns ``(None, advice)`` when the driver is too old for every such wheel.
+    demand). Returns ``(None, advice)`` when the driver is too old for every such wheel, or when no wheel runs on
+    the GPU at all (Kepler ``sm_35``: build from source).
     """
     cc = (int(cc[0]), int(cc[1]))
-    fits = [
-        c for c in TORCH_WHEEL_CUDA if cuda_supports_cc(c, cc) and cc >= TORCH_WHEEL_MIN_CC.get(c, (0, 0))
-    ]
+    fits = [c for c in TORCH_WHEEL_CUDA if _wheel_runs_on(c, cc)]
     if not fits:
-        return None, f"no PyTorch wheel index is known to support compute capability {cc[0]}.{cc[1]}"
+        return None, _no_wheel(cc)
     if driver_max_cuda is None:
         chosen = fits[0]
     else:

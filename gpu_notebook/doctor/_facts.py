@@ -1,6 +1,7 @@
 """Gather the facts the doctor judges, inside one worker process (or this one).
 
-Everything here only reads: versions, ``torch.cuda``, NVML (``pynvml`` from nvidia-ml-py, when installed),
+Everything here only reads (apart from one tiny CUDA kernel on this process's GPU, which proves that the
+driver really runs PyTorch's build): versions, ``torch.cuda``, NVML (``pynvml`` from nvidia-ml-py, when installed),
 environment variables, network interfaces, ``/sys/class/infiniband``, ``fi_info``, disk and ``/dev/shm``.
 Each probe is wrapped: a failing probe records ``"ExcType: message"`` under ``facts["probe_errors"]`` and
 never raises, so a CPU-only node or a broken driver still gives a full set of facts.
@@ -154,6 +155,16 @@ def _torch_facts(facts: dict[str, Any]) -> None:
             facts["current_device"] = int(torch.cuda.current_device())
         else:
             facts["current_device"] = local_rank % facts["device_count"]
+    # cudaDriverGetVersion: the CUDA version of the user-mode libcuda this process loaded, which a CUDA
+    # forward-compatibility package (cuda-compat) makes newer than the kernel module NVML reports
+    facts["libcuda_cuda"] = None
+    get_driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+    if facts["cuda_available"] and get_driver is not None:
+        try:
+            facts["libcuda_cuda"] = int(get_driver()) or None
+        except Exception:  # noqa: BLE001
+            facts["libcuda_cuda"] = None
+    facts["cuda_kernel"] = _kernel_probe(torch, facts["current_device"]) if facts["device_count"] else None
     nccl = None
     if facts["cuda_available"]:
         try:
@@ -162,6 +173,18 @@ def _torch_facts(facts: dict[str, Any]) -> None:
         except Exception:  # noqa: BLE001 - CPU builds have no NCCL
             nccl = None
     facts["nccl_version"] = nccl
+
+
+def _kernel_probe(torch: Any, device: int) -> dict[str, Any]:
+    """Run three tiny kernels on ``cuda:device``: ``{"ok": True, "error": None}`` or the error they raised."""
+    try:
+        x = torch.arange(4, device=f"cuda:{device}", dtype=torch.float32)
+        total = float((x * 2).sum().item())
+    except Exception as exc:  # noqa: BLE001 - "no kernel image", "driver version is insufficient", ...
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    if total != 12.0:
+        return {"ok": False, "error": f"wrong result: 2 * (0 + 1 + 2 + 3) gave {total}"}
+    return {"ok": True, "error": None}
 
 
 def _dist_facts() -> dict[str, Any]:
@@ -408,6 +431,8 @@ def collect_facts(listen: bool = False) -> dict[str, Any]:
             ("torch_arch_list", []),
             ("gpus", []),
             ("current_device", None),
+            ("libcuda_cuda", None),
+            ("cuda_kernel", None),
             ("nccl_version", None),
         ):
             facts.setdefault(key, default)
