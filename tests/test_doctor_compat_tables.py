@@ -87,3 +87,28 @@ def test_a_kernel_that_fails_on_a_good_driver_is_an_error() -> None:
     drv = _driver(f)
     assert [x.level for x in drv] == [ERROR] and "is/are busy" in drv[0].message
     assert "exclusive-process" in drv[0].fix
+
+
+def test_the_kernel_probe_leaves_no_cuda_context_in_the_notebook():
+    """diagnose_local() runs in the notebook's kernel: its kernel probe runs in a short-lived process unless CUDA
+    is already initialised here (a context costs hundreds of MiB of GPU memory, and on a GPU in exclusive-process
+    mode no worker could use it). A rank's worker probes in place."""
+    import types
+
+    from gpu_notebook.doctor._facts import _kernel_probe_subprocess, _probe_here
+
+    def fake_torch(initialised: bool):
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: initialised))
+
+    assert _probe_here("auto", fake_torch(False)) is False
+    assert _probe_here("auto", fake_torch(True)) is True
+    assert _probe_here("here", fake_torch(False)) is True and _probe_here("subprocess", fake_torch(True)) is False
+    # the subprocess really runs the probe: on this CPU-only torch the kernel cannot run, and it says why
+    errors: dict[str, str] = {}
+    result = _kernel_probe_subprocess(0, errors)
+    assert result is not None and result["ok"] is False and "CUDA" in result["error"], (result, errors)
+    assert errors == {}
+    # a probe process that cannot answer is "unknown" (None), never a failed kernel
+    errors = {}
+    assert _kernel_probe_subprocess(0, errors, timeout=0.001) is None
+    assert "Timeout" in errors["cuda_kernel"]

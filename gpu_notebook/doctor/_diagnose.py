@@ -12,7 +12,7 @@ __all__ = ["diagnose", "diagnose_local", "diagnose_facts"]
 
 
 def _collect_and_listen() -> dict[str, Any]:
-    return collect_facts(listen=True)
+    return collect_facts(listen=True, kernel_probe="here")  # a rank's worker: it uses the GPU anyway
 
 
 def diagnose_facts(

@@ -125,7 +125,7 @@ def probe_tcp(host: str, port: int, timeout: float = 3.0) -> dict[str, Any]:
         return {"ok": False, "ms": None, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _torch_facts(facts: dict[str, Any]) -> None:
+def _torch_facts(facts: dict[str, Any], kernel_probe: str = "auto") -> None:
     import torch
 
     facts["torch_cuda"] = torch.version.cuda
@@ -164,7 +164,12 @@ def _torch_facts(facts: dict[str, Any]) -> None:
             facts["libcuda_cuda"] = int(get_driver()) or None
         except Exception:  # noqa: BLE001
             facts["libcuda_cuda"] = None
-    facts["cuda_kernel"] = _kernel_probe(torch, facts["current_device"]) if facts["device_count"] else None
+    facts["cuda_kernel"] = None
+    if facts["device_count"]:
+        if _probe_here(kernel_probe, torch):
+            facts["cuda_kernel"] = _kernel_probe(torch, facts["current_device"])
+        else:
+            facts["cuda_kernel"] = _kernel_probe_subprocess(facts["current_device"], facts["probe_errors"])
     nccl = None
     if facts["cuda_available"]:
         try:
@@ -173,6 +178,50 @@ def _torch_facts(facts: dict[str, Any]) -> None:
         except Exception:  # noqa: BLE001 - CPU builds have no NCCL
             nccl = None
     facts["nccl_version"] = nccl
+
+
+def _probe_here(mode: str, torch: Any) -> bool:
+    """Whether the kernel probe runs in this process: ``"here"``; ``"subprocess"``; ``"auto"``: here only when
+    this process already has CUDA initialised (the probe's CUDA context then costs nothing more). The notebook's
+    kernel must not keep a CUDA context (hundreds of MiB on the GPU, and on a GPU in exclusive-process mode no
+    worker could use it) just because the doctor looked."""
+    if mode == "here":
+        return True
+    if mode == "subprocess":
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_PROBE_CODE = (
+    "import json, sys, torch\n"
+    "from gpu_notebook.doctor._facts import _kernel_probe\n"
+    "print(json.dumps(_kernel_probe(torch, int(sys.argv[1]))))\n"
+)
+
+
+def _kernel_probe_subprocess(device: int, errors: dict[str, str], timeout: float = 120.0) -> dict[str, Any] | None:
+    """:func:`_kernel_probe` in a short-lived Python process (same interpreter and environment), so no CUDA
+    context stays behind here. None (recorded in ``errors``) when the process itself could not report."""
+    import json
+
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE_CODE, str(device)],
+            capture_output=True, text=True, timeout=timeout, env=dict(os.environ),
+        )
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode == 0 and lines:
+            result = json.loads(lines[-1])
+            if isinstance(result, dict) and "ok" in result:
+                return result
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        errors["cuda_kernel"] = f"probe process exited with {out.returncode}: {tail}"[:300]
+    except Exception as exc:  # noqa: BLE001 - a timeout, no interpreter: the probe's answer is unknown
+        errors["cuda_kernel"] = f"{type(exc).__name__}: {exc}"[:300]
+    return None
 
 
 def _kernel_probe(torch: Any, device: int) -> dict[str, Any]:
@@ -396,7 +445,7 @@ def _stop_listener() -> None:
         thread.join(timeout=2)
 
 
-def collect_facts(listen: bool = False) -> dict[str, Any]:
+def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> dict[str, Any]:
     """Everything the doctor needs to know about this process and its node; never raises.
 
     Parameters
@@ -404,6 +453,10 @@ def collect_facts(listen: bool = False) -> dict[str, Any]:
     listen
         Also open a TCP listener on an ephemeral port for :func:`probe_peers` (its port is in
         ``facts["listen_port"]``).
+    kernel_probe
+        Where the tiny CUDA kernel that proves the driver runs PyTorch's build is run: ``"here"`` (a worker
+        that uses the GPU anyway), ``"subprocess"``, or ``"auto"`` (here only if this process already
+        initialised CUDA; else in a short-lived subprocess, so e.g. the notebook keeps no CUDA context).
     """
     facts: dict[str, Any] = {"probe_errors": {}}
     env = os.environ
@@ -421,7 +474,7 @@ def collect_facts(listen: bool = False) -> dict[str, Any]:
         facts["rank"] = dist_info["rank"]
         facts["world_size"] = dist_info["world_size"]
     try:
-        _torch_facts(facts)
+        _torch_facts(facts, kernel_probe)
     except Exception as exc:  # noqa: BLE001
         facts["probe_errors"]["torch"] = f"{type(exc).__name__}: {exc}"[:300]
         for key, default in (
