@@ -47,4 +47,10 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Nothing to undo beyond what IPython does; clusters stay until ``%gpu_cluster stop`` or exit."""
+    """Remove the gpu_notebook magics: ``%unload_ext gpu_notebook``.
+
+    Clusters stay until ``%gpu_cluster stop`` (or ``get_manager().stop_all()``) or the kernel exits.
+    """
+    from gpu_notebook.magics import unregister
+
+    unregister(ipython)

@@ -139,8 +139,10 @@ class Cluster:
     gpus_per_worker
         GPUs each worker holds (default: 1 when the cluster has GPUs, else 0).
     address
-        ``None`` starts a local Ray cluster on this machine; ``auto``, ``host:port`` or ``ray://host:port``
-        connects to an existing one.
+        ``None`` starts a local Ray cluster on this machine, or, as ``ray.init()`` does, connects to the cluster
+        named by the ``RAY_ADDRESS`` environment variable when it is set; ``local`` always starts a local one;
+        ``auto``, ``host:port`` or ``ray://host:port`` connects to an existing one (an address where nothing
+        answers fails within seconds).
     dashboard
         Start Ray's dashboard with a local cluster (off by default: lighter).
     backend
@@ -180,7 +182,11 @@ class Cluster:
         if gpus_per_worker is not None and gpus_per_worker < 0:
             raise ValueError("--gpus-per-worker must be >= 0")
         if address is not None:
-            _connect.normalise_address(address)
+            address = _connect.normalise_address(address)
+        # address="local": a local Ray even when RAY_ADDRESS names a cluster (None follows RAY_ADDRESS, as ray.init)
+        self._local_requested = address == "local"
+        if self._local_requested:
+            address = None
         self.name = name or ""
         self.requested_workers = workers
         self.cpus_per_worker = cpus_per_worker
@@ -258,6 +264,14 @@ class Cluster:
         say = progress or (lambda msg: None)
         t0 = time.monotonic()
         manager = get_manager()
+        if self.address is None and not self.options.get("cloud") and not self._local_requested:
+            env = _connect.address_from_env()
+            if env is not None:  # what ray.init() connects to: a notebook on a Ray cluster's node or pod
+                try:
+                    self.address = _connect.normalise_address(env)
+                except _connect.ConnectError as exc:
+                    raise _connect.ConnectError(f"RAY_ADDRESS: {exc}; unset it for a local Ray") from None
+                say(f"RAY_ADDRESS is set: using the Ray cluster at {env} (--address local starts a local Ray instead)")
         if not self.name and self.options.get("cloud"):
             self.name = self.cloud_spec().name  # a valid cloud name (tags, labels), kept for the launch
         elif not self.name:
@@ -298,7 +312,7 @@ class Cluster:
             try:
                 self._teardown_cloud(say, why)  # first: it is what costs money
             finally:
-                if connection is not None and connection.owned and not manager.others_on_connection(self):
+                if connection is not None and self._last_user_of_connection(manager):
                     _connect.disconnect()
             raise
         self.state = "running"
@@ -352,7 +366,7 @@ class Cluster:
         if self.group is not None:
             self.group.stop(f"cluster {self.name!r}: {reason}")  # (a cell still running reports this reason)
         manager = get_manager()
-        last_user = bool(self.connection and self.connection.owned and not manager.others_on_connection(self))
+        last_user = self._last_user_of_connection(manager)
         shut_ray = bool(last_user and self.connection and self.connection.started_here)
         if last_user:  # a local Ray we started shuts down; a remote one is only disconnected from
             _connect.disconnect()
@@ -367,6 +381,15 @@ class Cluster:
         elif last_user:
             msg += f", disconnected from the Ray cluster at {self.connection.address if self.connection else '?'} (left running)"
         return msg
+
+    def _last_user_of_connection(self, manager: Any) -> bool:
+        """Whether ending this cluster should end the process's Ray connection: we opened it, it is still the
+        live one (a failed start already closed its own, and a later cluster may have opened another), and no
+        other cluster uses it."""
+        conn = self.connection
+        return bool(
+            conn is not None and conn.owned and conn is _connect._CONNECTION and not manager.others_on_connection(self)
+        )
 
     # ---- cloud ---------------------------------------------------------------------------------------------
     def cloud_spec(self) -> Any:
@@ -496,6 +519,7 @@ class Cluster:
         self._require_running()
         if workers < 1:
             raise ValueError("a cluster needs at least 1 worker")
+        self._refuse_while_busy("scaling")
         old = self.world_size
         assert self.group is not None
         self.group.resize(workers, progress=progress)
@@ -508,9 +532,18 @@ class Cluster:
     def restart(self, progress: Progress | None = None) -> str:
         """Replace every worker with a fresh one (worker state is reset)."""
         self._require_running()
+        self._refuse_while_busy("restarting")
         assert self.group is not None
         self.group.rebuild(progress=progress)
         return f"cluster {self.name!r}: {self.world_size} fresh worker(s); worker state was reset."
+
+    def _refuse_while_busy(self, doing: str) -> None:
+        # ending the workers under a running cell would leave it to rebuild the group at the same time
+        if self.busy:
+            raise ClusterError(
+                f"a cell is running on cluster {self.name!r}: {doing} it now would end the workers under that "
+                f"cell. Wait for the cell to finish, or interrupt it (the stop button), then try again."
+            )
 
     def _require_running(self) -> None:
         if not self.running:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,12 +30,34 @@ class RayConnection:
 _CONNECTION: RayConnection | None = None
 
 
+#: seconds a ``host:port`` or ``ray://`` address has to answer a TCP connect before Ray is asked to connect
+#: (Ray itself retries a silent GCS address for many minutes)
+PROBE_TIMEOUT_S = 10.0
+
+
 def current_connection() -> RayConnection | None:
-    import ray
+    ray = _import_ray()
 
     if _CONNECTION is not None and not ray.is_initialized():
         return None
     return _CONNECTION
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConnectError(
+            f"Ray is not installed in this environment ({exc}): pip install 'gpu_notebook[ray]' "
+            f"(or 'ray[default]'), then restart the kernel"
+        ) from None
+    return ray
+
+
+def address_from_env() -> str | None:
+    """The Ray address in ``RAY_ADDRESS`` (what ``ray.init()`` connects to), or ``None`` when unset or ``local``."""
+    value = os.environ.get("RAY_ADDRESS", "").strip()
+    return value if value and value != "local" else None
 
 
 def _quiet_env() -> None:
@@ -68,10 +91,12 @@ def connect(
     global _CONNECTION
     say = progress or (lambda msg: None)
     _quiet_env()
-    import ray
+    ray = _import_ray()
 
     if address is not None:
         address = normalise_address(address)
+        if address == "local":
+            address = None
     if ray.is_initialized():
         existing = _CONNECTION
         if address is None or existing is None or address in ("auto", existing.address):
@@ -115,6 +140,7 @@ def connect(
         _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
         return _CONNECTION
     say(f"connecting to the Ray cluster at {address}")
+    probe(address)
     attempts = 3 if address.startswith("ray://") else 1
     for attempt in range(1, attempts + 1):
         try:
@@ -136,6 +162,40 @@ def connect(
     return _CONNECTION
 
 
+def probe(address: str, timeout: float | None = None) -> None:
+    """Fail fast, with a clear :class:`ConnectError`, when nothing answers at ``address``.
+
+    ``ray.init`` keeps retrying an address where no Ray head listens for many minutes (a GCS address) or
+    half a minute (Ray Client); a plain TCP connect tells in moments. ``auto`` is checked only when it means
+    ``RAY_ADDRESS``.
+    """
+    shown = address
+    if address == "auto":
+        env = address_from_env()
+        if env is None or env == "auto":
+            return
+        address, shown = env, f"{env} (RAY_ADDRESS)"
+    body = address[len("ray://") :] if address.startswith("ray://") else address
+    host, _, port = body.rpartition(":")
+    host = host.strip("[]")
+    wait = PROBE_TIMEOUT_S if timeout is None else timeout
+    try:
+        with socket.create_connection((host, int(port)), timeout=wait):
+            return
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, socket.gaierror):
+            why = f"the host name {host!r} does not resolve ({exc.strerror or exc})"
+        elif isinstance(exc, TimeoutError):
+            why = f"no answer from {host} port {port} within {wait:g} s (a firewall, or the wrong host?)"
+        elif isinstance(exc, ConnectionRefusedError):
+            why = f"nothing listens on {host} port {port} (connection refused)"
+        else:
+            why = f"{host} port {port} cannot be reached ({exc})"
+        kind = "Ray Client server (ray start --head opens it on port 10001)" if address.startswith("ray://") \
+            else "Ray head (its GCS port, 6379 unless ray start --head --port says otherwise)"
+        raise ConnectError(f"could not connect to Ray at {shown}: {why}; is a {kind} running there?") from None
+
+
 def _transient_client_error(exc: BaseException) -> bool:
     # not a plain timeout: that is what a wrong address gives, and retrying it only makes the user wait
     return "initialization failure" in str(exc).lower()
@@ -153,7 +213,7 @@ def _raise_connect_error(address: str, exc: BaseException) -> NoReturn:
 def disconnect() -> None:
     """Shut down Ray in this process (a local Ray we started stops with it)."""
     global _CONNECTION
-    import ray
+    ray = _import_ray()
 
     if ray.is_initialized():
         ray.shutdown()

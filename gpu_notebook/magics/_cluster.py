@@ -42,7 +42,8 @@ class ClusterMagics(Magics):
     @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
     @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
     @argument("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)")
-    @argument("--address", help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port")
+    @argument("--address", help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
+              "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)")
     @argument("--dashboard", action="store_true", help="start: also start Ray's dashboard (local cluster)")
     @argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend")
     @argument(

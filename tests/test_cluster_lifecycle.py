@@ -1,0 +1,152 @@
+"""Cluster lifecycle edge cases: %unload_ext, no Ray installed, bad or unreachable addresses, RAY_ADDRESS,
+scale/restart under a running cell, stopping a cluster whose start failed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from gpu_notebook import Cluster, get_manager
+from gpu_notebook.cluster import ClusterError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_unload_ext_removes_the_magics_and_load_ext_brings_them_back(ip, capsys):
+    assert ip.find_line_magic("gpu_cluster") is not None
+    ip.run_line_magic("load_ext", "gpu_notebook")  # a second load is harmless
+    try:
+        ip.run_line_magic("unload_ext", "gpu_notebook")
+        assert ip.find_line_magic("gpu_cluster") is None
+        assert ip.find_cell_magic("distributed") is None
+        assert not any(type(m).__module__.startswith("gpu_notebook.") for m in ip.magics_manager.registry.values())
+    finally:
+        ip.run_line_magic("load_ext", "gpu_notebook")
+    assert ip.find_line_magic("gpu_cluster") is not None and ip.find_cell_magic("distributed") is not None
+    capsys.readouterr()
+    res = ip.run_cell("%gpu_cluster frobnicate")
+    assert res.error_in_exec is None and "invalid choice" in capsys.readouterr().err
+
+
+def test_start_without_ray_installed_says_how_to_install_it(ip, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets where Ray is not installed
+    res = ip.run_cell("%gpu_cluster start --name noray --workers 1")
+    assert res.error_in_exec is None
+    captured = capsys.readouterr()
+    assert "Ray is not installed" in captured.err and "pip install 'gpu_notebook[ray]'" in captured.err
+    assert "Traceback" not in captured.err + captured.out
+    assert get_manager().get("noray", None) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SCRIPT_CONNECT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from gpu_notebook.cluster import Cluster, ConnectError
+    out = []
+    for case in json.loads(sys.argv[1]):
+        os.environ.pop("RAY_ADDRESS", None)
+        if case.get("env"):
+            os.environ["RAY_ADDRESS"] = case["env"]
+        t0 = time.monotonic()
+        try:
+            c = Cluster(address=case.get("address"), workers=1)
+            c.start()
+            out.append({"error": None, "kind": c.kind})
+            c.stop()
+        except ConnectError as exc:
+            out.append({"error": str(exc), "s": time.monotonic() - t0})
+    import ray
+    print("RESULT " + json.dumps({"cases": out, "ray_initialized": ray.is_initialized()}), flush=True)
+    """
+)
+
+
+def test_unreachable_addresses_fail_fast_with_a_clear_message():
+    """A wrong address used to keep ray.init retrying for many minutes (host:port) or 30 s (ray://)."""
+    port = _free_port()  # nothing listens there
+    cases = [
+        {"address": f"127.0.0.1:{port}"},
+        {"address": f"ray://127.0.0.1:{port}"},
+        {"env": f"127.0.0.1:{port}", "address": "auto"},
+        # RAY_ADDRESS is what ray.init() connects to: %gpu_cluster start follows it instead of starting a local Ray
+        {"env": f"127.0.0.1:{port}"},
+    ]
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_CONNECT, json.dumps(cases)], capture_output=True,
+                          text=True, env=env, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    gcs, client, auto_env, env_only = result["cases"]
+    for case in result["cases"]:
+        assert case["error"] is not None, case  # never a local Ray started instead
+        assert case["s"] < 10, case
+        assert f"127.0.0.1 port {port}" in case["error"] and "connection refused" in case["error"]
+    assert gcs["error"].startswith(f"could not connect to Ray at 127.0.0.1:{port}:") and "Ray head" in gcs["error"]
+    assert "Ray Client server" in client["error"]
+    assert "(RAY_ADDRESS)" in auto_env["error"]
+    assert f"at 127.0.0.1:{port}" in env_only["error"]
+    assert result["ray_initialized"] is False
+
+
+def test_address_local_is_a_local_cluster_and_bad_addresses_are_refused():
+    assert Cluster(address="local").kind == "local"  # a local Ray we start and shut down, not someone else's
+    assert Cluster(address="ray://10.0.0.5:10001").kind == "address"
+    for bad in ("10.0.0.5", "ray://head", "head:port", ":6379"):
+        with pytest.raises(RuntimeError, match="bad Ray address"):
+            Cluster(address=bad)
+
+
+def test_scale_and_restart_refuse_while_a_cell_runs(ip, shared, capsys):
+    """Ending the workers under a running cell left it and the resize rebuilding the group at once."""
+    result: dict = {}
+
+    def cell() -> None:
+        result["r"] = shared.run("import time\ntime.sleep(3)\nrank", stream=False)
+
+    t = threading.Thread(target=cell)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not shared.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert shared.busy
+        capsys.readouterr()
+        res = ip.run_cell("%gpu_cluster scale 1")
+        assert res.error_in_exec is None
+        err = capsys.readouterr().err
+        assert "a cell is running on cluster 'shared'" in err and "Traceback" not in err
+        with pytest.raises(ClusterError, match="a cell is running"):
+            shared.restart()
+    finally:
+        t.join(60)
+    assert list(result["r"].values) == [0, 1]
+    assert shared.world_size == 2 and all(w.alive for w in shared.status().workers)
+
+
+def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone(ray_session, monkeypatch):
+    """A failed start closes the Ray connection it opened; a later cluster may open another. Stopping the
+    failed cluster afterwards (or at exit) shut that other cluster's Ray down."""
+    from gpu_notebook.cluster import _connect
+
+    calls: list[int] = []
+    monkeypatch.setattr(_connect, "disconnect", lambda: calls.append(1))
+    failed = Cluster(name="failed-start", workers=1)
+    failed.state = "failed"  # what start() leaves after disconnecting its own, owned connection
+    failed.connection = _connect.RayConnection("127.0.0.1:1", started_here=True, client_mode=False, owned=True)
+    assert _connect._CONNECTION is not failed.connection
+    msg = failed.stop()
+    assert calls == [] and "local Ray shut down" not in msg
