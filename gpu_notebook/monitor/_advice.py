@@ -98,7 +98,7 @@ def utilisation_summary_from(agg: Aggregator, window_s: float, now: float | None
     now = agg.clock() if now is None else now
     since = now - window_s
     out: dict[str, Any] = {}
-    for node, s in list(agg.nodes.items()):
+    for node, s in agg.states():
         t, data = s.buffer.window(since)
         cols = s.gpu_cols("util_gpu")
         means = _nanmean_cols(data[:, cols]) if cols else np.zeros(0)

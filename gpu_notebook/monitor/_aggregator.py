@@ -5,7 +5,8 @@ Samplers are reached through handles: :class:`LocalHandle` wraps an in-process :
 flight at once for Ray), waits at most ``timeout`` seconds, and copies the new rows into a per-node ring
 buffer. A node that does not answer in time is marked stale and asked again on the next pull from where it
 left off, so nothing is lost unless it fell more than its ring capacity behind; a node whose sampler restarted
-(new ``epoch``) is re-read from zero. Pull, not push: slow or preempted nodes show up as gaps, never as a
+(new ``epoch``) is re-read from zero, and if it came back with other columns (a GPU fell off the bus) the node's
+series start again with the new ones. Pull, not push: slow or preempted nodes show up as gaps, never as a
 stuck queue.
 """
 
@@ -90,6 +91,7 @@ class NodeState:
     dropped: int = 0
     errors: int = 0
     col: dict[str, int] = field(default_factory=dict)
+    error: str = ""  # why the last pull of this node failed ("" when it answered)
 
     @property
     def gpus(self) -> list[dict[str, Any]]:
@@ -135,7 +137,8 @@ class Aggregator:
         self.handles: dict[str, LocalHandle | RayHandle] = {}
         self.nodes: dict[str, NodeState] = {}
         self._inflight: dict[str, Any] = {}
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one pull (or add/remove) at a time
+        self._nodes_lock = threading.Lock()  # held only to change or copy ``nodes``/``handles``
         self.pulls = 0
         self.rows_in = 0
         self.pull_cost_s = 0.0
@@ -143,30 +146,37 @@ class Aggregator:
             self.add(h)
 
     def __repr__(self) -> str:
-        gpus = sum(len(s.gpus) for s in self.nodes.values())
-        return f"Aggregator({len(self.nodes)} nodes, {gpus} GPUs, pulls={self.pulls})"
+        states = self.states()
+        gpus = sum(len(s.gpus) for _, s in states)
+        return f"Aggregator({len(states)} nodes, {gpus} GPUs, pulls={self.pulls})"
 
-    def add(self, handle: LocalHandle | RayHandle) -> NodeState:
-        """Register a node's sampler."""
-        info = handle.info()
-        node = str(info["node"])
+    def states(self) -> list[tuple[str, NodeState]]:
+        """A copy of ``nodes.items()`` taken under the lock: safe to iterate while the pull thread adds nodes."""
+        with self._nodes_lock:
+            return list(self.nodes.items())
+
+    def _new_state(self, info: dict[str, Any]) -> NodeState:
         interval = float(info.get("interval", 0.5))
         cols = list(info["columns"])
-        state = NodeState(
-            node=node,
+        return NodeState(
+            node=str(info["node"]),
             info=info,
             buffer=RingBuffer(cols, capacity=max(2, int(math.ceil(self.history_s / interval)))),
             epoch=str(info.get("epoch", "")),
             col={c: i for i, c in enumerate(cols)},
         )
-        with self._lock:
-            self.handles[node] = handle
-            self.nodes[node] = state
+
+    def add(self, handle: LocalHandle | RayHandle) -> NodeState:
+        """Register a node's sampler."""
+        state = self._new_state(handle.info())
+        with self._lock, self._nodes_lock:
+            self.handles[state.node] = handle
+            self.nodes[state.node] = state
         return state
 
     def remove(self, node: str) -> None:
         """Forget a node (its history goes too)."""
-        with self._lock:
+        with self._lock, self._nodes_lock:
             self.handles.pop(node, None)
             self.nodes.pop(node, None)
             self._inflight.pop(node, None)
@@ -178,7 +188,13 @@ class Aggregator:
             state.epoch = reply["epoch"]
             state.seq, state.slow_seq = 0, -1
             return 0
+        info = reply.get("info")  # a sampler sends its description with the rows from 0 (first read, restart)
+        if info is not None and list(info["columns"]) != state.buffer.columns:
+            state = self._reshape(state, info)
         t, data = reply["t"], reply["data"]
+        if len(t) and data.shape[1] != len(state.buffer.columns):
+            raise ValueError(f"node {state.node} sent {data.shape[1]} columns, expected {len(state.buffer.columns)}"
+                             " (its sampler restarted with other GPUs and sent no description)")
         if len(t):
             state.buffer.append_many(t, data)
         state.seq = int(reply["seq"])
@@ -187,8 +203,27 @@ class Aggregator:
             state.slow = reply["slow"]
             state.slow_seq = int(reply["slow_seq"])
         state.up = True
+        state.error = ""
         state.last_seen = self.clock()
         return len(t)
+
+    def _reshape(self, old: NodeState, info: dict[str, Any]) -> NodeState:
+        """The node's sampler restarted with other columns (a GPU appeared or disappeared): its series start
+        again with the new columns, like a new node under the same name (the old history goes)."""
+        state = self._new_state({**info, "node": old.node})
+        state.epoch = old.epoch
+        state.dropped, state.errors = old.dropped, old.errors
+        handle = self.handles.get(old.node)
+        if isinstance(handle, RayHandle):
+            handle._info = state.info
+        with self._nodes_lock:
+            self.nodes[old.node] = state  # one swap: readers see the old state or the new one, never a mix
+        return state
+
+    def _failed(self, state: NodeState, exc: BaseException) -> None:
+        state.up = False
+        state.errors += 1
+        state.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
     def pull(self) -> int:
         """Ask every node for its new rows; returns how many rows arrived."""
@@ -201,9 +236,8 @@ class Aggregator:
                 if not h.remote:
                     try:
                         got += self._ingest(state, h.read_since(state.seq, state.slow_seq))
-                    except Exception:
-                        state.up = False
-                        state.errors += 1
+                    except Exception as exc:
+                        self._failed(state, exc)
                     continue
                 ref = self._inflight.get(node)
                 if ref is None:
@@ -220,11 +254,11 @@ class Aggregator:
                     state = self.nodes[node]
                     try:
                         got += self._ingest(state, ray.get(ref))
-                    except Exception:  # actor died (node lost, preempted): a gap, not an error
-                        state.up = False
-                        state.errors += 1
+                    except Exception as exc:  # actor died (node lost, preempted): a gap, not an error
+                        self._failed(state, exc)
                 for ref in not_ready:
                     self.nodes[refs[ref]].up = False
+                    self.nodes[refs[ref]].error = f"no answer within {self.timeout:g} s"
             self.pulls += 1
             self.rows_in += got
         self.pull_cost_s += time.perf_counter() - t0
@@ -233,14 +267,14 @@ class Aggregator:
     # -- queries --------------------------------------------------------------------------------------------------
     def gpu_list(self) -> list[tuple[str, dict[str, Any]]]:
         """``(node, gpu_info)`` for every GPU, node order then GPU index."""
-        return [(node, g) for node, s in self.nodes.items() for g in s.gpus]
+        return [(node, g) for node, s in self.states() for g in s.gpus]
 
     def gpu_series(self, metric: str, since_t: float) -> list[dict[str, Any]]:
         """One entry per GPU: node, index, name, uuid, ``t`` and ``y`` arrays since ``since_t``."""
         if metric not in GPU_METRICS:
             raise KeyError(f"unknown GPU metric {metric!r}; one of {GPU_METRICS}")
         out = []
-        for node, s in list(self.nodes.items()):
+        for node, s in self.states():
             if not s.gpus:
                 continue
             t, data = s.buffer.window(since_t)
@@ -254,7 +288,7 @@ class Aggregator:
         if metric not in HOST_METRICS:
             raise KeyError(f"unknown host metric {metric!r}; one of {HOST_METRICS}")
         out = []
-        for node, s in list(self.nodes.items()):
+        for node, s in self.states():
             c = s.host_col(metric)
             if c is None:
                 continue
@@ -265,7 +299,7 @@ class Aggregator:
     def latest(self) -> dict[str, Any]:
         """The newest reading: ``{"gpus": [row dicts], "hosts": [row dicts]}``."""
         gpus, hosts = [], []
-        for node, s in list(self.nodes.items()):
+        for node, s in self.states():
             last = s.buffer.latest()
             if last is None:
                 continue
@@ -289,7 +323,9 @@ class Aggregator:
 
     def stop(self) -> None:
         """Stop every sampler."""
-        for h in list(self.handles.values()):
+        with self._nodes_lock:
+            handles = list(self.handles.values())
+        for h in handles:
             h.stop()
 
 

@@ -87,7 +87,7 @@ def prometheus_text(agg: Aggregator) -> str:
             lines.append(f'{name}{{node="{_label(r["node"])}"}} {_num(r[col] * scale)}')
     lines += ["# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
               "# TYPE gpu_notebook_node_up gauge"]
-    for node, s in list(agg.nodes.items()):
+    for node, s in agg.states():
         lines.append(f'gpu_notebook_node_up{{node="{_label(node)}"}} {1 if s.up else 0}')
     return "\n".join(lines) + "\n"
 
@@ -106,7 +106,7 @@ def nvidia_smi_csv(agg: Aggregator, since_t: float = 0.0, *, node_column: bool =
     head = "timestamp, name, utilization.gpu [%], memory.used [MiB]"
     lines = [head + (", node" if node_column else "")]
     records: list[tuple[float, str, int, str]] = []
-    for node_i, (node, s) in enumerate(list(agg.nodes.items())):
+    for node_i, (node, s) in enumerate(agg.states()):
         if not s.gpus:
             continue
         t, data = s.buffer.window(since_t)

@@ -1,7 +1,9 @@
 """The :class:`Monitor`: samplers on every node of a cluster (or this machine), one aggregator, exports.
 
 ``Monitor(cluster)`` places one sampler actor per Ray node (``cluster.ray_nodes()``) with
-``NodeAffinitySchedulingStrategy``; ``Monitor.local()`` samples just this machine in a thread, no Ray needed;
+``NodeAffinitySchedulingStrategy``, each node on its own: a node whose sampler does not start within
+``node_timeout`` (gone, full, unreachable) is shown as down with the reason and retried later with a growing
+delay, while the other nodes are sampled from the start; ``Monitor.local()`` samples just this machine in a thread, no Ray needed;
 ``Monitor(samplers=[...])`` takes ready-made samplers (fake nodes in tests and benchmarks). A background thread
 pulls what is new once per ``pull_interval``. Everything a widget or magic shows comes from here.
 """
@@ -15,6 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
@@ -52,6 +55,13 @@ class Monitor:
     sampler_cpus
         Logical CPUs each sampler actor reserves (default 0.01). Ray's autoscaler counts a node holding such an
         actor as busy; pass 0 on autoscaling clusters so the monitor never keeps a node alive.
+    node_timeout
+        Seconds a new node's sampler actor gets to start (default 20). :meth:`start` waits at most this long
+        (for all nodes at once, each registered as soon as it answers); a node that misses it is listed in
+        :attr:`failed_nodes` and retried in the background.
+    retry_s
+        Delay before the first retry of a node whose sampler did not start (default 15 s); it doubles on each
+        failure, up to 5 minutes.
 
     Examples
     --------
@@ -75,8 +85,12 @@ class Monitor:
         advice_threshold: float = 70.0,
         timeout: float = 0.5,
         sampler_cpus: float = 0.01,
+        node_timeout: float = 20.0,
+        retry_s: float = 15.0,
     ) -> None:
         self.cluster = cluster
+        self.node_timeout = max(0.1, float(node_timeout))
+        self.retry_s = max(0.05, float(retry_s))
         self.sampler_cpus = float(sampler_cpus)
         self.interval = float(interval)
         self.pull_interval = max(0.05, float(pull_interval))
@@ -94,6 +108,10 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._servers: list[PrometheusServer] = []
         self._listeners: list[Callable[[Monitor], None]] = []
+        self._sync_lock = threading.Lock()
+        self._starting: dict[str, _Starting] = {}  # node -> sampler actor created, not answered yet
+        self._failed: dict[str, _Failure] = {}  # node -> why its sampler did not start, when to retry
+        self._failed_lock = threading.Lock()  # held only to change or copy _failed (readers: widget, repr)
         self.started = False
         self.created_at = self.clock()
         _REGISTRY.add(self)
@@ -144,44 +162,143 @@ class Monitor:
             self._thread.start()
         return self
 
-    def sync_nodes(self) -> list[str]:
-        """Cluster mode: start a sampler on every Ray node that has none; returns the nodes added."""
+    def sync_nodes(self, timeout: float | None = None) -> list[str]:
+        """Cluster mode: start a sampler on every Ray node that has none; returns the nodes registered now.
+
+        Every node's sampler is started and checked on its own: this waits at most ``timeout`` seconds (default
+        ``node_timeout``) and registers each node as soon as its sampler answers. A node whose sampler failed or
+        did not answer within ``node_timeout`` goes to :attr:`failed_nodes` and is retried after a delay that
+        doubles each time (``retry_s`` up to 5 minutes); the pull thread does that without waiting.
+        """
         if self.cluster is None:
             return []
+        nodes = [n for n in self.cluster.ray_nodes() if n.get("Alive", True)]
+        with self._sync_lock:
+            self._launch_all(nodes)
+            return self._settle(self.node_timeout if timeout is None else float(timeout))
+
+    def _launch_all(self, nodes: list[dict[str, Any]]) -> None:
+        alive = {str(n["NodeID"]) for n in nodes}
+        with self._failed_lock:
+            for node in [n for n in self._failed if n not in alive]:  # it left the cluster: stop retrying
+                del self._failed[node]
+        for n in nodes:
+            self._launch(str(n["NodeID"]), str(n.get("NodeManagerAddress", "")))
+
+    def _launch(self, node_id: str, ip: str) -> None:
+        """Create the sampler actor of one node, unless it has one, one is starting, or its retry is not due."""
+        if node_id in self.aggregator.handles or node_id in self._starting:
+            return
+        failure = self._failed.get(node_id)
+        if failure is not None and time.monotonic() < failure.retry_at:
+            return
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cls = sampler_actor_class()
-        added: list[tuple[str, Any]] = []
-        for n in self.cluster.ray_nodes():
-            if not n.get("Alive", True):
-                continue
-            node_id = str(n["NodeID"])
-            if node_id in self.aggregator.handles:
-                continue
-            actor = cls.options(
+        attempts = failure.attempts if failure is not None else 0
+        try:
+            actor = sampler_actor_class().options(
                 num_cpus=self.sampler_cpus,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
             ).remote(node_id=node_id, nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
-                     history_s=self.history_s, labels={"ip": str(n.get("NodeManagerAddress", ""))})
-            added.append((node_id, actor))
-        if added:
-            import ray
+                     history_s=self.history_s, labels={"ip": ip})
+            ref = actor.info.remote()
+        except Exception as exc:
+            self._fail(node_id, ip, f"{type(exc).__name__}: {exc}")
+            return
+        # a retry after repeated failures gets longer to start (a slow node is not killed over and over)
+        limit = self.node_timeout * min(2 ** attempts, 8)
+        self._starting[node_id] = _Starting(actor, ref, ip, time.monotonic() + limit, limit)
 
-            infos = ray.get([a.info.remote() for _, a in added], timeout=120)
-            for (node_id, actor), info in zip(added, infos, strict=True):
-                self.aggregator.add(RayHandle(actor, node_id, info))
-        return [n for n, _ in added]
+    def _settle(self, wait: float) -> list[str]:
+        """Register the starting samplers that answered (waiting up to ``wait`` s); fail the late or broken."""
+        if not self._starting:
+            return []
+        import ray
+
+        added: list[str] = []
+        deadline = time.monotonic() + max(0.0, wait)
+        while self._starting:
+            by_ref = {st.ref: node for node, st in self._starting.items()}
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for ref in ready:
+                node = by_ref[ref]
+                st = self._starting.pop(node)
+                try:
+                    info = ray.get(ref)
+                except Exception as exc:  # unschedulable (node gone), sampler crashed in __init__, ...
+                    self._kill(st.actor)
+                    self._fail(node, st.ip, _first_line(exc))
+                    continue
+                self.aggregator.add(RayHandle(st.actor, node, info))
+                with self._failed_lock:
+                    self._failed.pop(node, None)
+                added.append(node)
+        now = time.monotonic()
+        for node, st in list(self._starting.items()):
+            if now + 0.1 >= st.deadline:  # (ray.wait may return a hair early)
+                del self._starting[node]
+                self._kill(st.actor)
+                self._fail(node, st.ip, f"sampler did not start within {st.limit:g} s (node full, busy or "
+                                        "unreachable; Ray keeps it pending)")
+        return added
+
+    def _fail(self, node_id: str, ip: str, reason: str) -> None:
+        prev = self._failed.get(node_id)
+        attempts = (prev.attempts if prev is not None else 0) + 1
+        delay = min(self.retry_s * 2 ** (attempts - 1), _MAX_RETRY_S)
+        with self._failed_lock:
+            self._failed[node_id] = _Failure(reason, ip, attempts, delay, time.monotonic() + delay)
+
+    @staticmethod
+    def _kill(actor: Any) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+
+    def _background_sync(self, full: bool) -> None:
+        """From the pull thread: never waits. ``full`` also asks Ray for the node list (new nodes)."""
+        if full:
+            nodes = [n for n in self.cluster.ray_nodes() if n.get("Alive", True)]
+        if not self._sync_lock.acquire(blocking=False):
+            return  # sync_nodes() runs in another thread
+        try:
+            if full:
+                self._launch_all(nodes)
+            else:
+                now = time.monotonic()
+                with self._failed_lock:
+                    due = [(node, f.ip) for node, f in self._failed.items() if now >= f.retry_at]
+                for node, ip in due:
+                    self._launch(node, ip)
+            self._settle(0.0)
+        finally:
+            self._sync_lock.release()
+
+    @property
+    def failed_nodes(self) -> dict[str, str]:
+        """Nodes whose sampler could not be started (cluster mode), with the reason; they are retried."""
+        with self._failed_lock:
+            items = list(self._failed.items())
+        return {node: f"{f.reason} (attempt {f.attempts}; retried after {f.delay:g} s)" for node, f in items}
 
     def _run(self) -> None:
         k = 0
         while not self._stop.wait(self.pull_interval):
             try:
                 self.pull()
-                k += 1
-                if self.cluster is not None and k % 15 == 0:
-                    self.sync_nodes()
             except Exception:
                 pass
+            k += 1
+            if self.cluster is not None and self.kind == "cluster":
+                try:
+                    self._background_sync(full=k % 15 == 0)
+                except Exception:
+                    pass
 
     def pull(self) -> int:
         """Pull new rows from every node now; returns the number of rows received."""
@@ -206,6 +323,10 @@ class Monitor:
         for srv in self._servers:
             srv.close()
         self._servers = []
+        with self._sync_lock:  # samplers still starting are not wanted any more
+            starting, self._starting = list(self._starting.values()), {}
+        for st in starting:
+            self._kill(st.actor)
         if self.started:
             for h in list(self.aggregator.handles.values()):
                 if isinstance(h, RayHandle) or h.sampler in self._own_local or self._given is not None:
@@ -223,11 +344,11 @@ class Monitor:
     # -- data -----------------------------------------------------------------------------------------------------
     @property
     def nodes(self) -> list[str]:
-        return list(self.aggregator.nodes)
+        return [n for n, _ in self.aggregator.states()]
 
     @property
     def gpu_count(self) -> int:
-        return sum(len(s.gpus) for s in self.aggregator.nodes.values())
+        return sum(len(s.gpus) for _, s in self.aggregator.states())
 
     def latest(self) -> dict[str, Any]:
         """Newest reading per GPU and per host (see :meth:`Aggregator.latest`)."""
@@ -252,7 +373,7 @@ class Monitor:
 
     def slow(self) -> dict[str, dict[str, Any]]:
         """Latest slow-tier data per node (GPU processes, PCIe throughput)."""
-        return {n: dict(s.slow) for n, s in self.aggregator.nodes.items()}
+        return {n: dict(s.slow) for n, s in self.aggregator.states()}
 
     def gpu_processes(self) -> list[dict[str, Any]]:
         """Processes on each GPU (slow tier), with the cluster rank when the pid is one of its workers.
@@ -268,7 +389,7 @@ class Monitor:
             except Exception:
                 pass
         rows = []
-        for node, st in list(self.aggregator.nodes.items()):
+        for node, st in self.aggregator.states():
             for g in st.slow.get("gpus", []):
                 for p in g.get("processes", []):
                     rows.append({"node": node, "gpu": int(g["index"]), "pid": int(p["pid"]),
@@ -307,7 +428,7 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "running" if self.started else "stopped"
-        return (f"Monitor({self.kind}, {len(self.aggregator.nodes)} nodes, {self.gpu_count} GPUs, "
+        return (f"Monitor({self.kind}, {len(self.nodes)} nodes, {self.gpu_count} GPUs, "
                 f"every {self.interval:g}s, {state})")
 
     def snapshot_html(self) -> str:
@@ -316,6 +437,36 @@ class Monitor:
 
     def _repr_html_(self) -> str:
         return snapshot_table_html(self)
+
+
+_MAX_RETRY_S = 300.0
+
+
+@dataclass
+class _Starting:
+    """A node's sampler actor that was created and has not answered ``info`` yet."""
+
+    actor: Any
+    ref: Any
+    ip: str
+    deadline: float  # time.monotonic() after which it counts as failed
+    limit: float
+
+
+@dataclass
+class _Failure:
+    """Why a node's sampler could not be started, and when to try again."""
+
+    reason: str
+    ip: str
+    attempts: int
+    delay: float
+    retry_at: float  # time.monotonic()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
 
 
 def _fmt(v: float, spec: str = ".0f", unit: str = "") -> str:
@@ -349,7 +500,16 @@ def snapshot_table_html(mon: Monitor) -> str:
                 "</td></tr>")
     table = f"<table>{''.join(rows)}</table>" if rows else "<p>no samples yet</p>"
     adv = "".join(f"<li>{html.escape(a.message)}</li>" for a in mon.advice())
-    return head + table + (f"<ul>{adv}</ul>" if adv else "") + "</div>"
+    return head + table + down_nodes_html(mon) + (f"<ul>{adv}</ul>" if adv else "") + "</div>"
+
+
+def down_nodes_html(mon: Monitor) -> str:
+    """One line per node whose sampler could not be started, with the reason ("" when there is none)."""
+    failed = mon.failed_nodes
+    if not failed:
+        return ""
+    items = "".join(f"<li>node {html.escape(n[:12])} down: {html.escape(r)}</li>" for n, r in failed.items())
+    return f"<ul class='gpu-notebook-monitor-down' style='color:#a00'>{items}</ul>"
 
 
 def _handle_for(s: Any) -> LocalHandle | RayHandle:

@@ -481,10 +481,16 @@ class NodeSampler:
         return slow
 
     def read_since(self, seq: int = 0, slow_seq: int = -1, max_rows: int | None = None) -> dict[str, Any]:
-        """New rows since ``seq`` (see :meth:`RingBuffer.read_since`), plus the slow tier if it changed."""
+        """New rows since ``seq`` (see :meth:`RingBuffer.read_since`), plus the slow tier if it changed.
+
+        A read from ``seq=0`` (a reader's first, or its first after this sampler restarted) also carries
+        ``info`` (see :meth:`info`), so the reader learns the columns of the rows it gets.
+        """
         out = self.buffer.read_since(seq, max_rows)
         out["node"] = self.node_id
         out["epoch"] = self.epoch
+        if int(seq) == 0:
+            out["info"] = self.info()
         with self._lock:
             out["slow_seq"] = self._slow_seq
             if self._slow_seq != slow_seq:

@@ -259,8 +259,9 @@ class MonitorWidget:
     # -- figure structure -----------------------------------------------------------------------------------------
     def _plan(self) -> tuple[Any, ...]:
         agg = self.monitor.aggregator
-        gpus = agg.gpu_list()
-        nodes = [n for n, s in agg.nodes.items() if s.gpus] if gpus else list(agg.nodes)
+        states = agg.states()  # a copy: the pull thread may add nodes meanwhile
+        gpus = [(n, g) for n, s in states for g in s.gpus]
+        nodes = [n for n, s in states if s.gpus] if gpus else [n for n, _ in states]
         if gpus:
             mode = "gpu"
             if len(gpus) <= self.max_traces:
@@ -376,9 +377,10 @@ class MonitorWidget:
     def _header_html(self) -> str:
         mon = self.monitor
         latest = mon.aggregator.latest()
-        nodes = mon.aggregator.nodes
-        up = sum(1 for s in nodes.values() if s.up)
-        cells: list[tuple[str, str]] = [("nodes", f"{up}/{len(nodes)}")]
+        states = mon.aggregator.states()
+        failed = getattr(mon, "failed_nodes", {})  # nodes whose sampler could not be started count as down
+        up = sum(1 for _, s in states if s.up)
+        cells: list[tuple[str, str]] = [("nodes", f"{up}/{len(states) + len(failed)}")]
         g = latest["gpus"]
         if g:
             def mean(k: str) -> float:
@@ -409,7 +411,12 @@ class MonitorWidget:
             f"<div style='display:inline-block;margin-right:1.6em'><div style='font-size:0.8em;color:#666'>"
             f"{html.escape(k)}</div><div style='font-size:1.3em;font-weight:600'>{html.escape(v)}</div></div>"
             for k, v in cells)
-        return f"<div class='gpu-notebook-monitor-header'>{body}</div>"
+        down = ""
+        if failed:
+            from gpu_notebook.monitor._monitor import down_nodes_html
+
+            down = down_nodes_html(mon)
+        return f"<div class='gpu-notebook-monitor-header'>{body}{down}</div>"
 
     def _advice_html(self) -> str:
         """One compact block: the under-used GPUs by name, then the remedies once."""
@@ -460,7 +467,9 @@ class MonitorWidget:
     def _data_version(self) -> tuple[Any, ...]:
         """Changes whenever the aggregator received rows or a node went up/down."""
         agg = self.monitor.aggregator
-        return (agg.rows_in, len(agg.nodes), tuple(st.up for st in list(agg.nodes.values())))
+        states = agg.states()
+        failed = tuple(getattr(self.monitor, "failed_nodes", {}))
+        return (agg.rows_in, len(states), tuple(st.up for _, st in states), failed)
 
     def refresh(self, force: bool = False) -> bool:
         """Push new data to the browser unless the message cap says wait; returns whether it updated.
@@ -602,5 +611,5 @@ class MonitorWidget:
 
     def __repr__(self) -> str:
         state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
-        return (f"MonitorWidget({len(self.monitor.aggregator.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
+        return (f"MonitorWidget({len(self.monitor.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
                 f"every {self.interval:g}s, {state})")

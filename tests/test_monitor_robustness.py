@@ -1,0 +1,173 @@
+"""The monitor under trouble: a node whose sampler cannot start, nodes added while a dashboard renders, a sampler
+that restarts with other GPUs. Ray tests use the session's real local cluster (no mocks)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from gpu_notebook.monitor import FakeNVML, Monitor, NodeSampler
+from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle
+
+
+class RayNodes:
+    """What Monitor needs from a Cluster: ``ray_nodes()``; ``extra`` nodes are added to Ray's own list."""
+
+    def __init__(self, ray, extra=()) -> None:
+        self.ray = ray
+        self.extra = list(extra)
+
+    def ray_nodes(self):
+        return [n for n in self.ray.nodes() if n.get("Alive")] + self.extra
+
+
+def _wait(cond, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+# -- 1. a node whose sampler cannot start ---------------------------------------------------------------------------
+def test_a_node_gone_from_ray_does_not_stop_the_healthy_ones(ray_session) -> None:
+    """ray.nodes() said Alive, but the node is gone when the actor is placed: Ray rejects the actor at once."""
+    ray = ray_session
+    ghost = os.urandom(28).hex()  # a well-formed node id no node has
+    cluster = RayNodes(ray, [{"NodeID": ghost, "Alive": True, "NodeManagerAddress": "10.255.0.9"}])
+    mon = Monitor(cluster, nvml=None, interval=0.2, pull_interval=0.2, node_timeout=5, retry_s=0.3)
+    try:
+        mon.start()  # raised ActorUnschedulableError before: no monitor at all
+        assert mon._failed[ghost].attempts == 1 and mon._failed[ghost].delay == pytest.approx(0.3)
+        real = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        assert mon.nodes == real  # the healthy node is registered and sampled
+        assert ghost in mon.failed_nodes and "schedulable" in mon.failed_nodes[ghost]
+        assert _wait(lambda: mon.aggregator.rows_in >= 3)
+        html = mon.snapshot_html()
+        assert ghost[:12] in html and "down" in html
+        # retried later with a growing delay, never blocking the pull thread
+        first = mon._failed[ghost]
+        assert _wait(lambda: mon._failed[ghost].attempts > first.attempts, 15)
+        assert mon._failed[ghost].delay == 2 * first.delay
+        rows = mon.aggregator.rows_in
+        assert _wait(lambda: mon.aggregator.rows_in > rows + 2, 10)
+    finally:
+        mon.stop()
+
+
+def test_a_sampler_that_stays_pending_times_out_and_is_retried(ray_session) -> None:
+    """A full node (no CPU left for the sampler): start() returns after node_timeout, the node shows down with
+    the reason, and once the node has room the retry registers it from the pull thread."""
+    ray = ray_session
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    free = ray.available_resources().get("CPU", 0)
+    if free < 1.5:
+        pytest.skip("the shared cluster has too little free CPU for this test")
+    pg = placement_group([{"CPU": free - 0.5}])  # leaves 0.5 CPU; the sampler below asks for 1
+    ray.get(pg.ready(), timeout=30)
+    node = [n["NodeID"] for n in ray.nodes() if n.get("Alive")][0]
+    mon = Monitor(RayNodes(ray), nvml=None, interval=0.2, pull_interval=0.2, sampler_cpus=1.0, node_timeout=2,
+                  retry_s=0.3)
+    try:
+        t0 = time.monotonic()
+        mon.start()  # waited 120 s, then raised GetTimeoutError
+        assert time.monotonic() - t0 < 10
+        assert mon.nodes == [] and "did not start within" in mon.failed_nodes[node]
+        remove_placement_group(pg)
+        pg = None
+        assert _wait(lambda: mon.nodes == [node], 60), mon.failed_nodes
+        assert node not in mon.failed_nodes
+        assert _wait(lambda: mon.aggregator.rows_in >= 2)
+    finally:
+        mon.stop()
+        if pg is not None:
+            remove_placement_group(pg)
+
+
+# -- 2. nodes added while a dashboard renders -----------------------------------------------------------------------
+class _Named(LocalHandle):
+    """One in-process sampler registered under many node names (a cheap way to add many nodes)."""
+
+    def __init__(self, sampler: NodeSampler, name: str) -> None:
+        super().__init__(sampler)
+        self.node_id = name
+
+    def info(self):
+        return {**self.sampler.info(), "node": self.node_id}
+
+
+def test_adding_nodes_while_the_widget_renders(ray_session) -> None:
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("plotly")
+    s = NodeSampler("n", nvml=FakeNVML(1), host=False, history_s=2, interval=1)
+    s.tick(now=1.0)
+    mon = Monitor(samplers=[_Named(s, "n0")], autopull=False, history_s=2).start()
+    w = mon.widget(autostart=False)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def add() -> None:
+        try:
+            for i in range(1, 3000):
+                mon.aggregator.add(_Named(s, f"n{i}"))
+        finally:
+            done.set()
+
+    def render() -> None:
+        try:
+            while not done.is_set():
+                w._plan()
+                w._header_html()
+                w._data_version()
+                _ = mon.gpu_count
+                mon.slow()
+                repr(mon)
+                repr(mon.aggregator)
+                mon.aggregator.gpu_list()
+        except BaseException as exc:  # "dictionary changed size during iteration"
+            errors.append(exc)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=add), threading.Thread(target=render)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(old)
+        w.close()
+        mon.stop()
+    assert errors == []
+    assert len(mon.nodes) == 3000
+
+
+# -- 3. a sampler restarted with other GPUs -------------------------------------------------------------------------
+def test_a_sampler_restarted_with_fewer_gpus_comes_back_with_the_new_columns() -> None:
+    old = NodeSampler("node-a", nvml=FakeNVML.from_specs([{"util": 10}, {"util": 20}]), host=False)
+    handle = LocalHandle(old)
+    agg = Aggregator([handle])
+    old.tick(now=100.0)
+    old.tick(now=101.0)
+    assert agg.pull() == 2 and len(agg.gpu_series("util_gpu", 0)) == 2
+    # the actor restarts (max_restarts): same node, new epoch, and one GPU fewer (it fell off the bus)
+    new = NodeSampler("node-a", nvml=FakeNVML.from_specs([{"util": 55}]), host=False)
+    handle.sampler = new
+    new.tick(now=102.0)
+    new.tick(now=103.0)
+    for _ in range(3):
+        agg.pull()
+    st = agg.nodes["node-a"]
+    assert st.up and st.errors == 0  # was: down for good, every pull a shape error
+    series = agg.gpu_series("util_gpu", 0)
+    assert [(s["index"], list(s["t"]), list(s["y"])) for s in series] == [(0, [102.0, 103.0], [55.0, 55.0])]
+    assert [g["util_gpu"] for g in agg.latest()["gpus"]] == [55.0]
+    new.tick(now=104.0)
+    assert agg.pull() == 1
