@@ -150,3 +150,21 @@ def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone(ray_ses
     assert _connect._CONNECTION is not failed.connection
     msg = failed.stop()
     assert calls == [] and "local Ray shut down" not in msg
+
+
+@pytest.mark.parametrize(
+    "line,expect",
+    [
+        ("logs --rank 7", "has no rank 7: ranks 0-1"),  # used to say "no output recorded yet"
+        ("logs --rank -1", "has no rank -1"),
+        ("logs --tail 0", "tail must be at least 1 line"),  # used to print nothing recorded
+        ("logs --tail -3", "tail must be at least 1 line"),
+    ],
+)
+def test_logs_of_a_rank_that_does_not_exist_say_so(ip, shared, capsys, line, expect):
+    capsys.readouterr()
+    res = ip.run_cell(f"%gpu_cluster {line}")
+    assert res.error_in_exec is None
+    captured = capsys.readouterr()
+    assert expect in captured.err and "no output recorded yet" not in captured.out
+    assert "Traceback" not in captured.err + captured.out

@@ -602,9 +602,16 @@ class Cluster:
 
     def logs(self, rank: int | None = None, tail: int | None = 50) -> dict[int, list[str]]:
         """The recent output of each rank (kept on the driver, so a dead rank's last lines are still there)."""
+        if tail is not None and tail < 1:
+            raise ValueError(f"tail must be at least 1 line (got {tail})")
         if self.running:
             assert self.group is not None
             self.group.drain()
+        known = sorted(set(self.log.ranks()) | set(range(self.world_size)))
+        if rank is not None and rank not in known:  # a rank gone by a scale-down keeps its lines, and is known
+            raise ValueError(
+                f"cluster {self.name!r} has no rank {rank}: ranks {_fmt_ranks(known) if known else 'none yet'}"
+            )
         ranks = [rank] if rank is not None else (self.log.ranks() or list(range(self.world_size)))
         return {r: self.log.tail(r, tail) for r in ranks}
 
@@ -683,6 +690,10 @@ class Cluster:
 def _stdout_sink(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _fmt_ranks(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else ", ".join(map(str, ranks))
 
 
 def _address_name(address: str) -> str:
