@@ -171,3 +171,20 @@ def test_a_sampler_restarted_with_fewer_gpus_comes_back_with_the_new_columns() -
     assert [g["util_gpu"] for g in agg.latest()["gpus"]] == [55.0]
     new.tick(now=104.0)
     assert agg.pull() == 1
+
+
+def test_a_cluster_monitor_started_again_after_stop_samples_again(ray_session) -> None:
+    """stop() ends the sampler actors; start() must give every node a new one (it kept the dead handles)."""
+    ray = ray_session
+    mon = Monitor(RayNodes(ray), nvml=None, interval=0.2, pull_interval=0.2, node_timeout=20)
+    try:
+        mon.start()
+        assert _wait(lambda: mon.aggregator.rows_in >= 2)
+        mon.stop()
+        mon.start()
+        rows = mon.aggregator.rows_in
+        assert _wait(lambda: mon.aggregator.rows_in >= rows + 3, 20), "no rows after the restart"
+        assert not mon.failed_nodes
+        assert all(s.up for _, s in mon.aggregator.states())
+    finally:
+        mon.stop()
