@@ -110,6 +110,34 @@ def test_a_large_value_is_replaced_by_a_placeholder_and_a_small_state_dict_comes
     assert small["weight"].shape == (3, 2) and small["weight"].device.type == "cpu"
 
 
+def test_the_value_size_limit_per_cell_and_per_cluster(ip, shared, capsys):
+    """``%%distributed --max-result SIZE`` sets one cell's limit (0: none); ``Cluster(max_result_bytes=...)`` the
+    group's default; a bad size prints the usage."""
+    cell = "import torch\ntorch.zeros(64 * 1024, dtype=torch.uint8) if rank == 0 else 1\n"  # 64 KiB on rank 0
+    assert ip.run_cell("%%distributed -o v --max-result 16K\n" + cell).success
+    assert type(ip.user_ns["v"][0]).__name__ == "TooLarge" and ip.user_ns["v"][1] == 1
+    assert "--max-result" in repr(ip.user_ns["v"][0])  # the placeholder says how to raise the limit
+    group = shared.group
+    old = group.max_result_bytes
+    group.max_result_bytes = 16 * 1024  # what Cluster(max_result_bytes=16384) gives its group
+    try:
+        assert ip.run_cell("%%distributed -o v\n" + cell).success
+        assert type(ip.user_ns["v"][0]).__name__ == "TooLarge"
+        assert ip.run_cell("%%distributed -o v --max-result 0\n" + cell).success  # no limit for this cell
+        assert ip.user_ns["v"][0].numel() == 64 * 1024
+        assert ip.run_cell("%%distributed -o v --max-result 1M\n" + cell).success
+        assert ip.user_ns["v"][0].numel() == 64 * 1024
+    finally:
+        group.max_result_bytes = old
+    capsys.readouterr()
+    ip.user_ns.pop("w", None)
+    assert ip.run_cell("%%distributed -o w --max-result lots\n1\n").success  # usage, not a traceback
+    err = capsys.readouterr().err
+    assert "usage" in err.lower() and "--max-result" in err and "w" not in ip.user_ns
+    with pytest.raises(ValueError, match=">= 0"):
+        shared.run("1", max_result_bytes=-1)
+
+
 class _FakeTensor:
     """Stands in for a CUDA tensor (no GPU here) in the pure container walk of ``_to_cpu``."""
 

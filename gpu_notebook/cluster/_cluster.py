@@ -151,7 +151,8 @@ class Cluster:
         ``own`` (each worker sees only its GPUs) or ``node`` (each sees the node's GPUs of the group).
     **options
         Extras other parts read (``idle_stop``, ``budget``, ``budget_checkpoint_timeout_s``, ``node_pricing``,
-        ``cloud``, ``reaper`` ...), kept in :attr:`options`. A ``cloud`` cluster gets ``node_pricing`` from
+        ``cloud``, ``reaper``, ``max_result_bytes`` (the most a rank's value may take, pickled, to come back:
+        default 64 MiB, 0 no limit) ...), kept in :attr:`options`. A ``cloud`` cluster gets ``node_pricing`` from
         what it launched, and a reaper process that tears it down if this process dies first
         (``reaper=False`` turns it off; see ``docs/cloud.md``).
 
@@ -297,6 +298,7 @@ class Cluster:
                 backend=self.backend_request,
                 gpu_visibility=self.gpu_visibility,
                 runtime_env=self.options.get("runtime_env"),
+                max_result_bytes=self.options.get("max_result_bytes"),
                 timeouts=self.timeouts,
                 log=self.log,
             )
@@ -626,11 +628,14 @@ class Cluster:
         label: str | None = None,
         progress: Progress | None = None,
         header: str | None = None,
+        max_result_bytes: int | None = None,
     ) -> CellResult:
         """Run ``code`` on the selected ranks (all by default): what ``%%distributed`` does.
 
         Output lines stream to ``sink`` (default: this process's stdout) prefixed ``[rank N]``; with
-        ``stream=False`` they are collected and available in the result only.
+        ``stream=False`` they are collected and available in the result only. ``max_result_bytes``: the most
+        a rank's value may take, pickled, for this cell (None: the cluster's limit, 64 MiB by default; 0: no
+        limit); a larger value comes back as a placeholder that says how to fetch it.
         """
         self._require_running()
         assert self.group is not None
@@ -646,6 +651,7 @@ class Cluster:
                 label=label or f"distributed-cell-{self._cell_counter}",
                 progress=progress,
                 header=header,
+                max_result_bytes=max_result_bytes,
             )
         finally:
             self.last_activity = time.time()

@@ -334,13 +334,16 @@ class WorkerGroup:
         label: str = "distributed-cell",
         progress: Progress | None = None,
         header: str | None = None,
+        max_result_bytes: int | None = None,
     ) -> CellResult:
         """Run ``code`` on the selected ranks, streaming output lines to ``sink``.
 
         ``header``: the notebook cell's first line (``%%distributed ...``), so traceback line numbers match.
+        ``max_result_bytes``: this cell's limit for a rank's pickled value (None: :attr:`max_result_bytes`; 0:
+        no limit).
         """
         selected = parse_ranks(ranks, self.size)
-        limit = self.max_result_bytes or None
+        limit = self._limit(max_result_bytes)
         return self._execute(
             lambda a: a.run_cell.remote(code, label, header, limit), selected, timeout, sink, progress
         )
@@ -354,12 +357,20 @@ class WorkerGroup:
         timeout: float | None = None,
         sink: Callable[[str], None] | None = None,
         progress: Progress | None = None,
+        max_result_bytes: int | None = None,
     ) -> CellResult:
-        """Run ``fn(*args, **kwargs)`` in each selected rank's process."""
+        """Run ``fn(*args, **kwargs)`` in each selected rank's process (``max_result_bytes`` as in :meth:`run`)."""
         selected = parse_ranks(ranks, self.size)
         kw = kwargs or {}
-        limit = self.max_result_bytes or None
+        limit = self._limit(max_result_bytes)
         return self._execute(lambda a: a.call.remote(fn, args, kw, limit), selected, timeout, sink, progress)
+
+    def _limit(self, max_result_bytes: int | None) -> int | None:
+        """The size limit a worker applies to a value: None for no limit."""
+        limit = self.max_result_bytes if max_result_bytes is None else max_result_bytes
+        if limit < 0:
+            raise ValueError(f"max_result_bytes must be >= 0 (0: no limit), not {limit}")
+        return limit or None
 
     def push(self, values: dict[str, Any], ranks: str | Sequence[int] | None = None) -> None:
         ray = _ray()

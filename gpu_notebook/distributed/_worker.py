@@ -235,8 +235,8 @@ class TooLarge:
         return (
             f"<{what} not sent: {_fmt_bytes(self.nbytes)} {self.measured}, over the "
             f"{_fmt_bytes(self.limit)} limit for values sent back. Assign it to a variable and fetch one "
-            f"copy with `%gpu_pull NAME --rank {rank}`, or save it from the workers; the limit is "
-            f"WorkerGroup.max_result_bytes>"
+            f"copy with `%gpu_pull NAME --rank {rank}`, or save it from the workers; raise the limit with "
+            f"`%%distributed --max-result 1G` (or max_result_bytes=)>"
         )
 
 

@@ -30,6 +30,15 @@ def _show_values(values: Any) -> None:
         print(f"Out[{who}]:{sep}{text}")
 
 
+def _result_size(text: str) -> int:
+    """``--max-result``: ``256M``, ``2G``, ``65536``; ``0`` (or ``none``) for no limit."""
+    if text.strip().lower() in ("0", "none", "unlimited"):
+        return 0
+    from gpu_notebook.doctor._bench import parse_size
+
+    return parse_size(text)
+
+
 @magics_class
 class DistributedMagics(Magics):
     """``%%distributed`` and the variable-moving magics."""
@@ -45,6 +54,8 @@ class DistributedMagics(Magics):
     @argument("-o", "--out", help="store the per-rank values of the last expression in this notebook variable")
     @argument("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank")
     @argument("--cluster", help="run on this cluster instead of the current one")
+    @argument("--max-result", type=_result_size, metavar="SIZE",
+              help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)")
     @no_var_expand
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
@@ -87,6 +98,7 @@ class DistributedMagics(Magics):
                 label=f"cell In[{count}]" if count is not None else None,
                 progress=progress_printer(),
                 header=f"%%distributed {line}".rstrip(),
+                max_result_bytes=args.max_result,
             )
         except ValueError as exc:  # a bad --workers selection
             print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}", file=sys.stderr)
