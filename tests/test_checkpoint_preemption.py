@@ -140,7 +140,8 @@ def test_detect_cloud_from_dmi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     assert detect_cloud(dmi(sys_vendor="Amazon EC2", product_name="g5.xlarge")) == "aws"
     assert detect_cloud(dmi(sys_vendor="Google", product_name="Google Compute Engine")) == "gcp"
-    assert detect_cloud(dmi(sys_vendor="Microsoft Corporation", product_name="Virtual Machine")) == "azure"
+    hyperv = dmi(sys_vendor="Microsoft Corporation", product_name="Virtual Machine")
+    assert detect_cloud(hyperv) is None  # any Hyper-V VM: no Azure chassis asset tag
     assert detect_cloud(dmi(chassis_asset_tag="7783-7084-3265-9085-8269-3286-77")) == "azure"
     assert detect_cloud(dmi(sys_vendor="LENOVO", product_name="ThinkPad")) is None
     assert detect_cloud(tmp_path / "missing") is None  # no DMI at all (containers, macOS)
@@ -170,6 +171,7 @@ def test_watcher_thread_reports_one_notice() -> None:
 def test_watcher_without_a_cloud_polls_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPU_NOTEBOOK_CLOUD", raising=False)
     monkeypatch.setattr("gpu_notebook.checkpoint._preemption._DMI", Path("/nonexistent"))
+    monkeypatch.setattr("gpu_notebook.checkpoint._preemption._HYPERVISOR_UUID", Path("/nonexistent"))
     w = PreemptionWatcher("auto")
     assert w.cloud is None and not w.active and w.check() is None
     assert "no cloud" in repr(w)
@@ -364,9 +366,98 @@ def test_a_notice_on_one_rank_stops_and_saves_all_ranks(tmp_path: Path) -> None:
 def test_checkpointer_auto_watcher_on_a_laptop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GPU_NOTEBOOK_CLOUD", raising=False)
     monkeypatch.setattr("gpu_notebook.checkpoint._preemption._DMI", Path("/nonexistent"))
+    monkeypatch.setattr("gpu_notebook.checkpoint._preemption._HYPERVISOR_UUID", Path("/nonexistent"))
     ck = Checkpointer(tmp_path, progress=False)
     try:
         assert ck._watcher is not None and ck._watcher.cloud is None and not ck._watcher.active
         assert ck.maybe_save({"x": torch.zeros(3)}, 0) is not None and ck.preempted is None
     finally:
         ck.close()
+
+
+# ------------------------------------------------------------------------------------------- audit regressions
+def test_detect_cloud_xen_ec2_and_plain_hyperv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Xen-based EC2 instances (p2, p3, g3: GPU instances) say "Xen" in their vendor strings and "amazon" only in
+    the BIOS version (or /sys/hypervisor/uuid); a Hyper-V VM on a laptop or on premises has Azure's vendor strings
+    but not its chassis asset tag, and is no Azure VM (it must not poll a metadata service)."""
+    monkeypatch.delenv("GPU_NOTEBOOK_CLOUD", raising=False)
+
+    def dmi(**files: str) -> Path:
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        for k, v in files.items():
+            (d / k).write_text(v + "\n")
+        return d
+
+    xen = dmi(sys_vendor="Xen", product_name="HVM domU", bios_vendor="Xen", bios_version="4.11.amazon")
+    assert detect_cloud(xen) == "aws"
+    plain_xen = dmi(sys_vendor="Xen", product_name="HVM domU", bios_vendor="Xen", bios_version="4.2")
+    assert detect_cloud(plain_xen) is None
+    (tmp_path / "hv-uuid").write_text("ec2e1916-9099-7caf-fd21-012345abcdef\n")  # a paravirtual EC2 guest
+    assert detect_cloud(plain_xen, hypervisor_uuid=tmp_path / "hv-uuid") == "aws"
+    hyperv = dmi(sys_vendor="Microsoft Corporation", product_name="Virtual Machine", chassis_asset_tag="None")
+    assert detect_cloud(hyperv) is None
+    azure = dmi(
+        sys_vendor="Microsoft Corporation",
+        product_name="Virtual Machine",
+        chassis_asset_tag="7783-7084-3265-9085-8269-3286-77",
+    )
+    assert detect_cloud(azure) == "azure"
+
+
+def test_fake_azure_names_this_vm() -> None:
+    with FakeMetadataServer("azure", vm_name="vm-7") as md:
+        url = f"{md.url}/metadata/instance/compute/name?api-version=2021-02-01&format=text"
+        assert _req(url)[0] == 400  # the Metadata header is mandatory
+        code, _, body = _req(url, {"Metadata": "true"})
+        assert code == 200 and body == b"vm-7"
+
+
+def test_azure_event_for_another_vm_of_the_scale_set_is_no_notice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scheduled events of an availability set or scale set placement group are delivered to every VM in it;
+    only an event whose Resources name this VM (its name from the instance metadata) is a notice for it."""
+    monkeypatch.delenv("GPU_NOTEBOOK_VM_NAME", raising=False)
+    with FakeMetadataServer("azure", vm_name="gpu-node-0") as md:
+        md.preempt(in_s=30, resources=["gpu-node-1"])  # the neighbour is evicted
+        assert poll_once("azure", md.url) is None
+        w = PreemptionWatcher("azure", url=md.url, start=False)
+        assert w.check() is None and w.notice is None
+        md.preempt(in_s=30)  # now this VM
+        assert poll_once("azure", md.url) is not None
+        assert w.check() is not None
+
+
+def test_notice_saves_even_while_a_skipped_save_would_be_uploading(tmp_path: Path) -> None:
+    """on_busy="skip" skips a policy save while the previous one uploads, but never the save for a preemption
+    notice: it waits for the upload in flight, then saves and commits."""
+    import threading
+
+    with FakeMetadataServer("gcp") as md:
+        w = PreemptionWatcher("gcp", url=md.url, start=False)
+        ck = Checkpointer(tmp_path, on_busy="skip", preemption=w, progress=False, retries=0)
+        gate = threading.Event()
+        put = ck.store.put
+
+        def slow_put(key: str, data: bytes, **kw: object) -> bool:
+            if key.startswith("manifests/"):
+                gate.wait(10)
+            return put(key, data, **kw)  # type: ignore[arg-type]
+
+        ck.store.put = slow_put  # type: ignore[method-assign]
+        try:
+            m = _model()
+            state = {"model": m}
+            first = ck.maybe_save(state, 0)
+            assert first is not None and not first.done()  # uploading
+            md.preempt(in_s=30)
+            assert w.check() is not None
+            timer = threading.Timer(0.3, gate.set)
+            timer.start()
+            h = ck.maybe_save(state, 1)
+            timer.join()
+            assert h is not None and not h.skipped and h.done()
+            assert ck.preempted is not None
+            assert [c.step for c in ck.list()] == [0, 1]
+        finally:
+            gate.set()
+            ck.close()

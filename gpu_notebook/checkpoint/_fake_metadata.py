@@ -12,7 +12,8 @@ service does (as documented by each cloud), including the parts a client can get
   ``FALSE`` then ``TRUE``.
 * Azure: ``/metadata/scheduledevents`` needs ``Metadata: true`` (else 400) and an ``api-version`` (else 400); it
   lists ``{"DocumentIncarnation": n, "Events": [...]}``, a ``Preempt`` event with ``NotBefore`` in RFC 1123
-  after :meth:`preempt`.
+  after :meth:`preempt` (for this VM, or for the VMs named in ``resources``: the events of an availability set or
+  scale set reach all its VMs); ``/metadata/instance/compute/name?format=text`` is the VM's name.
 
 Use it to check that a training loop saves and stops on a notice::
 
@@ -79,12 +80,16 @@ class FakeMetadataServer:
         assert self._server is not None, "start() the server first"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def preempt(self, in_s: float = 120.0, action: str = "terminate", after_s: float = 0.0) -> None:
+    def preempt(
+        self, in_s: float = 120.0, action: str = "terminate", after_s: float = 0.0, resources: list[str] | None = None
+    ) -> None:
         """Announce that this VM will be taken away ``in_s`` seconds after the notice, which shows up
-        ``after_s`` seconds from now (0: at once)."""
+        ``after_s`` seconds from now (0: at once). ``resources`` (Azure): the VMs the event names (default: this
+        one; another VM's event reaches this one too)."""
         with self._lock:
             shown = time.time() + after_s
-            self._notice = {"at": shown + in_s, "action": action, "from": shown}
+            res = [self.vm_name] if resources is None else list(resources)
+            self._notice = {"at": shown + in_s, "action": action, "from": shown, "resources": res}
             self._incarnation += 1
 
     def clear(self) -> None:
@@ -139,7 +144,7 @@ class FakeMetadataServer:
                 return 200, flavor, b"TRUE" if notice is not None else b"FALSE"
             return 404, flavor, b"Not Found"
         # azure
-        if parts.path != "/metadata/scheduledevents":
+        if parts.path not in ("/metadata/scheduledevents", "/metadata/instance/compute/name"):
             return 404, {}, b""
         if h.get("metadata", "").lower() != "true":
             return (
@@ -147,8 +152,11 @@ class FakeMetadataServer:
                 {},
                 json.dumps({"error": "Bad request. Required metadata header not specified"}).encode(),
             )
-        if "api-version" not in parse_qs(parts.query):
+        query = parse_qs(parts.query)
+        if "api-version" not in query:
             return 400, {}, json.dumps({"error": "Bad request. api-version was not specified"}).encode()
+        if parts.path == "/metadata/instance/compute/name":  # (asked for with format=text)
+            return 200, {"Content-Type": "text/plain; charset=utf-8"}, self.vm_name.encode()
         events = []
         if notice is not None:
             events.append(
@@ -156,7 +164,7 @@ class FakeMetadataServer:
                     "EventId": "A123BC45-1234-5678-AB90-ABCDEF123456",
                     "EventType": "Preempt",
                     "ResourceType": "VirtualMachine",
-                    "Resources": [self.vm_name],
+                    "Resources": notice["resources"],
                     "EventStatus": "Scheduled",
                     "NotBefore": email.utils.formatdate(notice["at"], usegmt=True),
                     "Description": "",

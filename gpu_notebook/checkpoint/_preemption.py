@@ -6,10 +6,14 @@
 * GCP: ``GET /computeMetadata/v1/instance/preempted`` (header ``Metadata-Flavor: Google``) turns from ``FALSE`` to
   ``TRUE`` when the preemption starts; the VM gets about 30 seconds.
 * Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` (header ``Metadata: true``) lists a ``Preempt``
-  event with its ``NotBefore`` time, at least 30 seconds ahead.
+  event with its ``NotBefore`` time, at least 30 seconds ahead. The events of every VM of an availability set or
+  scale set placement group reach all of them: an event is this VM's when its ``Resources`` name it
+  (``GPU_NOTEBOOK_VM_NAME``, else ``/metadata/instance/compute/name``, asked only when there is an event).
 
-All three answer at ``http://169.254.169.254``. The cloud is recognised from the machine's DMI vendor strings
-(no network probe, so a laptop never waits on a metadata timeout), or named with ``GPU_NOTEBOOK_CLOUD``;
+All three answer at ``http://169.254.169.254``. The cloud is recognised from the machine's DMI strings (no
+network probe, so a laptop never waits on a metadata timeout): "amazon" in the vendor strings or BIOS version (Xen
+instances say it only there) or ``/sys/hypervisor/uuid`` starting with ``ec2``; "google"; Azure's chassis asset
+tag (a Hyper-V VM elsewhere has Azure's vendor strings but not the tag). ``GPU_NOTEBOOK_CLOUD`` names the cloud;
 ``GPU_NOTEBOOK_METADATA_URL`` points the watcher at another endpoint (a test server, a proxy).
 """
 
@@ -38,6 +42,9 @@ CLOUDS = ("aws", "gcp", "azure")
 #: seconds of warning each cloud promises when a notice carries no time of its own
 DEFAULT_WARNING_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
 _DMI = Path("/sys/class/dmi/id")
+_HYPERVISOR_UUID = Path("/sys/hypervisor/uuid")  # Xen guests; "ec2..." on EC2's paravirtual instances
+#: the chassis asset tag of every Azure VM ("MSFT AZURE VM" in ASCII codes)
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 
 
 @dataclass
@@ -61,24 +68,37 @@ class PreemptionNotice:
         return f"{self.cloud} spot {self.action} in {max(0.0, self.seconds_left()):.0f} s"
 
 
-def detect_cloud(dmi: Path = _DMI) -> str | None:
-    """``aws``, ``gcp``, ``azure`` or None, from ``GPU_NOTEBOOK_CLOUD`` or the DMI vendor strings."""
+def detect_cloud(dmi: Path | None = None, hypervisor_uuid: Path | None = None) -> str | None:
+    """``aws``, ``gcp``, ``azure`` or None, from ``GPU_NOTEBOOK_CLOUD`` or the DMI strings (and the Xen hypervisor
+    UUID). ``dmi``, ``hypervisor_uuid``: where to read them (default: this machine's; only the DMI folder given,
+    no hypervisor UUID)."""
+    if dmi is None:
+        dmi = _DMI
+        hypervisor_uuid = _HYPERVISOR_UUID if hypervisor_uuid is None else hypervisor_uuid
     env = os.environ.get("GPU_NOTEBOOK_CLOUD", "").strip().lower()
     if env:
         return env if env in CLOUDS else None
     texts = []
-    for name in ("sys_vendor", "product_name", "bios_vendor", "board_vendor", "chassis_asset_tag"):
+    # (world-readable ones only: product_uuid and product_serial need root)
+    names = ("sys_vendor", "product_name", "product_version", "bios_vendor", "bios_version", "board_vendor")
+    for name in (*names, "chassis_asset_tag"):
         try:
             texts.append((dmi / name).read_text(errors="replace").strip().lower())
         except OSError:
             pass
     blob = " ".join(texts)
+    # Nitro: "Amazon EC2"; Xen (p2, p3, g3, ...): sys_vendor "Xen", bios_version "4.11.amazon"
     if "amazon" in blob:
         return "aws"
+    try:
+        if hypervisor_uuid and hypervisor_uuid.read_text(errors="replace").strip().lower().startswith("ec2"):
+            return "aws"
+    except OSError:
+        pass
     if "google" in blob:
         return "gcp"
-    # Azure VMs: "Microsoft Corporation" / "Virtual Machine", and this chassis asset tag
-    if "7783-7084-3265-9085-8269-3286-77" in blob or ("microsoft" in blob and "virtual machine" in blob):
+    # Azure VMs carry this chassis asset tag; "Microsoft Corporation" / "Virtual Machine" alone is any Hyper-V VM
+    if AZURE_ASSET_TAG in blob:
         return "azure"
     return None
 
@@ -109,7 +129,10 @@ def _parse_time(text: str | None) -> float | None:
 def poll_once(
     cloud: str, url: str = METADATA_URL, timeout: float = 1.0, vm_name: str | None = None
 ) -> PreemptionNotice | None:
-    """Ask the metadata service once; a notice, or None. Raises ``OSError`` when the service does not answer."""
+    """Ask the metadata service once; a notice, or None. Raises ``OSError`` when the service does not answer.
+
+    ``vm_name`` (Azure): this VM's name in the events' ``Resources``; None: asked of the metadata service.
+    """
     url = url.rstrip("/")
     now = time.time()
     if cloud == "aws":
@@ -145,12 +168,28 @@ def poll_once(
             if ev.get("EventType") not in ("Preempt", "Terminate"):
                 continue
             res = ev.get("Resources") or []
+            if res and vm_name is None:
+                try:  # asked only now: events are rare (unknown: every event counts, rather than none)
+                    vm_name = azure_vm_name(url, timeout) or ""
+                except OSError:
+                    vm_name = ""
             if vm_name and res and vm_name not in res:
-                continue  # an event for another VM of the scale set
+                continue  # an event for another VM of the availability set or scale set
             deadline = _parse_time(ev.get("NotBefore")) or now + DEFAULT_WARNING_S["azure"]
             return PreemptionNotice("azure", str(ev["EventType"]).lower(), deadline, now, ev)
         return None
     raise ValueError(f"unknown cloud {cloud!r}: one of {', '.join(CLOUDS)}")
+
+
+def azure_vm_name(url: str = METADATA_URL, timeout: float = 1.0) -> str | None:
+    """This Azure VM's name, as scheduled events list it in ``Resources`` (None when the service does not say)."""
+    code, body = _request(
+        f"{url.rstrip('/')}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
+        {"Metadata": "true"},
+        timeout,
+    )
+    name = body.decode(errors="replace").strip() if code == 200 else ""
+    return name or None
 
 
 class PreemptionWatcher:
@@ -216,7 +255,7 @@ class PreemptionWatcher:
             return self.notice
         try:
             notice = poll_once(
-                self.cloud, self.url, self.timeout_s, vm_name=os.environ.get("GPU_NOTEBOOK_VM_NAME")
+                self.cloud, self.url, self.timeout_s, vm_name=os.environ.get("GPU_NOTEBOOK_VM_NAME") or None
             )
         except (OSError, ValueError) as e:  # the service is down or answered nonsense: keep trying
             self.errors += 1
