@@ -846,3 +846,64 @@ def test_progress_line_text() -> None:
     assert describe("restore x", 50_000_000, 100_000_000, 2.0) == (
         "restore x: 50.0 MB / 100.0 MB (50%) at 25.0 MB/s, 2.0 s"
     )
+
+
+def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_loaded(tmp_path: Path) -> None:
+    """The optimizer is checked with the model: other parameter groups (which torch refuses only after the model
+    was loaded) or state for parameters of other shapes (which torch loads, and the next step fails on) raise
+    ShapeMismatchError naming them, and nothing is modified."""
+
+    def opt_of(m: torch.nn.Module, **kw: float) -> torch.optim.Optimizer:
+        return torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 1e-2}], **kw)
+
+    m = _model(0)
+    opt = opt_of(m)
+    _train(m, opt, 2)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"model": m, "optim": opt, "step": 2}, block=True)
+    # the same model; its optimizer has one parameter group
+    m2 = _model(1)
+    opt2 = torch.optim.AdamW(m2.parameters())
+    before = {k: v.clone() for k, v in m2.state_dict().items()}
+    with pytest.raises(ShapeMismatchError) as ei:
+        ckpt.restore(into={"model": m2, "optim": opt2})
+    assert "optim/param_groups" in str(ei.value) and "2 group(s)" in str(ei.value)
+    _same_state(before, m2.state_dict())  # the model was not loaded either
+    assert not opt2.state
+    # an optimizer (alone) of a model with other shapes, with state
+    m3 = _model(0, width=48)
+    opt3 = opt_of(m3)
+    _train(m3, opt3, 1)
+    with pytest.raises(ShapeMismatchError) as ei:
+        ckpt.restore(into={"optim": opt3})
+    msg = str(ei.value)
+    assert "optim/state/0/exp_avg:" in msg and "[64, 32]" in msg and "[48, 32]" in msg
+    # ... and a fresh one (no state yet): AdamW's moments have their parameter's shape
+    m4 = _model(0, width=48)
+    opt4 = opt_of(m4)
+    with pytest.raises(ShapeMismatchError, match="optim/state/0/exp_avg_sq"):
+        ckpt.restore(into={"optim": opt4})
+    assert not opt4.state
+    # what matches still loads, bit-exact
+    m5 = _model(3)
+    opt5 = opt_of(m5, lr=0.5)
+    ckpt.restore(into={"model": m5, "optim": opt5})
+    _same_state(opt.state_dict()["state"], opt5.state_dict()["state"])
+    assert opt5.param_groups[1]["lr"] == 1e-2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_rng_state_restored_onto_a_gpu_sets_again(tmp_path: Path) -> None:
+    """restore(map_location="cuda") moves the saved RNG states to the GPU too; torch takes them only as CPU byte
+    tensors ("RNG state must be a torch.ByteTensor"), so set_rng_state brings them back."""
+    torch.cuda.init()
+    torch.manual_seed(5)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save({"rng": checkpoint.rng_state(), "step": 0}, block=True)
+    expect = (torch.rand(3), torch.rand(3, device="cuda"))
+    torch.manual_seed(99)
+    state = ckpt.restore(map_location="cuda")
+    assert state["rng"]["torch"].is_cuda
+    checkpoint.set_rng_state(state["rng"])
+    got = (torch.rand(3), torch.rand(3, device="cuda"))
+    assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])

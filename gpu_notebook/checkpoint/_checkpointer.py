@@ -647,6 +647,8 @@ class Checkpointer:
             self._preempt_saved = True
             full = self._preemption_full(notice)
             t0 = time.perf_counter()
+            # the save in flight is waited for whatever on_busy says: this save must not be skipped
+            self._wait_inflight()
             handle = self.save(state, step, full=full, block=True)
             log.warning(
                 "preemption notice (%s): saved a %s checkpoint at step %s in %.1f s",
@@ -729,6 +731,15 @@ class Checkpointer:
             if time.time() - ref >= 60.0 * self.every_minutes:
                 return True
         return False
+
+    def _wait_inflight(self) -> None:
+        """Wait for the save in flight to end (its failure is recorded by the job and raised by the next save)."""
+        h = self._inflight
+        if h is not None and h._future is not None:
+            try:
+                h._future.result()
+            except Exception:  # noqa: BLE001
+                pass
 
     def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
         """Wait for the save in flight; raise :class:`CheckpointSaveError` if a save failed for good."""
@@ -1763,6 +1774,8 @@ def _check_shapes(target: Any, state: Any, path: str, out: list[tuple[str, objec
             is_module = isinstance(target, torch.nn.Module)
         except ImportError:  # pragma: no cover
             is_module = False
+        if not is_module and _check_optimizer(target, state, path, out):
+            return
         if is_module and isinstance(state, dict):
             sd = target.state_dict()
             for k in sd.keys() | state.keys():
@@ -1793,6 +1806,55 @@ def _check_shapes(target: Any, state: Any, path: str, out: list[tuple[str, objec
     a, b = _shape_of(state), _shape_of(target)
     if a is not None and b is not None and a != b:
         out.append((path or "<root>", f"{list(a[0])} {a[1]}", f"{list(b[0])} {b[1]}"))
+
+
+#: per-parameter state of torch's optimizers shaped like its parameter (compared with it when an optimizer has no
+#: state yet; others, e.g. Adafactor's factored moments, only with the optimizer's own state)
+_PARAM_SHAPED = frozenset(
+    ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "exp_inf", "momentum_buffer", "square_avg", "grad_avg",
+     "acc_delta", "sum", "ax", "prev", "step_size")
+)  # fmt: skip
+
+
+def _check_optimizer(target: Any, state: Any, path: str, out: list[tuple[str, object, object]]) -> bool:
+    """Check a ``torch.optim.Optimizer`` state dict against the optimizer (True when ``target`` is one): its
+    parameter groups (torch refuses others in ``load_state_dict``, but only after the objects before it in
+    ``into`` were loaded) and the shapes of its per-parameter state (which torch loads unchecked)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(target, torch.optim.Optimizer):
+        return False
+    if not isinstance(state, dict) or not isinstance(state.get("param_groups"), list):
+        return True  # load_state_dict says what is wrong
+    saved, groups = state["param_groups"], target.param_groups
+    where = f"{path}/param_groups" if path else "param_groups"
+    if len(saved) != len(groups):
+        out.append((where, f"{len(saved)} group(s)", f"{len(groups)} group(s)"))
+        return True
+    params: dict[Any, Any] = {}
+    for i, (sg, g) in enumerate(zip(saved, groups, strict=True)):
+        ids = list(sg.get("params", [])) if isinstance(sg, dict) else []
+        if len(ids) != len(g["params"]):
+            out.append((f"{where}/{i}", f"{len(ids)} parameter(s)", f"{len(g['params'])} parameter(s)"))
+            continue
+        params.update(zip(ids, g["params"], strict=True))
+    builtin = type(target).__module__.startswith("torch.optim")
+    per_param = state.get("state")
+    for pid, st in (per_param.items() if isinstance(per_param, dict) else []):
+        p = params.get(pid)
+        if p is None or not isinstance(st, dict):
+            continue
+        own = target.state.get(p, {})
+        for k, v in st.items():
+            a = _shape_of(v)
+            if a is None or not a[0]:
+                continue  # not a tensor, or a scalar (a step counter)
+            b = _shape_of(own.get(k))
+            if b is None and builtin and k in _PARAM_SHAPED:
+                b = _shape_of(p)
+            if b is not None and a[0] != b[0]:
+                name = f"{path}/state/{pid}/{k}" if path else f"state/{pid}/{k}"
+                out.append((name, f"{list(a[0])} {a[1]}", f"{list(b[0])} {b[1]}"))
+    return True
 
 
 def _apply(target: Any, state: Any) -> None:

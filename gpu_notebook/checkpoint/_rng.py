@@ -38,6 +38,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "torch" in state:
         import torch
 
-        torch.set_rng_state(state["torch"])
+        # torch takes RNG states only as CPU byte tensors (restore(map_location=...) moves them with the rest)
+        def cpu(t: Any) -> Any:
+            return torch.as_tensor(t).to("cpu", torch.uint8).contiguous()
+
+        torch.set_rng_state(cpu(state["torch"]))
         if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+            torch.cuda.set_rng_state_all([cpu(t) for t in state["cuda"]])
