@@ -461,3 +461,38 @@ def test_notice_saves_even_while_a_skipped_save_would_be_uploading(tmp_path: Pat
         finally:
             gate.set()
             ck.close()
+
+
+def test_a_notice_save_that_raises_is_tried_again(tmp_path: Path) -> None:
+    """A save on a notice that raises (here: the error of an earlier background save that failed for good, which
+    the next save raises) has saved nothing: the next maybe_save tries again instead of saving no more."""
+    from gpu_notebook.checkpoint import CheckpointSaveError
+
+    with FakeMetadataServer("gcp") as md:
+        w = PreemptionWatcher("gcp", url=md.url, start=False)
+        ck = Checkpointer(tmp_path, every_steps=1000, preemption=w, progress=False, retries=0)
+        put = ck.store.put
+        broken = [True]
+
+        def flaky_put(key: str, data: bytes, **kw: object) -> bool:
+            if broken[0] and key.startswith("manifests/"):
+                raise OSError("disk full")
+            return put(key, data, **kw)  # type: ignore[arg-type]
+
+        ck.store.put = flaky_put  # type: ignore[method-assign]
+        try:
+            state = {"model": _model()}
+            with pytest.warns(RuntimeWarning):
+                h = ck.maybe_save(state, 0)
+                assert h is not None and h.exception() is not None  # failed for good, in the background
+            broken[0] = False
+            md.preempt(in_s=30)
+            assert w.check() is not None
+            with pytest.raises(CheckpointSaveError):
+                ck.maybe_save(state, 1)  # the earlier failure is raised; nothing saved for the notice yet
+            h = ck.maybe_save(state, 2)
+            assert h is not None and h.done() and h.result() is not None
+            assert [c.step for c in ck.list()] == [2]
+            assert ck.maybe_save(state, 3) is None  # and then no more
+        finally:
+            ck.close()

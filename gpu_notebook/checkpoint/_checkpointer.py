@@ -644,12 +644,12 @@ class Checkpointer:
         if notice is not None:
             if self._preempt_saved:
                 return None
-            self._preempt_saved = True
             full = self._preemption_full(notice)
             t0 = time.perf_counter()
             # the save in flight is waited for whatever on_busy says: this save must not be skipped
             self._wait_inflight()
             handle = self.save(state, step, full=full, block=True)
+            self._preempt_saved = True  # (not before: a save that raised saved nothing, the next call tries again)
             log.warning(
                 "preemption notice (%s): saved a %s checkpoint at step %s in %.1f s",
                 notice,
