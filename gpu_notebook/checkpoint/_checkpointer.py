@@ -391,6 +391,7 @@ class Checkpointer:
         self._watcher: Any = None
         self._preempt_notice: Any = None
         self._preempt_saved = False
+        self._ranks_watch: bool | None = None  # multi-rank: does any rank watch for notices (agreed once)
         self._rates: dict[bool, float] = {}  # raw bytes/s of the last full (True) and delta (False) persist
         self._new_bytes: dict[bool, int] = {}  # bytes written by the last full (True) and delta (False) save
         self._last_raw = 0
@@ -703,17 +704,29 @@ class Checkpointer:
     def _agreed_notice(self) -> Any:
         """This process's notice; in a multi-rank job, any rank's (every rank then saves together)."""
         w = self._watcher
-        if w is None or w.cloud is None:
+        watching = w is not None and w.cloud is not None
+        if self.world_size > 1 and self._ranks_watch is None:
+            # once: whether any rank watches. Ranks can differ (a node whose cloud was not recognised, or
+            # preemption=None on one): every rank must then take part in the agreement below, or the ranks
+            # that watch would wait in an all-reduce the others never join
+            try:
+                agreed = self._agree_min(0 if watching else 1)
+            except Exception as e:  # noqa: BLE001 - no working process group after all: decide locally
+                log.debug("preemption agreement skipped: %s", e)
+                agreed = None
+            self._ranks_watch = watching if agreed is None else agreed == 0
+        if not (watching or (self.world_size > 1 and self._ranks_watch)):
             return self._preempt_notice
-        local = w.notice
-        if self.world_size > 1:
+        local = w.notice if watching else None  # type: ignore[union-attr]
+        if self.world_size > 1 and self._ranks_watch:
             try:
                 # 0 on every rank as soon as one rank has a notice
                 if self._agree_min(0 if local is not None else 1) == 0 and local is None:
                     from ._preemption import DEFAULT_WARNING_S, PreemptionNotice
 
+                    cloud = w.cloud if watching else "unknown"  # type: ignore[union-attr]
                     now = time.time()
-                    local = PreemptionNotice(w.cloud, "peer", now + DEFAULT_WARNING_S.get(w.cloud, 30.0), now)
+                    local = PreemptionNotice(cloud, "peer", now + DEFAULT_WARNING_S.get(cloud, 30.0), now)
             except Exception as e:  # noqa: BLE001 - no working process group after all: decide locally
                 log.debug("preemption agreement skipped: %s", e)
         if local is not None and self._preempt_notice is None:
