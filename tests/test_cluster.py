@@ -97,6 +97,7 @@ def test_two_clusters_list_and_use(ip, shared, capsys):
         ip.run_cell("%gpu_cluster stop solo")
     out = capsys.readouterr().out
     assert "cluster 'solo' stopped" in out
+    assert "current cluster is now 'shared'" in out  # where the next %%distributed runs: said, not silent
     assert get_manager().get("solo", None) is None
     assert shared.running  # stopping one cluster leaves the shared Ray and the other cluster alone
 
@@ -173,6 +174,42 @@ def test_bad_distributed_arguments_print_usage_not_a_traceback(ip, shared, capsy
     captured = capsys.readouterr()
     assert expect in captured.err
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_running_the_start_cell_again_does_not_start_a_second_cluster(ip, shared, capsys):
+    # a student re-running the start cell (or Run All) got a second cluster 'shared-2'/'local-2' next to the
+    # first, taking its CPUs, and the first one's workers were silently no longer the current ones
+    before = [c.name for c in get_manager().list()]
+    res = ip.run_cell("%gpu_cluster start --workers 1 --cpus-per-worker 0.25")
+    assert res.error_in_exec is None
+    err = capsys.readouterr().err
+    assert "cluster 'shared' is already running (2 workers" in err and "nothing was started" in err
+    assert "--name NAME" in err and "%gpu_cluster scale N" in err
+    assert [c.name for c in get_manager().list()] == before and get_manager().current is shared
+
+
+def test_usage_errors_name_the_help_that_exists(ip, shared, capsys):
+    # "Try %distributed? for help." answered "Object `%distributed` not found": it is a cell magic
+    ip.run_cell("%%distributed --bogus\n1\n")
+    assert "Try %%distributed? for help." in capsys.readouterr().err
+    ip.run_cell("%%distributed --workers 7\n1\n")
+    assert "Try %%distributed? for help." in capsys.readouterr().err
+    ip.run_cell("%gpu_push")
+    assert "Try %gpu_push? for help." in capsys.readouterr().err
+    assert "bench: allreduce or scaling" in ip.find_line_magic("gpu_cluster").__doc__
+
+
+def test_a_notebook_variable_used_on_the_workers_says_to_push_it(ip, shared):
+    from gpu_notebook.distributed import DistributedError
+
+    ip.user_ns["only_in_the_notebook"] = 0.1
+    res = ip.run_cell("%%distributed\nprint(only_in_the_notebook)\n")
+    assert isinstance(res.error_in_exec, DistributedError)
+    text = str(res.error_in_exec)
+    assert "NameError: name 'only_in_the_notebook' is not defined" in text
+    assert "defined in the notebook, not on the workers" in text and "%gpu_push only_in_the_notebook" in text
+    res = ip.run_cell("%%distributed\nprint(defined_nowhere_at_all)\n")
+    assert "%gpu_push" not in str(res.error_in_exec)  # a plain typo gets no wrong advice
 
 
 def test_help_is_generated_from_the_arguments(ip):
@@ -270,3 +307,69 @@ def test_interrupting_a_start_releases_what_it_reserved(ray_session):
     states = {v["state"] for v in ray_session.util.placement_group_table().values()
               if v["bundles"] and v["bundles"].get(0, {}).get("CPU") == 64}
     assert "PENDING" not in states and "CREATED" not in states
+
+
+SCRIPT_INTERRUPT_START = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading, time
+    from IPython.testing.globalipapp import get_ipython
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "gpu_notebook")
+
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\\0", b" ").decode(errors="replace")
+        except OSError:
+            return ""
+
+    def children():  # alive (not zombie) direct children of this process
+        out = set()
+        for e in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{e}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.add(int(e))
+        return out
+
+    before = children()
+
+    def ray_children():
+        return [p for p in children() - before if "ray" in cmdline(p)]
+
+    def interrupt_once_ray_runs():  # the stop button (SIGINT) while ray.init is starting Ray's processes
+        while not ray_children():
+            time.sleep(0.02)
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_ray_runs, daemon=True).start()
+    ip.run_cell("%gpu_cluster start --workers 1 --cpus-per-worker 0.5")
+    time.sleep(0.5)
+    import ray
+    from gpu_notebook import get_manager
+    print("RESULT " + json.dumps({"left": [cmdline(p)[:80] for p in ray_children()],
+                                  "initialized": ray.is_initialized(), "clusters": len(get_manager().list())}))
+    """
+)
+
+
+def test_interrupting_a_local_ray_start_leaves_no_ray_processes_and_says_so():
+    # Ctrl-C during ray.init printed 100 lines of Ray's frames and left the GCS, dashboard and raylet (with its
+    # workers, ~700 MB) running until the kernel exited; every further interrupted start added another set
+    import json
+    import os
+
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT_INTERRUPT_START], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    assert result == {"left": [], "initialized": False, "clusters": 0}, result
+    assert "interrupted: the cluster was not started" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout

@@ -264,3 +264,14 @@ def test_a_trailing_semicolon_hides_the_values_like_ipython(ip, shared, capsys):
     res = run(ip, "%%distributed -o v\n41 + rank;\n")
     assert res.success and list(ip.user_ns["v"]) == [41, 42]
     assert "Out[" not in capsys.readouterr().out
+
+
+def test_a_semicolon_before_a_comment_hides_the_values_and_one_inside_a_comment_does_not(ip, shared, capsys):
+    # the quickstart's `losses;   # ... ; hides them` printed every rank's 60 losses: only the raw text's last
+    # character was looked at, not the last token as IPython does
+    res = run(ip, "%%distributed -o v\n41 + rank;   # -o keeps them; ; hides them\n")
+    assert res.success and list(ip.user_ns["v"]) == [41, 42]
+    assert "Out[" not in capsys.readouterr().out
+    res = run(ip, "%%distributed\n41 + rank   # shown;\n")
+    out = capsys.readouterr().out
+    assert "Out[rank 0]: 41" in out and "Out[rank 1]: 42" in out

@@ -349,6 +349,22 @@ def test_live_redraws_are_rate_limited_and_never_captured():
     assert log.flush(0) == ["b"]  # the final state of an unfinished line, as for finished ones
 
 
+def test_many_lines_at_once_are_one_write_to_the_sink():
+    # a cell printing 200,000 lines took 150 s in a kernel: one sink write (a flush: one message to the browser)
+    # per line; what arrives in one drain goes out in one write
+    sink: list[str] = []
+    streamer = Streamer(RankLog(), sink.append, live_interval=60)
+    streamer.feed(0, "".join(f"{i}\n" for i in range(1000)))
+    streamer.feed(1, "a\nb\npartial")
+    streamer.finish(1)
+    assert sink == ["".join(f"[rank 0] {i}\n" for i in range(1000)), "[rank 1] a\n[rank 1] b\n",
+                    "[rank 1] partial\n"]
+    assert streamer.captured[0] == [str(i) for i in range(1000)] and streamer.captured[1] == ["a", "b", "partial"]
+    streamer.feed(0, "\r 50%")  # a live redraw is still replaced by the next complete lines
+    streamer.feed(0, "\r100%\nnext\n")
+    assert sink[-2:] == ["\r[rank 0]  50%", "\r[rank 0] 100%\n[rank 0] next\n"]
+
+
 # ---- 5. stopping the group under a running cell -----------------------------------------------------------
 def test_stopping_the_group_while_a_cell_runs_ends_the_cell_without_a_rebuild(ray_session):
     group = WorkerGroup(2, cpus_per_worker=0.5)

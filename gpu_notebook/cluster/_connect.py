@@ -122,6 +122,7 @@ def connect(
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
+        before = _child_pids()
         try:
             ctx: Any = ray.init(  # type: ignore[no-redef]
                 address="local",
@@ -134,7 +135,11 @@ def connect(
                 configure_logging=True,
             )
         except Exception as exc:
+            _abort_local_start(ray, before)
             raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
+        except BaseException:  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+            _abort_local_start(ray, before)
+            raise
         finally:
             auth_log.setLevel(level)
         _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
@@ -160,6 +165,80 @@ def connect(
             _raise_connect_error(address, exc)
     _CONNECTION = RayConnection(address, False, address.startswith("ray://"))
     return _CONNECTION
+
+
+def _child_pids() -> set[int]:
+    """This process's direct children (Linux ``/proc``; elsewhere psutil when installed, else none)."""
+    me = os.getpid()
+    pids: set[int] = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        try:
+            import psutil
+        except ImportError:
+            return pids
+        return {p.pid for p in psutil.Process(me).children()}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
+        if len(fields) > 1 and int(fields[1]) == me:
+            pids.add(int(entry))
+    return pids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        try:
+            import psutil
+
+            return " ".join(psutil.Process(pid).cmdline())
+        except Exception:  # noqa: BLE001
+            return ""
+
+
+def _abort_local_start(ray: Any, before: set[int]) -> None:
+    """Undo a local ``ray.init`` that did not finish (interrupted, or failed half way).
+
+    ``ray.shutdown()`` stops what Ray already registered; the processes it started before that (the GCS, the
+    dashboard, the raylet and its workers) would otherwise run until the kernel exits: end the Ray processes
+    this process started since ``before``.
+    """
+    import signal
+
+    try:
+        ray.shutdown()
+    except BaseException:  # noqa: BLE001 - best effort; the caller re-raises the original error
+        pass
+    left = [pid for pid in _child_pids() - before if "ray" in _cmdline(pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 3.0
+        while left and time.monotonic() < deadline:
+            for pid in list(left):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done == pid:
+                    left.remove(pid)
+            if left:
+                time.sleep(0.05)
+        if not left:
+            break
 
 
 def probe(address: str, timeout: float | None = None) -> None:

@@ -105,8 +105,8 @@ class Streamer:
         self._live_open = False  # the sink's current line is a live state, not ended by a newline
 
     def feed(self, rank: int, text: str) -> None:
-        for line in self.log.feed(rank, text):
-            self._emit(rank, line)
+        lines = self.log.feed(rank, text)
+        self._emit_all(rank, lines)
         if self.sink is None:
             return
         state = self.log.live(rank)
@@ -120,12 +120,16 @@ class Streamer:
             self._live_open = True
 
     def finish(self, rank: int) -> None:
-        for line in self.log.flush(rank):
-            self._emit(rank, line)
+        self._emit_all(rank, self.log.flush(rank))
 
-    def _emit(self, rank: int, line: str) -> None:
-        self.captured[rank].append(line)
+    def _emit_all(self, rank: int, lines: list[str]) -> None:
+        """Capture complete lines and write them to the sink in one call: a cell printing thousands of lines
+        must not cost one write (and, in a kernel, one message to the browser) per line."""
+        if not lines:
+            return
+        self.captured[rank].extend(lines)
         self._live_shown.pop(rank, None)
         if self.sink is not None:
-            self.sink(("\r" if self._live_open else "") + prefix(rank, line) + "\n")
+            text = "".join(prefix(rank, line) + "\n" for line in lines)
+            self.sink(("\r" if self._live_open else "") + text)
             self._live_open = False

@@ -37,7 +37,8 @@ class ClusterMagics(Magics):
 
     @magic_arguments()
     @argument("command", choices=COMMANDS, help="what to do")
-    @argument("args", nargs="*", help="scale: N; use: NAME; stop: [NAME]")
+    @argument("args", nargs="*", help="scale: N; use: NAME; bench: allreduce or scaling; "
+              "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)")
     @argument("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
     @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
     @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
@@ -102,6 +103,13 @@ class ClusterMagics(Magics):
         except (LookupError, ValueError, RuntimeError, TimeoutError) as exc:
             error(str(exc).strip("'\""))
             return None
+        except KeyboardInterrupt:
+            if args.command != "start":
+                raise
+            # Cluster.start undid what it had started (local Ray, workers, cloud instances): say so, not Ray's frames
+            error("interrupted: the cluster was not started, and what had started was shut down. "
+                  "Run %gpu_cluster start again when ready.")
+            return None
 
     # ---- subcommands ------------------------------------------------------------------------------------------
     def _usage(self, msg: str) -> None:
@@ -165,7 +173,25 @@ class ClusterMagics(Magics):
         if args.dry_run:
             show(cluster.plan())
             return
+        if args.name is None and not args.cloud:
+            self._refuse_second_start()
         cluster.start(progress=progress_printer())
+
+    def _refuse_second_start(self) -> None:
+        """Re-running the start cell must not start a second cluster next to the first: that takes a name."""
+        from gpu_notebook.cluster import get_manager
+
+        manager = get_manager()
+        running = [c for c in manager.list() if c.running]
+        if not running:
+            return
+        c = manager.current if manager.current in running else running[-1]
+        raise RuntimeError(
+            f"cluster {c.name!r} is already running ({c.world_size} workers, {c.backend}); nothing was started. "
+            f"Use it as it is, resize it with %gpu_cluster scale N, get fresh workers with %gpu_cluster restart, "
+            f"or stop it first (%gpu_cluster stop). To run a second cluster next to it, give it a name: "
+            f"%gpu_cluster start --name NAME ..."
+        )
 
     def _cmd_status(self, args: Any) -> None:
         from gpu_notebook.cluster import get_manager
@@ -195,6 +221,10 @@ class ClusterMagics(Magics):
             show(CloudLauncher().teardown(args.args[0], progress=progress_printer()))
             return
         print(self._pick(args).stop())
+        current = get_manager().current
+        if current is not None:  # the next %%distributed runs there, not nowhere
+            print(f"current cluster is now {current.name!r} ({current.world_size} workers); "
+                  f"%gpu_cluster stop --all stops every cluster")
 
     def _cmd_scale(self, args: Any) -> None:
         if len(args.args) != 1 or not args.args[0].isdigit() or int(args.args[0]) < 1:

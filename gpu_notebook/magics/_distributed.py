@@ -8,7 +8,7 @@ from typing import Any
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer
+from gpu_notebook.magics._common import BadArguments, error, help_name, parse, progress_printer
 
 
 def _show_values(values: Any) -> None:
@@ -28,6 +28,39 @@ def _show_values(values: Any) -> None:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
         sep = "\n" if "\n" in text else " "
         print(f"Out[{who}]:{sep}{text}")
+
+
+def _ends_with_semicolon(cell: str) -> bool:
+    """Whether the cell's last token is ``;`` (a comment after it counts too), as IPython decides for ``Out``."""
+    import io
+    import tokenize
+
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(cell).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return cell.rstrip().endswith(";")
+    for tok in reversed(tokens):
+        if tok.type not in skip:
+            return tok.type == tokenize.OP and tok.string == ";"
+    return False
+
+
+def _push_hint(failures: Any, ns: dict[str, Any]) -> str:
+    """What to do when a cell used a notebook variable the workers never got (their namespaces are separate)."""
+    import re
+
+    names: list[str] = []
+    for f in failures:
+        m = re.fullmatch(r"name '(\w+)' is not defined", f.evalue) if f.etype == "NameError" else None
+        if m and m.group(1) in ns and m.group(1) not in names:
+            names.append(m.group(1))
+    if not names:
+        return ""
+    which = ", ".join(repr(n) for n in names)
+    return (f"{which} {'is' if len(names) == 1 else 'are'} defined in the notebook, not on the workers (each "
+            f"worker has its own namespace): send {'it' if len(names) == 1 else 'them'} first with "
+            f"%gpu_push {' '.join(names)}")
 
 
 def _result_size(text: str) -> int:
@@ -101,7 +134,8 @@ class DistributedMagics(Magics):
                 max_result_bytes=args.max_result,
             )
         except ValueError as exc:  # a bad --workers selection
-            print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}", file=sys.stderr)
+            print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}"
+                  f"Try {help_name(self.distributed)}? for help.", file=sys.stderr)
             return None
         except RuntimeError as exc:
             error(str(exc))
@@ -112,9 +146,12 @@ class DistributedMagics(Magics):
                     print(f"[rank {rank}] {out_line}")
         if args.out:
             self._ns[args.out] = result.values
-        if result.ranks and result.values and not cell.rstrip().endswith(";"):  # a trailing ; hides values
+        if result.ranks and result.values and not _ends_with_semicolon(cell):  # a trailing ; hides values
             _show_values(dict(result.values.items()))
         if result.failures:
+            hint = _push_hint(result.failures, self._ns)
+            if hint:
+                result.note = f"{result.note}\n{hint}" if result.note else hint
             result.raise_for_failures(cluster.world_size)
         elif result.note:
             print(result.note, file=sys.stderr)
