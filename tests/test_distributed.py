@@ -225,6 +225,7 @@ def test_a_kernel_interrupt_stops_every_rank_and_keeps_the_workers(ip, shared, c
     assert err is not None
     text = "\n".join(err._render_traceback_())
     assert "interrupted" in text and "still usable" in text
+    assert text.startswith("Interrupted: the cell was stopped on 2 of 2 rank(s) (0-1)"), text  # not "failed"
     res = run(ip, "%%distributed -o k\nkeep\n")
     assert res.success and list(ip.user_ns["k"]) == ["me", "me"]
 
@@ -232,7 +233,7 @@ def test_a_kernel_interrupt_stops_every_rank_and_keeps_the_workers(ip, shared, c
 def test_timeout_interrupts_a_long_cell(ip, shared):
     res = run(ip, "%%distributed --timeout 1\nimport time\nfor _ in range(3000):\n    time.sleep(0.01)\n")
     text = "\n".join(res.error_in_exec._render_traceback_())
-    assert "timeout" in text
+    assert "timeout" in text and text.startswith("Timeout: the cell ran past --timeout on 2 of 2 rank(s)"), text
     assert run(ip, "%%distributed\n1\n").success
 
 

@@ -104,7 +104,14 @@ class DistributedError(Exception):
         lines: list[str] = []
         n = len(self.failures)
         total = f" of {self.world_size}" if self.world_size else ""
-        lines.append(f"DistributedError: {n}{total} rank(s) failed ({format_ranks(self.ranks)})")
+        kinds = {f.kind for f in self.failures}
+        if kinds == {"interrupted"}:  # the stop button: not a failure of the user's code
+            head = f"Interrupted: the cell was stopped on {n}{total} rank(s) ({format_ranks(self.ranks)})"
+        elif kinds == {"timeout"}:
+            head = f"Timeout: the cell ran past --timeout on {n}{total} rank(s) ({format_ranks(self.ranks)})"
+        else:
+            head = f"DistributedError: {n}{total} rank(s) failed ({format_ranks(self.ranks)})"
+        lines.append(head)
         for ranks, f in self.groups():
             who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
             lines.append("")
