@@ -243,6 +243,10 @@ def test_an_ambiguous_id_prefix_says_so(tmp_path: Path) -> None:
         ck.restore("0000000009")
     assert ck.restore(ids[1][:12])["step"] == 1
     assert os.path.isdir(tmp_path)
+    # an id and a step together: which one? (the step used to be ignored silently)
+    with pytest.raises(ValueError, match="id or a step, not both"):
+        ck.restore(ids[1], step=2)
+    assert ck.restore("latest", step=1)["step"] == 1  # "latest" names no checkpoint: the step decides
 
 
 def test_a_dtype_name_from_the_store_must_be_a_dtype(tmp_path: Path) -> None:

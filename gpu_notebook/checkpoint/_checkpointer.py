@@ -1174,6 +1174,8 @@ class Checkpointer:
         raise NoCheckpointError(f"no checkpoint in {self.store.url}")
 
     def _resolve(self, ckpt_id: str | None, step: int | None) -> dict[str, Any]:
+        if ckpt_id not in (None, "latest") and step is not None:
+            raise ValueError(f"give a checkpoint id or a step, not both (id {ckpt_id!r}, step {step})")
         if ckpt_id is not None:
             if ckpt_id == "latest":
                 ckpt_id = None
