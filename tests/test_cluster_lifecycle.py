@@ -168,3 +168,49 @@ def test_logs_of_a_rank_that_does_not_exist_say_so(ip, shared, capsys, line, exp
     captured = capsys.readouterr()
     assert expect in captured.err and "no output recorded yet" not in captured.out
     assert "Traceback" not in captured.err + captured.out
+
+
+def test_a_port_where_another_server_answers_is_not_taken_for_a_ray_head(ray_session):
+    """host:22 (an SSH server) accepts the TCP connection: ray.init then waited a long time. A gRPC handshake
+    tells a Ray head (GCS or Ray Client server) from any other server in moments."""
+    import socket
+    import threading
+    import time
+
+    from gpu_notebook.cluster import _connect
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def ssh_like() -> None:  # greets like sshd and ignores whatever the client says
+        srv.settimeout(0.2)
+        conns = []
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                continue
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+            conns.append(conn)
+        for c in conns:
+            c.close()
+
+    t = threading.Thread(target=ssh_like, daemon=True)
+    t.start()
+    try:
+        for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+            t0 = time.monotonic()
+            with pytest.raises(_connect.ConnectError, match="does not speak gRPC") as err:
+                _connect.probe(address, timeout=2.0)
+            assert time.monotonic() - t0 < 8
+            assert f"127.0.0.1 port {port}" in str(err.value)
+    finally:
+        stop.set()
+        t.join(5)
+        srv.close()
+    # the session's real Ray head passes
+    gcs = ray_session.get_runtime_context().gcs_address
+    _connect.probe(gcs, timeout=5.0)

@@ -258,9 +258,11 @@ def probe(address: str, timeout: float | None = None) -> None:
     host, _, port = body.rpartition(":")
     host = host.strip("[]")
     wait = PROBE_TIMEOUT_S if timeout is None else timeout
+    kind = "Ray Client server (ray start --head opens it on port 10001)" if address.startswith("ray://") \
+        else "Ray head (its GCS port, 6379 unless ray start --head --port says otherwise)"
     try:
         with socket.create_connection((host, int(port)), timeout=wait):
-            return
+            pass
     except (OSError, ValueError) as exc:
         if isinstance(exc, socket.gaierror):
             why = f"the host name {host!r} does not resolve ({exc.strerror or exc})"
@@ -270,9 +272,35 @@ def probe(address: str, timeout: float | None = None) -> None:
             why = f"nothing listens on {host} port {port} (connection refused)"
         else:
             why = f"{host} port {port} cannot be reached ({exc})"
-        kind = "Ray Client server (ray start --head opens it on port 10001)" if address.startswith("ray://") \
-            else "Ray head (its GCS port, 6379 unless ray start --head --port says otherwise)"
         raise ConnectError(f"could not connect to Ray at {shown}: {why}; is a {kind} running there?") from None
+    if not _speaks_grpc(host, int(port), wait):
+        raise ConnectError(
+            f"could not connect to Ray at {shown}: something answers on {host} port {port}, but it does not speak "
+            f"gRPC (an SSH or web server?), so it is no {kind}; check the port"
+        )
+
+
+def _speaks_grpc(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` completes a gRPC (HTTP/2) handshake, as a Ray GCS or Ray Client server does.
+
+    ``ray.init`` waits a long time on a port where another server answers (``host:22``). With Ray's TLS
+    (``RAY_USE_TLS``) a plain channel cannot tell, and without grpc (it comes with Ray) there is no check: True.
+    """
+    if os.environ.get("RAY_USE_TLS", "").strip().lower() in ("1", "true", "yes"):
+        return True
+    try:
+        import grpc
+    except ImportError:
+        return True
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    channel = grpc.insecure_channel(target)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 def _transient_client_error(exc: BaseException) -> bool:
