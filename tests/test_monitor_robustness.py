@@ -50,6 +50,9 @@ def test_a_node_gone_from_ray_does_not_stop_the_healthy_ones(ray_session) -> Non
         assert _wait(lambda: mon.aggregator.rows_in >= 3)
         html = mon.snapshot_html()
         assert ghost[:12] in html and "down" in html
+        prom = mon.prometheus_text()  # a scraper sees the node down too, not missing
+        assert f'gpu_notebook_node_up{{node="{ghost}"}} 0' in prom
+        assert f'gpu_notebook_node_up{{node="{real[0]}"}} 1' in prom
         # retried later with a growing delay, never blocking the pull thread
         first = mon._failed[ghost]
         assert _wait(lambda: mon._failed[ghost].attempts > first.attempts, 15)

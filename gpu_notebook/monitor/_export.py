@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +62,11 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
-def prometheus_text(agg: Aggregator) -> str:
-    """The newest sample of every GPU and host in Prometheus text exposition format 0.0.4."""
+def prometheus_text(agg: Aggregator, down: Iterable[str] = ()) -> str:
+    """The newest sample of every GPU and host in Prometheus text exposition format 0.0.4.
+
+    ``down``: nodes known but not registered (a sampler that could not start): ``gpu_notebook_node_up`` 0.
+    """
     latest = agg.latest()
     lines: list[str] = []
     for col, name, typ, help_, scale in _GPU_EXPORTS:
@@ -87,8 +90,13 @@ def prometheus_text(agg: Aggregator) -> str:
             lines.append(f'{name}{{node="{_label(r["node"])}"}} {_num(r[col] * scale)}')
     lines += ["# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
               "# TYPE gpu_notebook_node_up gauge"]
+    seen = set()
     for node, s in agg.states():
+        seen.add(node)
         lines.append(f'gpu_notebook_node_up{{node="{_label(node)}"}} {1 if s.up else 0}')
+    for node in down:
+        if node not in seen:
+            lines.append(f'gpu_notebook_node_up{{node="{_label(node)}"}} 0')
     return "\n".join(lines) + "\n"
 
 

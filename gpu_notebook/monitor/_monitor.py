@@ -406,7 +406,7 @@ class Monitor:
     # -- exports --------------------------------------------------------------------------------------------------
     def prometheus_text(self) -> str:
         """Newest samples in Prometheus text exposition format."""
-        return prometheus_text(self.aggregator)
+        return prometheus_text(self.aggregator, down=self.failed_nodes)
 
     def to_csv(self, path: str | None = None, window_s: float | None = None, node_column: bool = False) -> str:
         """History in ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv`` shape.
