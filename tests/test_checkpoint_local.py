@@ -907,3 +907,25 @@ def test_rng_state_restored_onto_a_gpu_sets_again(tmp_path: Path) -> None:
     checkpoint.set_rng_state(state["rng"])
     got = (torch.rand(3), torch.rand(3, device="cuda"))
     assert torch.equal(expect[0], got[0]) and torch.equal(expect[1], got[1])
+
+
+def test_cuda_rng_states_of_more_gpus_than_this_process_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint saved on 4 GPUs resumed on 2: torch.cuda.set_rng_state_all raises for a device that does not
+    exist, so the first 2 states are set and a warning says the others were dropped. (torch.cuda is faked: no
+    GPU here; the fake keeps torch's contract of one state per device index.)"""
+    got: list = []
+
+    def set_all(states: list) -> None:
+        for i, _ in enumerate(states):
+            if i >= 2:
+                raise RuntimeError(f"CUDA error: invalid device ordinal {i}")
+        got.extend(states)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
+    state = checkpoint.rng_state()
+    state["cuda"] = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]
+    with pytest.warns(RuntimeWarning, match="RNG states of 4 GPUs and this process sees 2"):
+        checkpoint.set_rng_state(state)
+    assert [int(t[0]) for t in got] == [0, 1]

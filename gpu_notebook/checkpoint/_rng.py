@@ -44,4 +44,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
         torch.set_rng_state(cpu(state["torch"]))
         if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([cpu(t) for t in state["cuda"]])
+            states = [cpu(t) for t in state["cuda"]]
+            n = torch.cuda.device_count()
+            if len(states) > n:  # resumed on fewer GPUs than it was saved from (set_rng_state_all would raise)
+                import warnings
+
+                warnings.warn(
+                    f"the checkpoint holds the CUDA RNG states of {len(states)} GPUs and this process sees {n}: "
+                    f"the first {n} are restored, the others dropped",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                states = states[:n]
+            torch.cuda.set_rng_state_all(states)
