@@ -133,6 +133,46 @@ def test_gcp_n1_gets_guest_accelerators_and_a2_does_not():
     assert cfg["machineType"].startswith("a2-") and "guestAccelerators" not in cfg
 
 
+def test_aws_default_ami_is_the_current_gpu_dlami_not_rays_cuda_11_one():
+    # Ray's fallback AMI (Deep Learning AMI Ubuntu 18.04 V71.0, CUDA 11.2) predates the R525 driver CUDA 12 needs;
+    # every node gets the Ubuntu 22.04 GPU base DLAMI through its public SSM parameter instead.
+    spec = ClusterSpec(cloud="aws", gpu="A100:8", spot=True, name="gnb-ami", **PINNED)
+    types = render_ray_config(spec, resolve(spec))["available_node_types"]
+    for node_type in types.values():
+        cfg = node_type["node_config"]
+        assert cfg["ImageId"] == (
+            "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+        assert cfg["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"  # the Ubuntu AMI's root device
+    own = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-ami2", vm_image="ami-0123456789abcdef0", **PINNED)
+    cfg = render_ray_config(own, resolve(own))["available_node_types"][WORKER_TYPE]["node_config"]
+    assert cfg["ImageId"] == "ami-0123456789abcdef0"
+
+
+@pytest.mark.parametrize("gpu", ["L4:1", "H100:8", "T4:1"])
+def test_gcp_boot_disk_is_pd_balanced_in_the_launch_zone(gpu):
+    # pd-standard (the API default) is not offered on G2 (L4) and A3 (H100) machine types
+    spec = ClusterSpec(cloud="gcp", gpu=gpu, project="p", name="gnb-disk", **PINNED)
+    config = render_ray_config(spec, resolve(spec))
+    zone = config["provider"]["availability_zone"]
+    for node_type in config["available_node_types"].values():
+        params = node_type["node_config"]["disks"][0]["initializeParams"]
+        assert params["diskType"] == f"zones/{zone}/diskTypes/pd-balanced"
+
+
+def test_gcp_default_zone_exists_in_the_region():
+    # us-east1 and europe-west1 have no "-a" zone (their zones are b, c and d)
+    east = ClusterSpec(cloud="gcp", region="us-east1", gpu="T4:1", project="p", name="gnb-zone", **PINNED)
+    assert render_ray_config(east, resolve(east))["provider"]["availability_zone"] == "us-east1-b"
+    central = ClusterSpec(cloud="gcp", gpu="T4:1", project="p", name="gnb-zone2", **PINNED)
+    assert render_ray_config(central, resolve(central))["provider"]["availability_zone"] == "us-central1-a"
+    chosen = ClusterSpec(cloud="gcp", region="us-east1", zone="us-east1-d", gpu="T4:1", project="p",
+                         name="gnb-zone3", **PINNED)
+    cfg = render_ray_config(chosen, resolve(chosen))
+    assert cfg["provider"]["availability_zone"] == "us-east1-d"
+    disk = cfg["available_node_types"][WORKER_TYPE]["node_config"]["disks"][0]["initializeParams"]
+    assert disk["diskType"] == "zones/us-east1-d/diskTypes/pd-balanced"
+
+
 def test_head_start_commands_carry_client_port_and_idle_stop_only_when_asked():
     with_idle = ClusterSpec(cloud="aws", gpu="A100:8", idle_stop_minutes=45, name="gnb-i", **PINNED)
     cmds = render_ray_config(with_idle, resolve(with_idle))["head_start_ray_commands"]

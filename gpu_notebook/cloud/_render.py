@@ -25,6 +25,20 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 IDLE_WATCH_LOG = "/tmp/gpu_notebook_idle_watch.log"
 
+#: GCE boot disk type. The API default, pd-standard, is not offered on the newer machine series (A3 and G2 take
+#: pd-balanced, pd-ssd or Hyperdisk; cf. C3 in kubernetes-sigs/gcp-compute-persistent-disk-csi-driver#1391);
+#: pd-balanced works on N1, N2, A2, A3 and G2 alike.
+GCP_BOOT_DISK_TYPE = "pd-balanced"
+#: GCE regions whose zones do not include ``<region>-a`` (us-east1: b, c, d; europe-west1: b, c, d).
+GCP_DEFAULT_ZONES = {"us-east1": "us-east1-b", "europe-west1": "europe-west1-b"}
+
+
+def gcp_zone(spec: ClusterSpec) -> str:
+    """The GCE zone a spec launches in: ``spec.zone``, else a zone that exists in its region."""
+    region = spec.region or "us-central1"
+    return spec.zone or GCP_DEFAULT_ZONES.get(region, f"{region}-a")
+
+
 #: GCE accelerator names for N1 machines (A2/A3/G2 machine types come with their GPUs attached).
 GCP_ACCELERATORS = {
     "T4": "nvidia-tesla-t4",
@@ -116,6 +130,8 @@ def _gcp_node(
                 "type": "PERSISTENT",
                 "initializeParams": {
                     "diskSizeGb": int(spec.disk_gb),
+                    # instances.insert wants a (partial) URL here, not the bare type name
+                    "diskType": f"zones/{gcp_zone(spec)}/diskTypes/{GCP_BOOT_DISK_TYPE}",
                     "sourceImage": spec.vm_image or DEFAULT_VM_IMAGES["gcp"],
                 },
             }
@@ -177,7 +193,7 @@ def _provider(spec: ClusterSpec) -> dict[str, Any]:
         prov = {
             "type": "gcp",
             "region": region,
-            "availability_zone": spec.zone or f"{region}-a",
+            "availability_zone": gcp_zone(spec),
             "project_id": spec.project,
         }
     else:

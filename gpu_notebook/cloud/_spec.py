@@ -30,9 +30,13 @@ HEAD_PRICES = {
 HEAD_PRICE_SOURCE = "list price 2025-05 (gpu_notebook.cloud._spec.HEAD_PRICES)"
 DEFAULT_REGIONS = {"aws": "us-east-1", "gcp": "us-central1", "azure": "eastus"}
 #: VM images with NVIDIA drivers and docker (the Ray container runs on top). Override with ``vm_image``.
-DEFAULT_VM_IMAGES = {
-    # None on AWS: Ray picks its default Deep Learning AMI for the region.
-    "aws": None,
+DEFAULT_VM_IMAGES: dict[str, str | None] = {
+    # AWS: the current "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" of the launch region, looked
+    # up by EC2 at launch through its public SSM parameter (RunInstances accepts ``resolve:ssm:`` as ImageId).
+    # Ray's own default AMI ("Deep Learning AMI (Ubuntu 18.04) V71.0", CUDA 11.2 per ray/autoscaler/_private/aws/
+    # config.py) has a driver older than the R525 that CUDA 12 (Ray's -gpu images, PyPI torch) needs. An Ubuntu
+    # AMI: root device /dev/sda1, SSH user ubuntu; it ships docker and the NVIDIA container toolkit.
+    "aws": "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
     "gcp": "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310",
     "azure": "microsoft-dsvm:ubuntu-2204:2204-gen2:latest",
 }
