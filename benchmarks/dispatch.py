@@ -1,15 +1,19 @@
 """Dispatch latency and DDP throughput: %%distributed against the tools users run today.
 
 Prints, from one run on this machine, the median time of a trivial distributed cell (an all_reduce of one
-tensor on 2 workers) for:
-  * gpu_notebook %%distributed, warm (persistent workers; what a notebook user waits for per cell)
+tensor on 2 workers, gloo) for:
+  * gpu_notebook ``%%distributed``, warm (persistent workers; what a notebook user waits for per cell)
+  * ipyparallel ``%%px`` on 2 engines of an already started ``ipp.Cluster``, blocking view (its defaults), with a
+    gloo process group formed on the engines once, so it runs the very same cell
+  * accelerate ``notebook_launcher`` (forks 2 processes per call and forms the group in them: its real cost)
   * Ray Train ``TorchTrainer.fit`` with the same function (builds its worker group on every call)
-  * accelerate ``notebook_launcher`` (forks 2 processes per call; no state kept)
-  * ipyparallel ``%px`` on 2 engines (no process group at all: a floor)
-plus the time from ``%gpu_cluster start`` to the first finished cell, and the training throughput of the same
-DDP loop under ``%%distributed`` and under ``torchrun --nproc_per_node 2`` (ratio, target within 3%).
+``%%distributed`` and ``%%px`` run as notebook cells through the same IPython shell (magic parsing and output
+display included on both sides, output captured), interleaved; every tool gets untimed warm-up calls first.
+Alternatives that are not installed are printed as skipped. Also printed: the time from ``%gpu_cluster start`` to
+the first finished cell, and the training throughput of the same DDP loop under ``%%distributed`` and under
+``torchrun --nproc_per_node 2`` (interleaved rounds, ratio; target within 3%).
 
-Usage: .venv/bin/python benchmarks/dispatch.py [--reps 30] [--skip-ray-train]
+Usage: .venv/bin/python benchmarks/dispatch.py [--quick] [--reps 30] [--skip-ray-train]
 """
 
 from __future__ import annotations
@@ -52,22 +56,101 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1000
 
 
-def bench_ours(reps: int) -> dict[str, float]:
-    from gpu_notebook import Cluster
+def _free_port() -> int:
+    import socket
 
-    t0 = time.perf_counter()
-    cluster = Cluster(name="bench", workers=2, cpus_per_worker=0.5).start()
-    res = cluster.run(CELL, stream=False)
-    assert res.ok and list(res.values) == [2.0, 2.0], res.failures
-    start_to_first = time.perf_counter() - t0
-    for _ in range(3):
-        cluster.run(CELL, stream=False)
-    samples = []
-    for _ in range(reps):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _timed_cell(ip, src: str, check: bool = False) -> float:
+    """Run one notebook cell through the shell, output captured (not printed), and return its wall time.
+
+    ``check``: also require that both ranks' value (2.0, the all_reduce of two ones) was displayed.
+    """
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as out:
         t = time.perf_counter()
-        cluster.run(CELL, stream=False)
-        samples.append(time.perf_counter() - t)
-    return {"cluster": cluster, "warm_ms": median_ms(samples), "start_to_first_s": start_to_first}
+        res = ip.run_cell(src)
+        dt = time.perf_counter() - t
+    if not res.success:
+        raise RuntimeError(f"cell failed: {src.splitlines()[0]}: {res.error_before_exec or res.error_in_exec}")
+    if check and "2.0" not in out.stdout + "".join(str(o.data) for o in out.outputs):
+        raise RuntimeError(f"{src.splitlines()[0]} did not show the all_reduce result 2.0: {out.stdout!r}")
+    return dt
+
+
+def start_ours(ip):
+    """``%gpu_cluster start`` (2 workers) on the Ray already running here; returns (cluster, s to first cell)."""
+    from gpu_notebook.cluster import get_manager
+
+    ip.run_line_magic("load_ext", "gpu_notebook")
+    t0 = time.perf_counter()
+    ip.run_line_magic("gpu_cluster", "start --workers 2 --cpus-per-worker 0.5")
+    _timed_cell(ip, "%%distributed\n" + CELL)
+    return get_manager().require_current(), time.perf_counter() - t0
+
+
+def start_ipyparallel(ip):
+    """An ipyparallel cluster of 2 engines started once (as its docs recommend), ``%px`` magics activated on a
+    blocking view of all engines, and a gloo process group formed on the engines so ``%%px`` runs the same cell
+    as ``%%distributed``. Returns (ipp.Cluster, client)."""
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync()
+    rc.wait_for_engines(2, timeout=120)
+    port = _free_port()
+    ars = [
+        rc[i].execute(f"import torch.distributed as dist\ndist.init_process_group('gloo', "
+                      f"init_method='tcp://127.0.0.1:{port}', rank={i}, world_size=2)", block=False)
+        for i in range(2)
+    ]
+    for ar in ars:
+        ar.get(timeout=120)
+    view = rc[:]
+    view.block = True
+    view.activate()  # registers %px / %%px on this shell, as the docs show
+    return cluster, rc
+
+
+def bench_cells(ip, cluster, rc, reps: int) -> dict[str, float]:
+    """Median wall time of the same cell through ``%%distributed`` and ``%%px`` in the same shell, and through
+    the Python calls under them (``Cluster.run`` and ``DirectView.execute(silent=False, block=True)``, the call
+    ``%%px`` makes), all interleaved in rounds (alternating the order), after 3 untimed warm-up calls each."""
+
+    def api(fn) -> float:
+        t = time.perf_counter()
+        fn()
+        return time.perf_counter() - t
+
+    def ours_api() -> None:
+        res = cluster.run(CELL, stream=False)
+        assert res.ok and list(res.values) == [2.0, 2.0], res.failures
+
+    calls = {"ours": lambda check=False: _timed_cell(ip, "%%distributed\n" + CELL, check),
+             "ours_api": lambda check=False: api(ours_api)}
+    if rc is not None:
+        view = rc[:]
+
+        def ipp_api() -> None:
+            ar = view.execute(CELL, silent=False, block=True)
+            assert [r["data"]["text/plain"] for r in ar.execute_result] == ["2.0", "2.0"]
+
+        calls["px"] = lambda check=False: _timed_cell(ip, "%%px\n" + CELL, check)
+        calls["ipp_api"] = lambda check=False: api(ipp_api)
+    for i in range(3):
+        for call in calls.values():
+            call(check=i == 0)
+    samples: dict[str, list[float]] = {k: [] for k in calls}
+    order = list(calls)
+    for _ in range(reps):
+        for key in order:
+            samples[key].append(calls[key]())
+        order.reverse()
+    return {k: median_ms(v) for k, v in samples.items()}
 
 
 def bench_cold_start() -> float:
@@ -94,12 +177,13 @@ def bench_cold_start() -> float:
 
 
 def bench_ray_train(reps: int) -> float:
+    """Median of ``reps`` TorchTrainer.fit calls after one untimed warm-up fit (imports, first worker start)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     storage = tempfile.mkdtemp(prefix="gnb-bench-train-")
     samples = []
-    for i in range(reps):
+    for i in range(reps + 1):
         trainer = TorchTrainer(
             allreduce_fn,
             scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
@@ -107,22 +191,26 @@ def bench_ray_train(reps: int) -> float:
         )
         t = time.perf_counter()
         trainer.fit()
-        samples.append(time.perf_counter() - t)
+        if i:
+            samples.append(time.perf_counter() - t)
     return median_ms(samples)
 
 
 def bench_notebook_launcher(reps: int) -> float:
+    """Median of ``reps`` notebook_launcher calls after one untimed warm-up call, in a fresh process (no Ray)."""
     code = textwrap.dedent(
         f"""
-        import time, statistics, sys
+        import contextlib, io, time, statistics, sys
         sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
         from accelerate import notebook_launcher
         from dispatch import launcher_fn
         samples = []
-        for _ in range({reps}):
+        for i in range({reps} + 1):
             t = time.perf_counter()
-            notebook_launcher(launcher_fn, (), num_processes=2, use_port="29533")
-            samples.append(time.perf_counter() - t)
+            with contextlib.redirect_stdout(io.StringIO()):  # its "Launching training on 2 CPUs." line
+                notebook_launcher(launcher_fn, (), num_processes=2, use_port="{_free_port()}")
+            if i:
+                samples.append(time.perf_counter() - t)
         print("MEDIAN", statistics.median(samples) * 1000)
         """
     )
@@ -134,25 +222,13 @@ def bench_notebook_launcher(reps: int) -> float:
     raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
 
 
-def bench_ipyparallel(reps: int) -> float:
-    import ipyparallel as ipp
+def installed(module: str) -> bool:
+    import importlib.util
 
-    cluster = ipp.Cluster(n=2, log_level=40)
-    rc = cluster.start_and_connect_sync()
     try:
-        view = rc[:]
-        view.block = True
-        view.execute("import torch; t = torch.ones(1)")
-        for _ in range(3):
-            view.execute("t.add_(0); x = t.item()")
-        samples = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            view.execute("t.add_(0); x = t.item()")  # what %px does
-            samples.append(time.perf_counter() - t)
-        return median_ms(samples)
-    finally:
-        cluster.stop_cluster_sync()
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 TRAIN_SCRIPT = textwrap.dedent(
@@ -183,67 +259,121 @@ TRAIN_SCRIPT = textwrap.dedent(
 )
 
 
-def bench_ddp(cluster, steps: int, rounds: int) -> tuple[float, float]:
+def bench_ddp(cluster, steps: int, rounds: int) -> tuple[float, float, list[float]]:
     script = TRAIN_SCRIPT.replace("STEPS", str(steps))
     path = os.path.join(tempfile.mkdtemp(prefix="gnb-bench-"), "train.py")
     with open(path, "w") as f:
         f.write(script)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     ours, theirs = [], []
-    for _ in range(rounds):  # interleave, so load changes on the machine hit both alike
+
+    def run_ours() -> None:
         res = cluster.run(script + "\nmain()\n", stream=False)
         assert res.ok, res.failures
         ours.append(res.values[0])
-        proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29544", path],
+
+    def run_torchrun() -> None:
+        proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()), path],
                               capture_output=True, text=True, timeout=600)
         rate = [float(ln.split()[1]) for ln in proc.stdout.splitlines() if ln.startswith("THROUGHPUT")]
         if not rate:
             raise RuntimeError(proc.stderr[-2000:])
         theirs.append(rate[0])
-    return statistics.median(ours), statistics.median(theirs)
+
+    for i in range(rounds):  # interleave, alternating which goes first, so load changes hit both alike
+        for run in ((run_ours, run_torchrun) if i % 2 == 0 else (run_torchrun, run_ours)):
+            run()
+    return statistics.median(ours), statistics.median(theirs), [a / b for a, b in zip(ours, theirs, strict=True)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--train-reps", type=int, default=2, help="TorchTrainer.fit calls (each takes ~40 s)")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (about 3 minutes on 2 cores)")
+    parser.add_argument("--reps", type=int, help="timed cells per tool (default 30; --quick 10)")
+    parser.add_argument("--train-reps", type=int,
+                        help="timed TorchTrainer.fit calls after one warm-up fit (default 2; --quick 1)")
     parser.add_argument("--skip-ray-train", action="store_true")
-    parser.add_argument("--steps", type=int, default=150, help="DDP training steps per throughput round")
+    parser.add_argument("--steps", type=int, help="DDP training steps per throughput round (default 150)")
+    parser.add_argument("--rounds", type=int, help="interleaved DDP throughput rounds (default 5; --quick 3)")
     args = parser.parse_args()
+    reps = args.reps or (10 if args.quick else 30)
+    train_reps = args.train_reps or (1 if args.quick else 2)
+    steps = args.steps or 150
+    rounds = args.rounds or (3 if args.quick else 5)
+    launcher_reps = max(3, reps // 3)
 
     cold = bench_cold_start()
     print(f"  start -> first cell: {cold:.1f} s", flush=True)
     import ray
+    from IPython.testing.globalipapp import start_ipython
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    rows: list[tuple[str, float]] = []
-    ours = bench_ours(args.reps)
-    rows.append(("gpu_notebook %%distributed (warm)", ours["warm_ms"]))
-    print(f"  ours: {ours['warm_ms']:.2f} ms", flush=True)
-    rows.append(("ipyparallel %px (no process group: floor)", bench_ipyparallel(args.reps)))
-    print(f"  ipyparallel: {rows[-1][1]:.2f} ms", flush=True)
-    rows.append(("accelerate notebook_launcher", bench_notebook_launcher(max(3, args.reps // 6))))
-    print(f"  notebook_launcher: {rows[-1][1]:.2f} ms", flush=True)
-    if not args.skip_ray_train:
-        rows.append(("Ray Train TorchTrainer.fit", bench_ray_train(args.train_reps)))
+    ip = start_ipython()
+    cluster, start_to_first = start_ours(ip)
+    skipped: dict[str, str] = {}
+    ipp_cluster = rc = None
+    if installed("ipyparallel"):
+        ipp_cluster, rc = start_ipyparallel(ip)
+    else:
+        skipped["ipyparallel %%px"] = "ipyparallel not installed"
+    try:
+        cells = bench_cells(ip, cluster, rc, reps)
+    finally:
+        if ipp_cluster is not None:
+            ipp_cluster.stop_cluster_sync()
+    rows: list[tuple[str, float, str]] = [
+        ("gpu_notebook %%distributed (warm)", cells["ours"], f"median of {reps}")]
+    print(f"  ours: {cells['ours']:.2f} ms", flush=True)
+    if "px" in cells:
+        rows.append(("ipyparallel %%px (warm, same cell)", cells["px"], f"median of {reps}"))
+        print(f"  ipyparallel: {cells['px']:.2f} ms", flush=True)
+    api_rows = [("Cluster.run(cell) (under %%distributed)", cells["ours_api"])]
+    if "ipp_api" in cells:
+        api_rows.append(("DirectView.execute(cell) (under %%px)", cells["ipp_api"]))
+    if installed("accelerate"):
+        rows.append(("accelerate notebook_launcher", bench_notebook_launcher(launcher_reps),
+                     f"median of {launcher_reps}"))
+        print(f"  notebook_launcher: {rows[-1][1]:.2f} ms", flush=True)
+    else:
+        skipped["accelerate notebook_launcher"] = "accelerate not installed"
+    if args.skip_ray_train:
+        skipped["Ray Train TorchTrainer.fit"] = "--skip-ray-train"
+    elif not installed("ray.train") or not installed("ray.train.torch"):
+        skipped["Ray Train TorchTrainer.fit"] = "ray[train] not installed"
+    else:
+        rows.append(("Ray Train TorchTrainer.fit", bench_ray_train(train_reps), f"median of {train_reps}"))
         print(f"  TorchTrainer.fit: {rows[-1][1]:.0f} ms", flush=True)
-    ddp_ours, ddp_torchrun = bench_ddp(ours["cluster"], args.steps, rounds=3)
-    ours["cluster"].stop()
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    ddp = bench_ddp(cluster, steps, rounds) if os.path.exists(torchrun) else None
+    ip.run_line_magic("gpu_cluster", "stop")
 
     base = rows[0][1]
     print()
-    print(f"Trivial distributed cell (all_reduce of one tensor, 2 workers), median of {args.reps}")
-    print(f"{'tool':<44} {'median':>12} {'vs %%distributed':>18}")
-    for name, ms in rows:
-        print(f"{name:<44} {ms:>9.2f} ms {ms / base:>17.1f}x")
+    print("Trivial distributed cell (all_reduce of one tensor, 2 workers, gloo), run as a notebook cell in one "
+          "IPython shell; warm-up excluded for every tool")
+    print(f"{'tool':<40} {'median':>12} {'vs %%distributed':>18}  repeats")
+    for name, ms, note in rows:
+        print(f"{name:<40} {ms:>9.2f} ms {ms / base:>17.1f}x  {note}")
+    for name, why in skipped.items():
+        print(f"{name:<40} {'skipped':>12} {'-':>18}  {why}")
+    print()
+    print("The same cell through the Python calls under the magics (no magic parsing or output display), "
+          "interleaved with the rows above")
+    for name, ms in api_rows:
+        print(f"{name:<40} {ms:>9.2f} ms {ms / api_rows[0][1]:>17.1f}x  median of {reps}")
     print()
     print(f"%gpu_cluster start -> first finished cell, fresh kernel: {cold:.1f} s (local Ray start included); "
-          f"on an already running Ray: {ours['start_to_first_s']:.1f} s")
+          f"on an already running Ray: {start_to_first:.1f} s")
     print()
-    print("DDP training throughput (same loop, 2 CPU workers, gloo; median of 3 interleaved rounds)")
+    if ddp is None:
+        print("DDP training throughput: skipped (torchrun not found next to this Python)")
+        return
+    ddp_ours, ddp_torchrun, ratios = ddp
+    print(f"DDP training throughput (same loop, 2 CPU workers, gloo; medians of {rounds} interleaved rounds)")
     print(f"{'%%distributed':<20} {ddp_ours:>10.0f} samples/s")
     print(f"{'torchrun':<20} {ddp_torchrun:>10.0f} samples/s")
-    print(f"ratio %%distributed / torchrun: {ddp_ours / ddp_torchrun:.3f}")
+    print(f"ratio %%distributed / torchrun: median {statistics.median(ratios):.3f} "
+          f"(per round {min(ratios):.3f}..{max(ratios):.3f})")
 
 
 if __name__ == "__main__":
