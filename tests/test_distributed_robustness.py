@@ -445,3 +445,34 @@ def test_the_collective_count_check_by_backend():
     assert g._out_of_step({1: RankFailure(rank=1, kind="error")}) == ""
     g._seqs = {0: 4, 1: 5}  # a rank without a count (no group, or it died): no verdict
     assert g._out_of_step({}) == ""
+
+
+def test_output_is_fetched_less_often_while_the_ranks_print_nothing(shared):
+    """Each drain is a call into every rank (CPU taken from training on a small machine): while the ranks print
+    nothing the drains back off from every 0.1 s to every 0.5 s, and output after a quiet spell still arrives
+    while the cell runs."""
+    from gpu_notebook.distributed._group import DRAIN_MAX_S, DRAIN_MIN_S
+
+    group = shared.group
+    calls: list[tuple[float, int]] = []
+    orig = group._drain
+
+    def counting(*a, **k):
+        got = orig(*a, **k)
+        calls.append((time.monotonic(), got))
+        return got
+
+    seen: list[tuple[float, str]] = []
+    group._drain = counting
+    try:
+        t0 = time.monotonic()
+        res = shared.run("import time\ntime.sleep(3)\nprint('after the quiet spell', flush=True)\ntime.sleep(1.5)\n",
+                         sink=lambda line: seen.append((time.monotonic(), line)))
+    finally:
+        del group._drain
+    assert res.ok, res.failures
+    quiet = [t for t, _ in calls if t - t0 < 2.9]
+    assert len(quiet) <= 12, len(quiet)  # 0.1 s drains for 3 s would be about 30
+    arrived = [t for t, line in seen if "after the quiet spell" in line]
+    assert arrived and arrived[0] - t0 < 3 + DRAIN_MAX_S + 0.6  # live, not at the end of the cell (4.5 s)
+    assert DRAIN_MIN_S == 0.1
