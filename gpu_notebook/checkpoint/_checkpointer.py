@@ -1309,12 +1309,7 @@ class Checkpointer:
         NoCheckpointError, IntegrityError, ObjectMissingError, FormatVersionError, ShapeMismatchError
         """
         _set_current(self)
-        h = self._inflight
-        if h is not None and h._future is not None:
-            try:
-                h._future.result()
-            except Exception:  # noqa: BLE001
-                pass
+        self._wait_inflight()
         try:
             doc = self._resolve(ckpt_id, step)
         except NoCheckpointError:
