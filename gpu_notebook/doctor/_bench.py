@@ -197,15 +197,7 @@ def allreduce_bench(
                 expected = pattern * n + n * (n + 1) // 2
                 wrong = int((view != expected).sum().item())
             view.zero_()
-            for _ in range(warmup):
-                dist.all_reduce(view, group=group)
-            sync()
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(view, group=group)
-            sync()
-            elapsed = (time.perf_counter() - t0) / max(1, iters)
+            elapsed = _time_all_reduce(view, group, warmup, iters, sync)
             rows.append({"bytes": nbytes, "count": count, "time_us": elapsed * 1e6, "wrong": wrong})
     except Exception as exc:
         timed_out = collective_failed(exc, rank, what, collective_timeout)
@@ -221,6 +213,21 @@ def allreduce_bench(
         **_where(),
         "rows": rows,
     }
+
+
+def _time_all_reduce(buf: Any, group: Any, warmup: int, iters: int, sync: Any) -> float:
+    """Seconds per ``all_reduce`` of ``buf`` in ``group``, after ``warmup`` untimed ones and a barrier."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        dist.all_reduce(buf, group=group)
+    sync()
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf, group=group)
+    sync()
+    return (time.perf_counter() - t0) / max(1, iters)
 
 
 def pair_bench(
@@ -251,21 +258,8 @@ def pair_bench(
             what = f"the 2-rank all_reduce of ranks {pair[0]} and {pair[1]}"
             group = bench_group(pair, collective_timeout)
             if rank in pair:
-                for _ in range(warmup):
-                    dist.all_reduce(buf, group=group)
-                sync()
-                dist.barrier(group=group)
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    dist.all_reduce(buf, group=group)
-                sync()
-                out.append(
-                    {
-                        "pair": list(pair),
-                        "bytes": count * 4,
-                        "time_us": (time.perf_counter() - t0) / iters * 1e6,
-                    }
-                )
+                elapsed = _time_all_reduce(buf, group, warmup, iters, sync)
+                out.append({"pair": list(pair), "bytes": count * 4, "time_us": elapsed * 1e6})
             dist.barrier(group=everyone)
             free_group(group)
     except Exception as exc:
