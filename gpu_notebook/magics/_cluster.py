@@ -119,16 +119,16 @@ class ClusterMagics(Magics):
         print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %gpu_cluster? for help.", file=sys.stderr)
         raise BadArguments(msg)
 
+    def _refuse_options(self, args: Any, given: Any, what: str) -> None:
+        """Usage error for the first option among ``given`` (argparse dests) that is not at its default."""
+        for action in self.gpu_cluster.parser._actions:
+            if action.dest in given and getattr(args, action.dest, None) != action.default:
+                self._usage(f"{max(action.option_strings, key=len)} does not apply to {what}")
+
     def _check_options(self, args: Any) -> None:
-        parser = self.gpu_cluster.parser
-        allowed = OPTIONS[args.command]
-        for action in parser._actions:
-            dest = action.dest
-            if dest in ("help", "command", "args") or dest in allowed:
-                continue
-            if getattr(args, dest, None) != action.default:
-                flag = max(action.option_strings, key=len)
-                self._usage(f"{flag} does not apply to {args.command}")
+        allowed = OPTIONS[args.command] | {"help", "command", "args"}
+        others = {a.dest for a in self.gpu_cluster.parser._actions} - allowed
+        self._refuse_options(args, others, args.command)
         # NAME positionally or as --name (as for start): the same thing, said once
         if args.command != "start" and args.name is not None:
             if args.args and args.args[0] != args.name:
@@ -246,11 +246,7 @@ class ClusterMagics(Magics):
             self._usage("bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce")
         kind = args.args[0]
         # the arguments are checked before any cluster is needed; an option of the other benchmark is an error
-        other = {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind]
-        for dest in other:
-            action = next(a for a in self.gpu_cluster.parser._actions if a.dest == dest)
-            if getattr(args, dest) != action.default:
-                self._usage(f"{max(action.option_strings, key=len)} does not apply to bench {kind}")
+        self._refuse_options(args, {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind], f"bench {kind}")
         max_bytes = 0
         if kind == "allreduce":
             from gpu_notebook.doctor._bench import parse_size

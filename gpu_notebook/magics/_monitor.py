@@ -16,37 +16,25 @@ from gpu_notebook.magics._common import BadArguments, error, parse
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0 (a bad value prints the usage, not a traceback)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
+def _checked(cast: Any, ok: Any, bad_value: str, not_a: str = "not a number") -> Any:
+    """An argparse ``type=``: ``cast(text)``, refused with the usage (not a traceback) unless ``ok(value)``."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{not_a}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{bad_value}, not {text!r}")
+        return value
+
+    return parse
 
 
-def percent(text: str) -> float:
-    """argparse type: a percentage from 0 to 100."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be a percentage from 0 to 100, not {text!r}")
-    return value
-
-
-def tcp_port(text: str) -> int:
-    """argparse type: a TCP port, 0 (any free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a TCP port is 0 to 65535, not {text!r}")
-    return value
+#: a finite number of seconds > 0; a percentage from 0 to 100; a TCP port, 0 (any free one) to 65535
+positive_seconds = _checked(float, lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds")
+percent = _checked(float, lambda v: 0 <= v <= 100, "must be a percentage from 0 to 100")
+tcp_port = _checked(int, lambda v: 0 <= v <= 65535, "a TCP port is 0 to 65535", "not a port number")
 
 
 @magics_class
