@@ -110,7 +110,6 @@ class Monitor:
         self._listeners: list[Callable[[Monitor], None]] = []
         self._sync_lock = threading.Lock()
         self._starting: dict[str, _Starting] = {}  # node -> sampler actor created, not answered yet
-        self._stopped_ray_nodes: set[str] = set()  # nodes whose sampler actor stop() ended (start() replaces it)
         self._failed: dict[str, _Failure] = {}  # node -> why its sampler did not start, when to retry
         self._failed_lock = threading.Lock()  # held only to change or copy _failed (readers: widget, repr)
         self.started = False
@@ -144,10 +143,10 @@ class Monitor:
             self._own_local.append(s)
             self.aggregator.add(LocalHandle(s))
         else:
-            # started again after stop(): the samplers stop() ended are gone; each node gets a new one below
-            for node in list(self._stopped_ray_nodes):
-                self.aggregator.remove(node)
-            self._stopped_ray_nodes.clear()
+            # started again after stop(): the sampler actors stop() ended are gone; each node gets a new one below
+            for node, h in list(self.aggregator.handles.items()):
+                if isinstance(h, RayHandle):
+                    self.aggregator.remove(node)
             self.sync_nodes()
             hook = getattr(self.cluster, "add_stop_hook", None)
             if hook is not None:
@@ -333,11 +332,9 @@ class Monitor:
         for st in starting:
             self._kill(st.actor)
         if self.started:
-            for node, h in list(self.aggregator.handles.items()):
+            for h in list(self.aggregator.handles.values()):
                 if isinstance(h, RayHandle) or h.sampler in self._own_local or self._given is not None:
                     h.stop()
-                    if isinstance(h, RayHandle):
-                        self._stopped_ray_nodes.add(node)
         self.started = False
         if self in _KEEP:
             _KEEP.remove(self)
