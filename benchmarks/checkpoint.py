@@ -276,8 +276,13 @@ class S3Bench:
             prefix = f"ours/{self.n}-{len(cks)}"
             for f in ck_dir.rglob("*"):
                 if f.is_file():
-                    self.client.upload_file(str(f), self.bucket, f"{prefix}/{f.relative_to(ck_dir).as_posix()}")
-            cks[label] = (Checkpointer(f"s3://{self.bucket}/{prefix}", endpoint_url=self.srv.endpoint), ckpt_id)
+                    self.client.upload_file(
+                        str(f), self.bucket, f"{prefix}/{f.relative_to(ck_dir).as_posix()}"
+                    )
+            cks[label] = (
+                Checkpointer(f"s3://{self.bucket}/{prefix}", endpoint_url=self.srv.endpoint),
+                ckpt_id,
+            )
 
         def baseline_managed() -> None:  # boto3's managed transfer: parallel ranged GETs of 8 MB parts
             buf = io.BytesIO()
@@ -414,7 +419,9 @@ def policy_sweep(quick: bool) -> list[dict[str, Any]]:
             train(model, opt, data, 5 if quick else 30, g)
             for pg in opt.param_groups:
                 pg["lr"] = 1e-4
-            cks = {r: Checkpointer(work / f"{dtype}-{r}", max_restore_ratio=r, progress=False) for r in ratios}
+            cks = {
+                r: Checkpointer(work / f"{dtype}-{r}", max_restore_ratio=r, progress=False) for r in ratios
+            }
             ids: dict[float, list[str]] = {r: [] for r in ratios}
             new: dict[float, list[int]] = {r: [] for r in ratios}
             ts_bytes, ts_load = [], []
@@ -525,12 +532,17 @@ def measure(
     if hasattr(os, "posix_fadvise"):
         files = {
             "torch.save": [ts_file],
-            **{k: [f for f in Path(rd.store.root).rglob("*") if f.is_file()] for k, (rd, _) in readers.items()},  # type: ignore[attr-defined]
+            **{
+                k: [f for f in Path(rd.store.root).rglob("*") if f.is_file()]
+                for k, (rd, _) in readers.items()
+            },  # type: ignore[attr-defined]
         }
         cold = {k: math.inf for k in files}
         for _ in range(REPEAT):
             evict(files["torch.save"])
-            cold["torch.save"] = min(cold["torch.save"], _best(lambda: torch.load(ts_file, weights_only=True), 1))
+            cold["torch.save"] = min(
+                cold["torch.save"], _best(lambda: torch.load(ts_file, weights_only=True), 1)
+            )
             for k, (rd, cid) in readers.items():
                 evict(files[k])
                 fresh = Checkpointer(Path(rd.store.root), progress=False)  # type: ignore[attr-defined]

@@ -76,7 +76,9 @@ def _timed_cell(ip, src: str, check: bool = False) -> float:
         res = ip.run_cell(src)
         dt = time.perf_counter() - t
     if not res.success:
-        raise RuntimeError(f"cell failed: {src.splitlines()[0]}: {res.error_before_exec or res.error_in_exec}")
+        raise RuntimeError(
+            f"cell failed: {src.splitlines()[0]}: {res.error_before_exec or res.error_in_exec}"
+        )
     if check and "2.0" not in out.stdout + "".join(str(o.data) for o in out.outputs):
         raise RuntimeError(f"{src.splitlines()[0]} did not show the all_reduce result 2.0: {out.stdout!r}")
     return dt
@@ -104,8 +106,11 @@ def start_ipyparallel(ip):
     rc.wait_for_engines(2, timeout=120)
     port = _free_port()
     ars = [
-        rc[i].execute(f"import torch.distributed as dist\ndist.init_process_group('gloo', "
-                      f"init_method='tcp://127.0.0.1:{port}', rank={i}, world_size=2)", block=False)
+        rc[i].execute(
+            f"import torch.distributed as dist\ndist.init_process_group('gloo', "
+            f"init_method='tcp://127.0.0.1:{port}', rank={i}, world_size=2)",
+            block=False,
+        )
         for i in range(2)
     ]
     for ar in ars:
@@ -130,8 +135,10 @@ def bench_cells(ip, cluster, rc, reps: int) -> dict[str, float]:
         res = cluster.run(CELL, stream=False)
         assert res.ok and list(res.values) == [2.0, 2.0], res.failures
 
-    calls = {"ours": lambda check=False: _timed_cell(ip, "%%distributed\n" + CELL, check),
-             "ours_api": lambda check=False: api(ours_api)}
+    calls = {
+        "ours": lambda check=False: _timed_cell(ip, "%%distributed\n" + CELL, check),
+        "ours_api": lambda check=False: api(ours_api),
+    }
     if rc is not None:
         view = rc[:]
 
@@ -214,8 +221,13 @@ def bench_notebook_launcher(reps: int) -> float:
         print("MEDIAN", statistics.median(samples) * 1000)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES=""))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, ACCELERATE_USE_CPU="1", CUDA_VISIBLE_DEVICES=""),
+    )
     for line in proc.stdout.splitlines():
         if line.startswith("MEDIAN"):
             return float(line.split()[1])
@@ -273,25 +285,38 @@ def bench_ddp(cluster, steps: int, rounds: int) -> tuple[float, float, list[floa
         ours.append(res.values[0])
 
     def run_torchrun() -> None:
-        proc = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()), path],
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()), path],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         rate = [float(ln.split()[1]) for ln in proc.stdout.splitlines() if ln.startswith("THROUGHPUT")]
         if not rate:
             raise RuntimeError(proc.stderr[-2000:])
         theirs.append(rate[0])
 
     for i in range(rounds):  # interleave, alternating which goes first, so load changes hit both alike
-        for run in ((run_ours, run_torchrun) if i % 2 == 0 else (run_torchrun, run_ours)):
+        for run in (run_ours, run_torchrun) if i % 2 == 0 else (run_torchrun, run_ours):
             run()
-    return statistics.median(ours), statistics.median(theirs), [a / b for a, b in zip(ours, theirs, strict=True)]
+    return (
+        statistics.median(ours),
+        statistics.median(theirs),
+        [a / b for a, b in zip(ours, theirs, strict=True)],
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats (about 3 minutes on 2 cores)")
     parser.add_argument("--reps", type=int, help="timed cells per tool (default 30; --quick 10)")
-    parser.add_argument("--train-reps", type=int,
-                        help="timed TorchTrainer.fit calls after one warm-up fit (default 2; --quick 1)")
+    parser.add_argument(
+        "--train-reps",
+        type=int,
+        help="timed TorchTrainer.fit calls after one warm-up fit (default 2; --quick 1)",
+    )
     parser.add_argument("--skip-ray-train", action="store_true")
     parser.add_argument("--steps", type=int, help="DDP training steps per throughput round (default 150)")
     parser.add_argument("--rounds", type=int, help="interleaved DDP throughput rounds (default 5; --quick 3)")
@@ -322,7 +347,8 @@ def main() -> None:
         if ipp_cluster is not None:
             ipp_cluster.stop_cluster_sync()
     rows: list[tuple[str, float, str]] = [
-        ("gpu_notebook %%distributed (warm)", cells["ours"], f"median of {reps}")]
+        ("gpu_notebook %%distributed (warm)", cells["ours"], f"median of {reps}")
+    ]
     print(f"  ours: {cells['ours']:.2f} ms", flush=True)
     if "px" in cells:
         rows.append(("ipyparallel %%px (warm, same cell)", cells["px"], f"median of {reps}"))
@@ -331,8 +357,13 @@ def main() -> None:
     if "ipp_api" in cells:
         api_rows.append(("DirectView.execute(cell) (under %%px)", cells["ipp_api"]))
     if installed("accelerate"):
-        rows.append(("accelerate notebook_launcher", bench_notebook_launcher(launcher_reps),
-                     f"median of {launcher_reps}"))
+        rows.append(
+            (
+                "accelerate notebook_launcher",
+                bench_notebook_launcher(launcher_reps),
+                f"median of {launcher_reps}",
+            )
+        )
         print(f"  notebook_launcher: {rows[-1][1]:.2f} ms", flush=True)
     else:
         skipped["accelerate notebook_launcher"] = "accelerate not installed"
@@ -349,21 +380,27 @@ def main() -> None:
 
     base = rows[0][1]
     print()
-    print("Trivial distributed cell (all_reduce of one tensor, 2 workers, gloo), run as a notebook cell in one "
-          "IPython shell; warm-up excluded for every tool")
+    print(
+        "Trivial distributed cell (all_reduce of one tensor, 2 workers, gloo), run as a notebook cell in one "
+        "IPython shell; warm-up excluded for every tool"
+    )
     print(f"{'tool':<40} {'median':>12} {'vs %%distributed':>18}  repeats")
     for name, ms, note in rows:
         print(f"{name:<40} {ms:>9.2f} ms {ms / base:>17.1f}x  {note}")
     for name, why in skipped.items():
         print(f"{name:<40} {'skipped':>12} {'-':>18}  {why}")
     print()
-    print("The same cell through the Python calls under the magics (no magic parsing or output display), "
-          "interleaved with the rows above")
+    print(
+        "The same cell through the Python calls under the magics (no magic parsing or output display), "
+        "interleaved with the rows above"
+    )
     for name, ms in api_rows:
         print(f"{name:<40} {ms:>9.2f} ms {ms / api_rows[0][1]:>17.1f}x  median of {reps}")
     print()
-    print(f"%gpu_cluster start -> first finished cell, fresh kernel: {cold:.1f} s (local Ray start included); "
-          f"on an already running Ray: {start_to_first:.1f} s")
+    print(
+        f"%gpu_cluster start -> first finished cell, fresh kernel: {cold:.1f} s (local Ray start included); "
+        f"on an already running Ray: {start_to_first:.1f} s"
+    )
     print()
     if ddp is None:
         print("DDP training throughput: skipped (torchrun not found next to this Python)")
@@ -372,8 +409,10 @@ def main() -> None:
     print(f"DDP training throughput (same loop, 2 CPU workers, gloo; medians of {rounds} interleaved rounds)")
     print(f"{'%%distributed':<20} {ddp_ours:>10.0f} samples/s")
     print(f"{'torchrun':<20} {ddp_torchrun:>10.0f} samples/s")
-    print(f"ratio %%distributed / torchrun: median {statistics.median(ratios):.3f} "
-          f"(per round {min(ratios):.3f}..{max(ratios):.3f})")
+    print(
+        f"ratio %%distributed / torchrun: median {statistics.median(ratios):.3f} "
+        f"(per round {min(ratios):.3f}..{max(ratios):.3f})"
+    )
 
 
 if __name__ == "__main__":

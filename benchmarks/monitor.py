@@ -78,8 +78,10 @@ def bench_sampler(ticks: int) -> list[tuple[str, str, str]]:
 
     rows = []
     costs = {}
-    for label, kw in (("sampler tick, fake NVML 8 GPUs + host", {"nvml": lambda: FakeNVML(8)}),
-                      ("sampler tick, host metrics only", {"nvml": None})):
+    for label, kw in (
+        ("sampler tick, fake NVML 8 GPUs + host", {"nvml": lambda: FakeNVML(8)}),
+        ("sampler tick, host metrics only", {"nvml": None}),
+    ):
         s = NodeSampler("bench", **kw)
         per = costs[label] = _cpu_per_call(s.tick, ticks)
         rows.append((label, f"{per * 1e6:.0f} µs CPU", f"{per * 2 * 100:.3f}% of a core at 2 Hz"))
@@ -93,9 +95,14 @@ def bench_sampler(ticks: int) -> list[tuple[str, str, str]]:
         ours.append(_cpu_per_call(ours_s.tick, max(1, ticks // 5)))
         bare.append(_cpu_per_call(lambda: _bare_poll(nvml, handles, psutil), max(1, ticks // 5)))
     o, b = statistics.median(ours), statistics.median(bare)
-    rows.append(("  vs a bare poll loop, same 8 fake GPUs + psutil host", f"{b * 1e6:.0f} µs CPU (ours {o / b:.2f}x)",
-                 "same NVML reads, nothing stored: a floor for nvidia-smi/gpustat/nvitop-style polling; "
-                 "median of 5 interleaved rounds"))
+    rows.append(
+        (
+            "  vs a bare poll loop, same 8 fake GPUs + psutil host",
+            f"{b * 1e6:.0f} µs CPU (ours {o / b:.2f}x)",
+            "same NVML reads, nothing stored: a floor for nvidia-smi/gpustat/nvitop-style polling; "
+            "median of 5 interleaved rounds",
+        )
+    )
     rows += _bench_real_tools(ticks)
     return rows
 
@@ -112,17 +119,27 @@ def _bench_real_tools(n: int) -> list[tuple[str, str, str]]:
     ours = None
     sampler = NodeSampler("bench-real", nvml="auto")
     if sampler.gpu is None:
-        rows.append(("sampler tick, this machine's real GPUs + host", "skipped", "no NVIDIA driver / pynvml here"))
+        rows.append(
+            ("sampler tick, this machine's real GPUs + host", "skipped", "no NVIDIA driver / pynvml here")
+        )
     else:
         ours = _cpu_per_call(sampler.tick, max(10, n // 10))
-        rows.append(("sampler tick, this machine's real GPUs + host", f"{ours * 1e6:.0f} µs CPU",
-                     f"{sampler.gpu.count} GPU(s), real NVML; {ours * 2 * 100:.3f}% of a core at 2 Hz"))
+        rows.append(
+            (
+                "sampler tick, this machine's real GPUs + host",
+                f"{ours * 1e6:.0f} µs CPU",
+                f"{sampler.gpu.count} GPU(s), real NVML; {ours * 2 * 100:.3f}% of a core at 2 Hz",
+            )
+        )
 
     def vs(per: float) -> str:
         return f"{per * 1e6:.0f} µs CPU" + (f" (ours {ours / per:.2f}x)" if ours else "")
 
     smi = shutil.which("nvidia-smi")
-    query = ["--query-gpu=utilization.gpu,memory.used,power.draw,temperature.gpu,clocks.sm", "--format=csv,noheader"]
+    query = [
+        "--query-gpu=utilization.gpu,memory.used,power.draw,temperature.gpu,clocks.sm",
+        "--format=csv,noheader",
+    ]
     if smi is None:
         rows.append(("nvidia-smi --query-gpu poll (one process per poll)", "skipped", "nvidia-smi not found"))
     else:
@@ -134,10 +151,17 @@ def _bench_real_tools(n: int) -> list[tuple[str, str, str]]:
                 subprocess.run([smi, *query], capture_output=True, check=True, timeout=30)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             per = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / k
-            rows.append(("nvidia-smi --query-gpu poll (one process per poll)", vs(per),
-                         f"real GPUs of this machine, child CPU over {k} polls; {per * 2 * 100:.3f}% of a core at 2 Hz"))
+            rows.append(
+                (
+                    "nvidia-smi --query-gpu poll (one process per poll)",
+                    vs(per),
+                    f"real GPUs of this machine, child CPU over {k} polls; {per * 2 * 100:.3f}% of a core at 2 Hz",
+                )
+            )
         except (OSError, subprocess.SubprocessError) as exc:
-            rows.append(("nvidia-smi --query-gpu poll (one process per poll)", "skipped", f"nvidia-smi failed: {exc}"))
+            rows.append(
+                ("nvidia-smi --query-gpu poll (one process per poll)", "skipped", f"nvidia-smi failed: {exc}")
+            )
     try:
         from nvitop import Device
     except ImportError:
@@ -148,8 +172,13 @@ def _bench_real_tools(n: int) -> list[tuple[str, str, str]]:
             if not devices:
                 raise RuntimeError("no NVIDIA GPU")
             per = _cpu_per_call(lambda: [d.as_snapshot() for d in devices], max(10, n // 10))
-            rows.append(("nvitop Device snapshot poll", vs(per),
-                         f"real GPUs of this machine ({len(devices)}); {per * 2 * 100:.3f}% of a core at 2 Hz"))
+            rows.append(
+                (
+                    "nvitop Device snapshot poll",
+                    vs(per),
+                    f"real GPUs of this machine ({len(devices)}); {per * 2 * 100:.3f}% of a core at 2 Hz",
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - no driver, no GPU: report, do not fail the benchmark
             rows.append(("nvitop Device snapshot poll", "skipped", f"no NVML here ({type(exc).__name__})"))
     return rows
@@ -159,8 +188,18 @@ def _fake_cluster(clock: Clock, nodes: int = 64, gpus: int = 8) -> tuple[Any, li
     from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
 
     samplers = [
-        NodeSampler(f"node-{n:02d}", nvml=FakeNVML([FakeGPU(util=lambda t, n=n, i=i: (n + i + 5 * t) % 100)  # type: ignore[misc]
-                                                    for i in range(gpus)], clock=clock), clock=clock, host=False)
+        NodeSampler(
+            f"node-{n:02d}",
+            nvml=FakeNVML(
+                [
+                    FakeGPU(util=lambda t, n=n, i=i: (n + i + 5 * t) % 100)  # type: ignore[misc]
+                    for i in range(gpus)
+                ],
+                clock=clock,
+            ),
+            clock=clock,
+            host=False,
+        )
         for n in range(nodes)
     ]
     mon = Monitor(samplers=samplers, clock=clock, autopull=False).start()
@@ -243,8 +282,11 @@ def bench_widget(seconds: int) -> list[tuple[str, str, str]]:
     finally:
         comm.create_comm = orig
     return [
-        ("widget messages/s, 512 GPUs, UI timer at 10 Hz",
-         f"mean {len(msgs) / seconds:.1f}, max {max(per_s)}", f"cap 5/s; {w.refreshes} refreshes in {seconds} s"),
+        (
+            "widget messages/s, 512 GPUs, UI timer at 10 Hz",
+            f"mean {len(msgs) / seconds:.1f}, max {max(per_s)}",
+            f"cap 5/s; {w.refreshes} refreshes in {seconds} s",
+        ),
         ("widget refresh CPU, 512 GPUs", f"{statistics.median(costs) * 1e3:.1f} ms", "per refresh (1 Hz)"),
     ]
 
@@ -351,6 +393,7 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
     rows: list[tuple[str, str, str]] = []
 
     with client.setup_kernel():
+
         def run(src: str) -> str:
             cell = nbformat.v4.new_code_cell(src)
             nb.cells.append(cell)
@@ -359,8 +402,10 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
 
         def block(on: bool, steps: int, where: str, busy: float | None) -> dict[str, float]:
             c0 = time.process_time()
-            out = run(f"print(json.dumps(_block({on}, {steps}, {where!r}, busy={busy!r}, "
-                      f"cluster=globals().get('cluster'))))")
+            out = run(
+                f"print(json.dumps(_block({on}, {steps}, {where!r}, busy={busy!r}, "
+                f"cluster=globals().get('cluster'))))"
+            )
             r = json.loads(out.strip().splitlines()[-1])
             r["client"] = time.process_time() - c0  # this process plays the frontend: receives every message
             return r
@@ -368,8 +413,17 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
         def measure(where: str, busy: float | None) -> dict[str, Any]:
             per = block(False, 200, where, busy)["per"]  # calibrate the block length
             steps = max(200, int(block_s / per))
-            m: dict[str, Any] = {"wall": [], "blocked": [], "rq": [], "offs": [], "refreshes": 0.0, "deferred": 0.0,
-                                 "cpu": 0.0, "others": 0.0, "client": 0.0}
+            m: dict[str, Any] = {
+                "wall": [],
+                "blocked": [],
+                "rq": [],
+                "offs": [],
+                "refreshes": 0.0,
+                "deferred": 0.0,
+                "cpu": 0.0,
+                "others": 0.0,
+                "client": 0.0,
+            }
             for _ in range(pairs):
                 a = block(False, steps, where, busy)
                 b = block(True, steps, where, busy)
@@ -393,29 +447,46 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
 
         def note(m: dict[str, Any]) -> str:
             q = sorted((x - 1) * 100 for x in m["wall"])
-            return (f"mean ± s.e. of {len(q)} ABBA pairs of {block_s:g} s blocks; wall-clock pairs ranged "
-                    f"{q[0]:+.1f}..{q[-1]:+.1f}%; monitor threads in the kernel used {m['cpu'] * 100:.2f}% of a core, "
-                    f"{m['refreshes']:.1f} refreshes ({m['deferred']:.1f} deferred) per block")
+            return (
+                f"mean ± s.e. of {len(q)} ABBA pairs of {block_s:g} s blocks; wall-clock pairs ranged "
+                f"{q[0]:+.1f}..{q[-1]:+.1f}%; monitor threads in the kernel used {m['cpu'] * 100:.2f}% of a core, "
+                f"{m['refreshes']:.1f} refreshes ({m['deferred']:.1f} deferred) per block"
+            )
 
         def add(label: str, m: dict[str, Any], target: str = "") -> None:
             rows.append((f"{label}: wall clock", effect(m["wall"]) + " vs off" + target, note(m)))
             g = [x * 100 for x in m["blocked"]]
             se = statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else float("nan")
-            rows.append((f"{label}: GIL waits", f"{statistics.mean(g):+.2f}% ± {se:.2f}% of step time",
-                         "extra time the training thread sat blocked (schedstat: wall - running - run-queue), "
-                         "immune to machine load"))
+            rows.append(
+                (
+                    f"{label}: GIL waits",
+                    f"{statistics.mean(g):+.2f}% ± {se:.2f}% of step time",
+                    "extra time the training thread sat blocked (schedstat: wall - running - run-queue), "
+                    "immune to machine load",
+                )
+            )
             q = [x * 100 for x in m["rq"]]
-            rows.append((f"{label}: waiting for a CPU", f"{statistics.mean(q):+.2f}% of step time",
-                         f"extra run-queue wait (other processes had both cores); meanwhile the kernel's other "
-                         f"threads (IOPub, ZeroMQ) used {m['others'] * 100:+.2f}% of a core more and the nbclient "
-                         f"frontend {m['client']:+.3f} s CPU more per block"))
+            rows.append(
+                (
+                    f"{label}: waiting for a CPU",
+                    f"{statistics.mean(q):+.2f}% of step time",
+                    f"extra run-queue wait (other processes had both cores); meanwhile the kernel's other "
+                    f"threads (IOPub, ZeroMQ) used {m['others'] * 100:+.2f}% of a core more and the nbclient "
+                    f"frontend {m['client']:+.3f} s CPU more per block",
+                )
+            )
 
         run(_KERNEL_SETUP)
         for busy, label in ((3.0, "default (3 s while busy)"), (None, "back-off off (1 s always)")):
             m = measure("kernel", busy)
             if busy is not None:
-                rows.append(("WORST CASE training loop IN the kernel, monitor off", f"{m['base'] * 1e3:.3f} ms/step",
-                             "torch MLP, 1 thread, in the kernel's main thread (shares the GIL with the monitor)"))
+                rows.append(
+                    (
+                        "WORST CASE training loop IN the kernel, monitor off",
+                        f"{m['base'] * 1e3:.3f} ms/step",
+                        "torch MLP, 1 thread, in the kernel's main thread (shares the GIL with the monitor)",
+                    )
+                )
             add(f"  + monitor & dashboard live, {label}", m)
         if worker:
             run("from gpu_notebook import Cluster\ncluster = Cluster(workers=1, cpus_per_worker=1.0).start()")
@@ -423,9 +494,13 @@ def bench_training(block_s: float, pairs: int, worker: bool = True) -> list[tupl
                 m = measure("worker", 3.0)
             finally:
                 run("cluster.stop()")
-            rows.append(("USER CASE training loop in a cluster worker process, monitor off",
-                         f"{m['base'] * 1e3:.3f} ms/step",
-                         "cluster.call(train) on a local 1-worker Cluster, as %%distributed runs it"))
+            rows.append(
+                (
+                    "USER CASE training loop in a cluster worker process, monitor off",
+                    f"{m['base'] * 1e3:.3f} ms/step",
+                    "cluster.call(train) on a local 1-worker Cluster, as %%distributed runs it",
+                )
+            )
             add("  + sampler actor, pull & dashboard live", m, " (target < 1%)")
     return rows
 
@@ -451,8 +526,13 @@ def bench_threads(seconds: float) -> list[tuple[str, str, str]]:
             frac = (_monitor_threads_cpu() - c0) / (time.perf_counter() - w0)
             w.stop(snapshot=False)
             mon.stop()
-            rows.append((f"monitor threads CPU, 8 fake GPUs, sampling {label} + dashboard 1 Hz",
-                         f"{frac * 100:.2f}% of a core", f"over {seconds:g} s (psutil per-thread times)"))
+            rows.append(
+                (
+                    f"monitor threads CPU, 8 fake GPUs, sampling {label} + dashboard 1 Hz",
+                    f"{frac * 100:.2f}% of a core",
+                    f"over {seconds:g} s (psutil per-thread times)",
+                )
+            )
     finally:
         comm.create_comm = orig
     return rows
@@ -467,6 +547,7 @@ def bench_kernel(n: int) -> list[tuple[str, str, str]]:
     client = NotebookClient(nb, timeout=120, kernel_name="python3")
     rows = []
     with client.setup_kernel():
+
         def run(src: str) -> None:
             cell = nbformat.v4.new_code_cell(src)
             nb.cells.append(cell)
@@ -482,27 +563,40 @@ def bench_kernel(n: int) -> list[tuple[str, str, str]]:
 
         run("1+1")
         off = latencies(n // 2)  # off / on / off, so a drift in machine load does not land on one side
-        run("from gpu_notebook.monitor import FakeNVML, Monitor\n"
+        run(
+            "from gpu_notebook.monitor import FakeNVML, Monitor\n"
             "mon = Monitor.local(nvml=lambda: FakeNVML(8), interval=0.5).start()\n"
-            "w = mon.widget(interval=1.0); w.show()")
+            "w = mon.widget(interval=1.0); w.show()"
+        )
         time.sleep(2)
         on = latencies(n)
         run("w.stop(); mon.stop()")
         time.sleep(2)
         off = sorted(off + latencies(n - n // 2))
     p = lambda v, q: v[min(len(v) - 1, int(q * len(v)))] * 1e3  # noqa: E731
-    rows.append(("cell '1+1' round trip, dashboard off", f"p50 {p(off, .5):.1f} ms, p95 {p(off, .95):.1f} ms",
-                 f"{n} cells through nbclient, half before and half after the live block"))
-    rows.append(("cell '1+1' round trip, dashboard live (8 GPUs, 1 Hz)",
-                 f"p50 {p(on, .5):.1f} ms, p95 {p(on, .95):.1f} ms",
-                 f"{(p(on, .5) - p(off, .5)):+.1f} ms p50 vs off (target: p95 +20 ms at most)"))
+    rows.append(
+        (
+            "cell '1+1' round trip, dashboard off",
+            f"p50 {p(off, 0.5):.1f} ms, p95 {p(off, 0.95):.1f} ms",
+            f"{n} cells through nbclient, half before and half after the live block",
+        )
+    )
+    rows.append(
+        (
+            "cell '1+1' round trip, dashboard live (8 GPUs, 1 Hz)",
+            f"p50 {p(on, 0.5):.1f} ms, p95 {p(on, 0.95):.1f} ms",
+            f"{(p(on, 0.5) - p(off, 0.5)):+.1f} ms p50 vs off (target: p95 +20 ms at most)",
+        )
+    )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="GPU monitor benchmark")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--no-training", action="store_true", help="skip the training-slowdown rows (minutes)")
+    parser.add_argument(
+        "--no-training", action="store_true", help="skip the training-slowdown rows (minutes)"
+    )
     parser.add_argument("--no-worker", action="store_true", help="skip the cluster-worker training rows")
     parser.add_argument("--only-training", action="store_true", help="only the training-slowdown rows")
     args = parser.parse_args()

@@ -83,8 +83,10 @@ def main() -> int:
     for rank, backend, visible, dev, name, total, tensor in results:
         # a CUDA tensor in a cell's value comes back on the CPU (the notebook host may have no GPU)
         where = getattr(getattr(tensor, "device", None), "type", type(tensor).__name__)
-        print(f"rank {rank}: backend={backend} CUDA_VISIBLE_DEVICES={visible} device={dev} ({name}) "
-              f"all_reduce={total} returned tensor on {where}")
+        print(
+            f"rank {rank}: backend={backend} CUDA_VISIBLE_DEVICES={visible} device={dev} ({name}) "
+            f"all_reduce={total} returned tensor on {where}"
+        )
         ok &= backend == "nccl" and total == sum(range(1, world + 1)) and where == "cpu"
     if world > 1:
         ok &= len({r[2] for r in results}) == world  # each rank its own GPU

@@ -60,11 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     print(local.text())
     if torch.cuda.is_available():
         probe = (local.facts[0].get("cuda_kernel") or {}) if local.facts else {}
-        print(f"kernel probe: {probe}; CUDA initialised here after diagnose_local: {torch.cuda.is_initialized()}")
+        print(
+            f"kernel probe: {probe}; CUDA initialised here after diagnose_local: {torch.cuda.is_initialized()}"
+        )
         if probe.get("ok") is not True:
             problems.append(f"diagnose_local's CUDA kernel probe did not run: {probe}")
         if not cuda_was_initialised and torch.cuda.is_initialized():
-            problems.append("diagnose_local left a CUDA context in this process (the probe should run in a subprocess)")
+            problems.append(
+                "diagnose_local left a CUDA context in this process (the probe should run in a subprocess)"
+            )
     if stack_errors(local):
         problems.append(f"diagnose_local: {len(stack_errors(local))} stack error(s)")
 

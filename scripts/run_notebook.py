@@ -24,8 +24,12 @@ def main() -> int:
 
     nb = nbformat.read(args.notebook, as_version=4)
     out_path = args.notebook.with_suffix(".executed.ipynb")
-    client = NotebookClient(nb, timeout=args.timeout, kernel_name=args.kernel,
-                            resources={"metadata": {"path": str(args.notebook.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=args.timeout,
+        kernel_name=args.kernel,
+        resources={"metadata": {"path": str(args.notebook.parent)}},
+    )
     t0 = time.monotonic()
     failed = None
     try:
@@ -47,7 +51,10 @@ def main() -> int:
     for line in summary:
         print(line)
     if failed is not None:
-        print(f"FAILED: {str(failed).strip().splitlines()[-1] if str(failed).strip() else failed}", file=sys.stderr)
+        print(
+            f"FAILED: {str(failed).strip().splitlines()[-1] if str(failed).strip() else failed}",
+            file=sys.stderr,
+        )
         return 1
     print("OK")
     return 0

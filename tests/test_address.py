@@ -29,12 +29,28 @@ def ray_head():
     port, client_port = _free_port(), _free_port()
     temp = tempfile.mkdtemp(prefix="gnbh", dir="/tmp")
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # test-only cluster on loopback
+    env = dict(
+        os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"
+    )  # test-only cluster on loopback
     proc = subprocess.Popen(
-        [ray_bin, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-         f"--ray-client-server-port={client_port}", "--num-cpus=2", "--include-dashboard=false",
-         f"--temp-dir={temp}", "--disable-usage-stats"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+        [
+            ray_bin,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            f"--ray-client-server-port={client_port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -76,12 +92,15 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(address: str) -> tuple[dict, str]:
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")  # test-only cluster on loopback
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, address], capture_output=True, text=True, env=env,
-                          timeout=240)
+    env = dict(
+        os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled"
+    )  # test-only cluster on loopback
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, address], capture_output=True, text=True, env=env, timeout=240
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):]), proc.stdout
+    return json.loads(line[len("RESULT ") :]), proc.stdout
 
 
 def test_connect_by_gcs_address_runs_cells_and_leaves_the_cluster_running(ray_head):
@@ -104,6 +123,8 @@ def test_connect_through_ray_client(ray_head):
 def test_ray_client_start_up_failures_are_retried_but_wrong_addresses_are_not() -> None:
     from gpu_notebook.cluster._connect import _transient_client_error
 
-    assert _transient_client_error(ConnectionAbortedError("Initialization failure from server:\nTraceback ..."))
+    assert _transient_client_error(
+        ConnectionAbortedError("Initialization failure from server:\nTraceback ...")
+    )
     assert not _transient_client_error(ConnectionError("ray client connection timeout"))
     assert not _transient_client_error(ValueError("bad address"))

@@ -45,18 +45,35 @@ def test_shipped_json_is_what_the_seed_builds() -> None:
     assert shipped == json.loads(json.dumps(_seed.build()))
 
 
-@pytest.mark.parametrize("cloud,name,gpu,count", [
-    ("aws", "p5.48xlarge", "H100", 8), ("aws", "p4d.24xlarge", "A100", 8), ("aws", "p4de.24xlarge", "A100", 8),
-    ("aws", "p3.2xlarge", "V100", 1), ("aws", "p3.8xlarge", "V100", 4), ("aws", "p3.16xlarge", "V100", 8),
-    ("aws", "p3dn.24xlarge", "V100", 8), ("aws", "g5.xlarge", "A10G", 1), ("aws", "g5.48xlarge", "A10G", 8),
-    ("aws", "g6.xlarge", "L4", 1), ("aws", "g4dn.xlarge", "T4", 1),
-    ("gcp", "a2-highgpu-1g", "A100", 1), ("gcp", "a2-highgpu-8g", "A100", 8), ("gcp", "a2-ultragpu-8g", "A100", 8),
-    ("gcp", "a3-highgpu-8g", "H100", 8), ("gcp", "g2-standard-4", "L4", 1), ("gcp", "n1-standard-8-t4x1", "T4", 1),
-    ("gcp", "n1-standard-8-v100x1", "V100", 1),
-    ("azure", "Standard_NC24ads_A100_v4", "A100", 1), ("azure", "Standard_ND96asr_v4", "A100", 8),
-    ("azure", "Standard_ND96amsr_A100_v4", "A100", 8), ("azure", "Standard_ND96isr_H100_v5", "H100", 8),
-    ("azure", "Standard_NC4as_T4_v3", "T4", 1), ("azure", "Standard_NC6s_v3", "V100", 1),
-])
+@pytest.mark.parametrize(
+    "cloud,name,gpu,count",
+    [
+        ("aws", "p5.48xlarge", "H100", 8),
+        ("aws", "p4d.24xlarge", "A100", 8),
+        ("aws", "p4de.24xlarge", "A100", 8),
+        ("aws", "p3.2xlarge", "V100", 1),
+        ("aws", "p3.8xlarge", "V100", 4),
+        ("aws", "p3.16xlarge", "V100", 8),
+        ("aws", "p3dn.24xlarge", "V100", 8),
+        ("aws", "g5.xlarge", "A10G", 1),
+        ("aws", "g5.48xlarge", "A10G", 8),
+        ("aws", "g6.xlarge", "L4", 1),
+        ("aws", "g4dn.xlarge", "T4", 1),
+        ("gcp", "a2-highgpu-1g", "A100", 1),
+        ("gcp", "a2-highgpu-8g", "A100", 8),
+        ("gcp", "a2-ultragpu-8g", "A100", 8),
+        ("gcp", "a3-highgpu-8g", "H100", 8),
+        ("gcp", "g2-standard-4", "L4", 1),
+        ("gcp", "n1-standard-8-t4x1", "T4", 1),
+        ("gcp", "n1-standard-8-v100x1", "V100", 1),
+        ("azure", "Standard_NC24ads_A100_v4", "A100", 1),
+        ("azure", "Standard_ND96asr_v4", "A100", 8),
+        ("azure", "Standard_ND96amsr_A100_v4", "A100", 8),
+        ("azure", "Standard_ND96isr_H100_v5", "H100", 8),
+        ("azure", "Standard_NC4as_T4_v3", "T4", 1),
+        ("azure", "Standard_NC6s_v3", "V100", 1),
+    ],
+)
 def test_required_instance_types_present(cat: Catalog, cloud: str, name: str, gpu: str, count: int) -> None:
     it = cat.get(cloud, name)
     assert isinstance(it, InstanceType)
@@ -139,7 +156,9 @@ def test_overrides_apply(cat: Catalog) -> None:
     assert it.catalog_price("us-east-1") == base
     assert it.price("us-west-2") == it.catalog_price("us-west-2")  # other regions untouched
     cat.override("aws", "p4d.24xlarge", market="reserved_1y", discount=0.5)  # every region
-    assert it.price("us-west-2", "reserved_1y") == pytest.approx(it.catalog_price("us-west-2", "reserved_1y") * 0.5)
+    assert it.price("us-west-2", "reserved_1y") == pytest.approx(
+        it.catalog_price("us-west-2", "reserved_1y") * 0.5
+    )
     # an override changes what find() ranks
     cat.override("aws", "p4de.24xlarge", region="us-east-1", usd_per_hour=1.0)
     assert cat.find("aws", gpu="A100", count=8, region="us-east-1")[0].name == "p4de.24xlarge"
@@ -163,7 +182,9 @@ def test_get_catalog_is_cached_and_reloadable(tmp_path, monkeypatch) -> None:
 def test_get_catalog_uses_saved_refresh_and_survives_a_broken_one(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GPU_NOTEBOOK_CACHE_DIR", str(tmp_path))
     cat = Catalog.shipped()
-    cat.update_price("aws", "g5.xlarge", "us-east-1", "on_demand", 0.9, source="https://example/refresh", date="2026-11-01")
+    cat.update_price(
+        "aws", "g5.xlarge", "us-east-1", "on_demand", 0.9, source="https://example/refresh", date="2026-11-01"
+    )
     cat.source, cat.date = "refreshed", "2026-11-01"
     (tmp_path / "gpu_catalog.json").write_text(json.dumps(cat.to_doc()))
     fresh = get_catalog(reload=True)

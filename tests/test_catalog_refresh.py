@@ -88,15 +88,19 @@ def _closed_port() -> int:
 # -- parsers on the saved samples ---------------------------------------------------------------------------
 def test_parse_aws_bulk_keeps_linux_shared_used_and_1y_no_upfront() -> None:
     got = parse_aws_bulk(_load("aws_ec2_offer_sample.json"), ["p4d.24xlarge", "g5.xlarge"])
-    assert got == {("p4d.24xlarge", "us-east-1"): {"on_demand": 21.96, "reserved_1y": 14.12},
-                   ("g5.xlarge", "us-east-1"): {"on_demand": 1.006}}
+    assert got == {
+        ("p4d.24xlarge", "us-east-1"): {"on_demand": 21.96, "reserved_1y": 14.12},
+        ("g5.xlarge", "us-east-1"): {"on_demand": 1.006},
+    }
     every = parse_aws_bulk(_load("aws_ec2_offer_sample.json"))
     assert ("m5.large", "us-east-1") in every
 
 
 def test_parse_azure_retail_markets() -> None:
     p1 = parse_azure_retail(_load("azure_retail_page1.json"))
-    assert p1 == {("Standard_NC24ads_A100_v4", "eastus"): {"on_demand": 3.4, "spot": 0.95}}  # no Windows, no Low Priority
+    assert p1 == {
+        ("Standard_NC24ads_A100_v4", "eastus"): {"on_demand": 3.4, "spot": 0.95}
+    }  # no Windows, no Low Priority
     p2 = parse_azure_retail(_load("azure_retail_page2.json"))
     assert p2[("Standard_NC24ads_A100_v4", "eastus")] == {"reserved_1y": pytest.approx(17520 / 8760)}
     assert p2[("Standard_NC24ads_A100_v4", "westeurope")] == {"on_demand": 3.9}
@@ -108,7 +112,9 @@ def test_parse_gcp_skus_composes_machine_prices() -> None:
     a2 = got[("a2-highgpu-1g", "us-central1")]
     assert a2["on_demand"] == pytest.approx(12 * 0.031611 + 85 * 0.004237 + 2.933908)
     assert a2["spot"] == pytest.approx(12 * 0.009483 + 85 * 0.001271 + 1.1)
-    assert got[("n1-standard-8-t4x1", "us-central1")] == {"on_demand": pytest.approx(8 * 0.031611 + 30 * 0.004237 + 0.35)}
+    assert got[("n1-standard-8-t4x1", "us-central1")] == {
+        "on_demand": pytest.approx(8 * 0.031611 + 30 * 0.004237 + 0.35)
+    }
     assert ("g2-standard-4", "us-central1") not in got  # no G2/L4 SKUs in the sample: never guessed
 
 
@@ -118,11 +124,41 @@ def test_aws_spot_from_history_median_of_latest_per_zone() -> None:
     t0 = dt.datetime(2026, 11, 1, tzinfo=dt.UTC)
     t1 = t0 + dt.timedelta(hours=1)
     recs = [
-        {"InstanceType": "g5.xlarge", "AvailabilityZone": "us-east-1a", "SpotPrice": "0.50", "Timestamp": t0, "ProductDescription": "Linux/UNIX"},
-        {"InstanceType": "g5.xlarge", "AvailabilityZone": "us-east-1a", "SpotPrice": "0.40", "Timestamp": t1, "ProductDescription": "Linux/UNIX"},
-        {"InstanceType": "g5.xlarge", "AvailabilityZone": "us-east-1b", "SpotPrice": "0.30", "Timestamp": t1, "ProductDescription": "Linux/UNIX"},
-        {"InstanceType": "g5.xlarge", "AvailabilityZone": "us-east-1c", "SpotPrice": "0.20", "Timestamp": t1, "ProductDescription": "Linux/UNIX"},
-        {"InstanceType": "g5.xlarge", "AvailabilityZone": "us-east-1c", "SpotPrice": "9.99", "Timestamp": t1, "ProductDescription": "Windows"},
+        {
+            "InstanceType": "g5.xlarge",
+            "AvailabilityZone": "us-east-1a",
+            "SpotPrice": "0.50",
+            "Timestamp": t0,
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "InstanceType": "g5.xlarge",
+            "AvailabilityZone": "us-east-1a",
+            "SpotPrice": "0.40",
+            "Timestamp": t1,
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "InstanceType": "g5.xlarge",
+            "AvailabilityZone": "us-east-1b",
+            "SpotPrice": "0.30",
+            "Timestamp": t1,
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "InstanceType": "g5.xlarge",
+            "AvailabilityZone": "us-east-1c",
+            "SpotPrice": "0.20",
+            "Timestamp": t1,
+            "ProductDescription": "Linux/UNIX",
+        },
+        {
+            "InstanceType": "g5.xlarge",
+            "AvailabilityZone": "us-east-1c",
+            "SpotPrice": "9.99",
+            "Timestamp": t1,
+            "ProductDescription": "Windows",
+        },
     ]
     assert aws_spot_from_history(recs, "us-east-1") == {("g5.xlarge", "us-east-1"): pytest.approx(0.30)}
 
@@ -131,10 +167,21 @@ def test_aws_spot_from_history_median_of_latest_per_zone() -> None:
 def test_refresh_over_http_updates_prices_and_saves(price_server: str, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GPU_NOTEBOOK_CACHE_DIR", str(tmp_path))
     cat = Catalog.shipped()
-    old_spot_frac = cat.get("aws", "p4d.24xlarge").price("us-east-1", "spot") / cat.get("aws", "p4d.24xlarge").price("us-east-1")
-    urls = {"aws": price_server + "/aws/{region}/index.json", "azure": price_server + "/azure", "gcp": price_server + "/gcp"}
-    report = cat.refresh(regions=["us-east-1", "eastus", "us-central1"], urls=urls, aws_spot=False, aws_source="bulk",
-                         timeout=5)
+    old_spot_frac = cat.get("aws", "p4d.24xlarge").price("us-east-1", "spot") / cat.get(
+        "aws", "p4d.24xlarge"
+    ).price("us-east-1")
+    urls = {
+        "aws": price_server + "/aws/{region}/index.json",
+        "azure": price_server + "/azure",
+        "gcp": price_server + "/gcp",
+    }
+    report = cat.refresh(
+        regions=["us-east-1", "eastus", "us-central1"],
+        urls=urls,
+        aws_spot=False,
+        aws_source="bulk",
+        timeout=5,
+    )
     assert report.ok
     p4d = cat.get("aws", "p4d.24xlarge")
     assert p4d.price("us-east-1") == 21.96 and p4d.price("us-east-1", "reserved_1y") == 14.12
@@ -183,14 +230,27 @@ def test_refresh_aws_spot_through_boto3_against_moto_server(tmp_path, monkeypatc
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
+
         def client(region: str):
-            return boto3.client("ec2", region_name=region, endpoint_url=f"http://127.0.0.1:{port}",
-                                aws_access_key_id="testing", aws_secret_access_key="testing")
+            return boto3.client(
+                "ec2",
+                region_name=region,
+                endpoint_url=f"http://127.0.0.1:{port}",
+                aws_access_key_id="testing",
+                aws_secret_access_key="testing",
+            )
 
         cat = Catalog.shipped()
         dead = f"http://127.0.0.1:{_closed_port()}"
-        report = refresh_catalog(cat, clouds=["aws"], regions=["us-east-1"], urls={"aws": dead + "/{region}"},
-                                 aws_spot_client=client, aws_source="bulk", timeout=2)
+        report = refresh_catalog(
+            cat,
+            clouds=["aws"],
+            regions=["us-east-1"],
+            urls={"aws": dead + "/{region}"},
+            aws_spot_client=client,
+            aws_source="bulk",
+            timeout=2,
+        )
         assert report.ok, report
         assert any("cannot reach" in e for e in report.errors)  # bulk file offline, spot still refreshed
         g5 = cat.get("aws", "g5.xlarge")
@@ -217,25 +277,35 @@ def test_aws_price_list_query_api(no_aws_credentials) -> None:
     from botocore.stub import ANY, Stubber
 
     offer = _load("aws_ec2_offer_sample.json")
-    entry = {"product": offer["products"]["SKUP4DLINUX"], "serviceCode": "AmazonEC2",
-             "terms": {"OnDemand": offer["terms"]["OnDemand"]["SKUP4DLINUX"],
-                       "Reserved": offer["terms"]["Reserved"]["SKUP4DLINUX"]}}
-    client = boto3.client("pricing", region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
+    entry = {
+        "product": offer["products"]["SKUP4DLINUX"],
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": offer["terms"]["OnDemand"]["SKUP4DLINUX"],
+            "Reserved": offer["terms"]["Reserved"]["SKUP4DLINUX"],
+        },
+    }
+    client = boto3.client(
+        "pricing", region_name="us-east-1", aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
     cat = Catalog.shipped()
     names = [i.name for i in cat.instances(cloud="aws", region="us-west-2")]
     with Stubber(client) as stub:
         for name in names:
             answer = [json.dumps(entry)] if name == "p4d.24xlarge" else []
-            stub.add_response("get_products", {"PriceList": answer, "FormatVersion": "aws_v1"},
-                              {"ServiceCode": "AmazonEC2", "Filters": ANY})
-        report = refresh_catalog(cat, clouds=["aws"], regions=["us-west-2"], aws_pricing_client=client,
-                                 aws_spot=False)
+            stub.add_response(
+                "get_products",
+                {"PriceList": answer, "FormatVersion": "aws_v1"},
+                {"ServiceCode": "AmazonEC2", "Filters": ANY},
+            )
+        report = refresh_catalog(
+            cat, clouds=["aws"], regions=["us-west-2"], aws_pricing_client=client, aws_spot=False
+        )
         stub.assert_no_pending_responses()
     p4d = cat.get("aws", "p4d.24xlarge")
     assert p4d.prices_in("us-west-2")["on_demand"] == 21.96 and p4d.price("us-west-2", "reserved_1y") == 14.12
     assert p4d.source == "pricing.get_products (us-west-2)" and report.ok
-    assert p4d.price("us-east-1") == 32.7726          # regions not asked for keep their estimate
+    assert p4d.price("us-east-1") == 32.7726  # regions not asked for keep their estimate
 
 
 def test_aws_without_credentials_does_not_download_the_bulk_files(no_aws_credentials) -> None:
@@ -245,6 +315,8 @@ def test_aws_without_credentials_does_not_download_the_bulk_files(no_aws_credent
         fetched.append(url)
         raise CatalogError("should not be called")
 
-    with pytest.raises(CatalogError, match="no AWS credentials for the Price List Query API; pass aws_source='bulk'"):
+    with pytest.raises(
+        CatalogError, match="no AWS credentials for the Price List Query API; pass aws_source='bulk'"
+    ):
         refresh_catalog(Catalog.shipped(), clouds=["aws"], fetch=fetch)
     assert fetched == []

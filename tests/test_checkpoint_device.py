@@ -143,7 +143,9 @@ def test_restore_scaling_script_runs_and_restores_bit_exact() -> None:
     # scripts/gpu_check_restore.py measures, on the GPU machine's cores, restore against torch.load; here it runs
     # on this machine's CPUs (2 thread counts, a few training steps) so that it cannot rot unseen
     script = SCRIPT.parent / "gpu_check_restore.py"
-    out = subprocess.run([sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, timeout=240
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith(("| fp32", "| bf16"))]
     assert len(rows) == 2 * 2 * 2  # 2 dtypes x (delta chain, full base) x threads (1, 2)

@@ -212,7 +212,6 @@ def test_deltas_are_smaller_and_full_base_every_n(tmp_path: Path) -> None:
     assert max(depths) == 2  # chains never longer than full_every - 1
 
 
-
 def test_a_full_base_bounds_what_a_restore_reads(tmp_path: Path) -> None:
     # small changes everywhere (deltas are used, but save only part of the bytes, as in full fp32 training): with
     # max_restore_ratio=3 a base comes as soon as restoring the next delta would read more than 3 fulls;
@@ -264,7 +263,6 @@ def test_small_tensors_are_packed(tmp_path: Path) -> None:
         assert torch.equal(got[k], v)
 
 
-
 def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a save closes its packs at a share of what the previous save of its kind wrote, so that most packs are
     # uploaded while the encoding goes on and the one uploaded after it is small
@@ -272,7 +270,9 @@ def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest
 
     monkeypatch.setattr(ck_mod, "_PACK_MIN", 64 * 1024)
     g = torch.Generator().manual_seed(0)
-    state = {f"w{i}": torch.randn(64 * 1024, generator=g) for i in range(8)}  # 8 x 256 KiB, random: incompressible
+    state = {
+        f"w{i}": torch.randn(64 * 1024, generator=g) for i in range(8)
+    }  # 8 x 256 KiB, random: incompressible
     ckpt = Checkpointer(tmp_path, chunk_mb=0.25, pack_kb=1024, threads=2, full_every=100)
     sizes = []
     for step in range(3):
@@ -280,7 +280,9 @@ def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest
             v.copy_(torch.randn(v.shape, generator=g))  # every byte changes: each delta writes about 2 MiB
         info = ckpt.save(state, step=step).result()
         assert info is not None
-        objs = {c["obj"] for lf in ckpt.manifest(info.id)["shards"][0]["leaves"].values() for c in lf["chunks"]}
+        objs = {
+            c["obj"] for lf in ckpt.manifest(info.id)["shards"][0]["leaves"].values() for c in lf["chunks"]
+        }
         sizes.append(sorted((tmp_path / o).stat().st_size for o in objs))
     assert len(sizes[0]) == 1  # nothing to go by: one pack (of up to pack_max)
     # then packs of about a quarter (2 threads, 2 packs each) of what the previous save of the same kind wrote
@@ -291,7 +293,6 @@ def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest
     got = ckpt.restore()
     for k, v in state.items():
         assert torch.equal(got[k], v)
-
 
 
 def test_restore_decodes_chains_as_their_frames_arrive(tmp_path: Path) -> None:
@@ -381,8 +382,9 @@ def _flip_a_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-
-def test_finding_the_latest_reads_only_the_newest_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finding_the_latest_reads_only_the_newest_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a resume must not get slower as checkpoints pile up: ids start with the step, so only the manifests of
     # the highest step are read (two writers at that step: the later one wins, as in list())
     ckpt = Checkpointer(tmp_path)
@@ -424,11 +426,12 @@ def test_corrupted_and_missing_chunks_are_named(tmp_path: Path) -> None:
         ckpt.restore()
 
 
-
 def test_fallback_restores_the_newest_intact_checkpoint(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path, full_every=2)
     for step in range(4):  # base, delta, base, delta
-        ckpt.save({"w": torch.full((50_000,), float(step)) + torch.arange(50_000.0), "step": step}, block=True)
+        ckpt.save(
+            {"w": torch.full((50_000,), float(step)) + torch.arange(50_000.0), "step": step}, block=True
+        )
     ids = [c.id for c in ckpt.list()]
 
     def objects(cid: str) -> set[str]:
@@ -507,8 +510,6 @@ def test_newer_format_version_is_refused(tmp_path: Path) -> None:
     (tmp_path / "FORMAT").write_text(json.dumps({"format": "gpu_notebook.checkpoint", "version": 7}))
     with pytest.raises(FormatVersionError, match="version 7"):
         Checkpointer(tmp_path)
-
-
 
 
 def test_manifest_records_the_code_that_wrote_it(tmp_path: Path) -> None:
@@ -854,7 +855,9 @@ def test_an_optimizer_that_does_not_match_is_refused_before_anything_is_loaded(t
     ShapeMismatchError naming them, and nothing is modified."""
 
     def opt_of(m: torch.nn.Module, **kw: float) -> torch.optim.Optimizer:
-        return torch.optim.AdamW([{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 1e-2}], **kw)
+        return torch.optim.AdamW(
+            [{"params": m[0].parameters()}, {"params": m[2].parameters(), "lr": 1e-2}], **kw
+        )
 
     m = _model(0)
     opt = opt_of(m)

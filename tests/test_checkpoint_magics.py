@@ -96,7 +96,9 @@ def test_restore_fallback_skips_a_damaged_latest(
     ck, ids = store
     man = ck.manifest(ids[3])
     objs = {c["obj"] for lf in man["shards"][0]["leaves"].values() for c in lf["chunks"]}
-    for o in objs - {c["obj"] for lf in ck.manifest(ids[2])["shards"][0]["leaves"].values() for c in lf["chunks"]}:
+    for o in objs - {
+        c["obj"] for lf in ck.manifest(ids[2])["shards"][0]["leaves"].values() for c in lf["chunks"]
+    }:
         (Path(ck.store.root) / o).unlink()  # the latest checkpoint's own data is lost
     with pytest.warns(RuntimeWarning, match=f"checkpoint {ids[3]} .*cannot be restored"):
         ip.run_line_magic("gpu_checkpoint", f"restore --fallback --store {ck.store.url} -o st")

@@ -118,7 +118,11 @@ def test_every_instruction_set_version_computes_the_same_bytes(target: str, tmp_
 
     src = pathlib.Path(codec.__file__).with_name("_planes.c")
     so = tmp_path / f"_planes{sysconfig.get_config_var('EXT_SUFFIX')}"
-    define = "-DGPU_NOTEBOOK_KERNEL_PORTABLE" if target == "portable" else f'-DGPU_NOTEBOOK_KERNEL_TARGET="{target}"'
+    define = (
+        "-DGPU_NOTEBOOK_KERNEL_PORTABLE"
+        if target == "portable"
+        else f'-DGPU_NOTEBOOK_KERNEL_TARGET="{target}"'
+    )
     cmd = ["gcc", "-shared", "-fPIC", "-O3", "-Wall", "-Werror", define]
     cmd += [f"-I{sysconfig.get_paths()['include']}", str(src), "-o", str(so)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -190,7 +194,9 @@ def test_every_variant_round_trips_through_frames(monkeypatch: pytest.MonkeyPatc
                 # in place, over its base (how restore decodes a delta chain)
                 buf = base.copy()
                 assert codec.decode_chunk(frame, buf, buf) is buf
-                np.testing.assert_array_equal(buf, cur, err_msg=f"in place: {width} {v} native={mod is not None}")
+                np.testing.assert_array_equal(
+                    buf, cur, err_msg=f"in place: {width} {v} native={mod is not None}"
+                )
             monkeypatch.setattr(codec, "_native", None)
             assert codec._encode_variant(cur, width, base, v) == frame
 

@@ -301,8 +301,9 @@ def _rank_main(rank: int, world: int, init: str, store: str, urls: list[str], ou
     import torch.distributed as dist
 
     # a short timeout: ranks that disagree on the collectives fail the test in seconds instead of hanging
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30)
+    )
     try:
         # an empty URL: this rank's node was not recognised as a cloud VM, so it has no watcher
         w = PreemptionWatcher("aws", url=urls[rank], interval_s=3600, start=False) if urls[rank] else None

@@ -66,7 +66,9 @@ def test_a_background_save_shows_its_progress_in_the_cell_that_started_it(tmp_pa
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     first, later = (c.outputs for c in nb.cells)
     assert not [o for o in first + later if o.output_type == "error"], (first, later)
-    lines = [o for o in first if o.output_type == "display_data" and "checkpoint 000000000001-" in str(o["data"])]
+    lines = [
+        o for o in first if o.output_type == "display_data" and "checkpoint 000000000001-" in str(o["data"])
+    ]
     assert lines, first
     assert "(100%)" in lines[-1]["data"]["text/plain"]  # updated in place to the end
     assert not [o for o in later if o.output_type == "display_data"], later

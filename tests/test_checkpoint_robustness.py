@@ -48,7 +48,9 @@ def test_gc_refuses_when_a_manifest_cannot_be_read(tmp_path: Path, damage: str) 
         path.write_text("{not json")
     before = _files(tmp_path)
     ck = Checkpointer(tmp_path, preemption=None)
-    with pytest.raises(CheckpointError, match=f"gc refused, nothing deleted: manifest manifests/{ids[1]}") as e:
+    with pytest.raises(
+        CheckpointError, match=f"gc refused, nothing deleted: manifest manifests/{ids[1]}"
+    ) as e:
         ck.gc(keep=1, grace_s=0)
     assert ("newer version" in str(e.value)) == (damage == "newer")
     assert set(_files(tmp_path)) >= set(before)  # nothing deleted
@@ -195,7 +197,9 @@ class _ReadOnlyCredentials(LocalStore):
         pass
 
     def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]
-        raise StoreError(f"access denied writing {self.url}/{key} (AccessDenied): the credentials may be read-only")
+        raise StoreError(
+            f"access denied writing {self.url}/{key} (AccessDenied): the credentials may be read-only"
+        )
 
 
 def test_read_only_credentials_can_restore_and_writers_fail_at_once(tmp_path: Path) -> None:
@@ -237,7 +241,9 @@ def test_saves_without_a_step_go_on_after_the_stores_newest(tmp_path: Path) -> N
 def test_an_ambiguous_id_prefix_says_so(tmp_path: Path) -> None:
     ids = _three(tmp_path)
     ck = Checkpointer(tmp_path, read_only=True)
-    with pytest.raises(NoCheckpointError, match=r"prefix '0000000000' is ambiguous: it matches 3 checkpoints"):
+    with pytest.raises(
+        NoCheckpointError, match=r"prefix '0000000000' is ambiguous: it matches 3 checkpoints"
+    ):
         ck.restore("0000000000")
     with pytest.raises(NoCheckpointError, match="no checkpoint '0000000009'"):
         ck.restore("0000000009")

@@ -59,7 +59,13 @@ def _rank_main(rank: int, world: int, root: str) -> None:
 
         def rank1_objects(cid: str) -> set[str]:
             doc = fb.manifest(cid)
-            return {c["obj"] for sh in doc["shards"] if sh["rank"] == 1 for lf in sh["leaves"].values() for c in lf["chunks"]}
+            return {
+                c["obj"]
+                for sh in doc["shards"]
+                if sh["rank"] == 1
+                for lf in sh["leaves"].values()
+                for c in lf["chunks"]
+            }
 
         if rank == 1:
             for o in rank1_objects(ids[2]) - rank1_objects(ids[1]):
@@ -93,7 +99,9 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         store = Slow(f"{root}/agree") if rank == 0 else LocalStore(f"{root}/agree")
         if rank != 0:
             Slow.gate.set()
-        ag = Checkpointer(store, sharded=True, on_busy="skip", every_minutes=1e6, commit_timeout_s=20, preemption=None)
+        ag = Checkpointer(
+            store, sharded=True, on_busy="skip", every_minutes=1e6, commit_timeout_s=20, preemption=None
+        )
         vec = torch.full((10_000,), float(rank))
         first = ag.save({"v": vec, "step": 0})
         while rank == 1 and not Path(f"{root}/agree/shards").exists():

@@ -52,9 +52,18 @@ def aws(moto_ec2, tmp_path, monkeypatch):
 
 
 def _spec(**kw):
-    base = dict(cloud="aws", region=REGION, gpu="A100:8", workers=2, spot=True, idle_stop_minutes=60,
-                name="gnb-moto", pip_packages=["gpu_notebook==0.1.0"], image="rayproject/ray:2.60.0-py311-gpu",
-                connect="direct")
+    base = dict(
+        cloud="aws",
+        region=REGION,
+        gpu="A100:8",
+        workers=2,
+        spot=True,
+        idle_stop_minutes=60,
+        name="gnb-moto",
+        pip_packages=["gpu_notebook==0.1.0"],
+        image="rayproject/ray:2.60.0-py311-gpu",
+        connect="direct",
+    )
     base.update(kw)
     return ClusterSpec(**base)
 
@@ -77,10 +86,15 @@ def test_moto_server_is_on_loopback_with_fake_credentials(aws):
     assert aws.endpoint.startswith("http://127.0.0.1:")
     assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
     ec2 = aws.client()
-    (inst,) = ec2.run_instances(ImageId="ami-12c6146b", InstanceType="t3.micro", MinCount=1, MaxCount=1,
-                                TagSpecifications=[{"ResourceType": "instance",
-                                                    "Tags": [{"Key": "ray-cluster-name", "Value": "gnb-raw"}]}],
-                                )["Instances"]
+    (inst,) = ec2.run_instances(
+        ImageId="ami-12c6146b",
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[
+            {"ResourceType": "instance", "Tags": [{"Key": "ray-cluster-name", "Value": "gnb-raw"}]}
+        ],
+    )["Instances"]
     assert [i["InstanceId"] for i in _instances(ec2, "gnb-raw")] == [inst["InstanceId"]]
     assert aws_leftovers("gnb-raw", REGION)[0]["id"] == inst["InstanceId"]
     ec2.terminate_instances(InstanceIds=[inst["InstanceId"]])
@@ -95,10 +109,14 @@ def test_node_provider_spot_and_on_demand_create_list_terminate(aws):
     base_tags = {"ray-node-type": "worker", "ray-node-status": "uninitialized"}
     # one node per call: Ray asks for MinCount=1, MaxCount=n and moto launches MinCount
     for _ in range(2):
-        provider.create_node(types[WORKER_SPOT_TYPE]["node_config"],
-                             {**base_tags, "ray-user-node-type": WORKER_SPOT_TYPE}, 1)
-    provider.create_node(types[WORKER_ONDEMAND_TYPE]["node_config"],
-                         {**base_tags, "ray-user-node-type": WORKER_ONDEMAND_TYPE}, 1)
+        provider.create_node(
+            types[WORKER_SPOT_TYPE]["node_config"], {**base_tags, "ray-user-node-type": WORKER_SPOT_TYPE}, 1
+        )
+    provider.create_node(
+        types[WORKER_ONDEMAND_TYPE]["node_config"],
+        {**base_tags, "ray-user-node-type": WORKER_ONDEMAND_TYPE},
+        1,
+    )
 
     ec2 = aws.client()
     insts = _instances(ec2, spec.name)
@@ -179,8 +197,17 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path)
 
     # progress stages in order
     names = [s.split("] ", 1)[1] for s in stages]
-    order = ["checking credentials", "launching head", "waiting for SSH", "installing", "starting Ray",
-             "head ready", "opening an SSH tunnel to the head's Ray Client port", "workers joining", "ready"]
+    order = [
+        "checking credentials",
+        "launching head",
+        "waiting for SSH",
+        "installing",
+        "starting Ray",
+        "head ready",
+        "opening an SSH tunnel to the head's Ray Client port",
+        "workers joining",
+        "ready",
+    ]
     positions = [names.index(n) for n in order]
     assert positions == sorted(positions), names
 
@@ -296,8 +323,15 @@ def test_capacity_error_from_the_api_during_launch(aws, default_session_hooks):
     from botocore.exceptions import ClientError
 
     def refuse(params, **kwargs):
-        raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity",
-                                     "Message": "We currently do not have sufficient capacity"}}, "RunInstances")
+        raise ClientError(
+            {
+                "Error": {
+                    "Code": "InsufficientInstanceCapacity",
+                    "Message": "We currently do not have sufficient capacity",
+                }
+            },
+            "RunInstances",
+        )
 
     default_session_hooks.register("provide-client-params.ec2.RunInstances", refuse)
     rec = RecordingProcessRunner()
@@ -322,8 +356,15 @@ def test_credentials_check_reads_the_chain_and_never_prints_secrets(aws, monkeyp
     from botocore.exceptions import ClientError
 
     def expired(params, **kwargs):
-        raise ClientError({"Error": {"Code": "ExpiredToken", "Message": "The security token included in the "
-                                     "request is expired"}}, "GetCallerIdentity")
+        raise ClientError(
+            {
+                "Error": {
+                    "Code": "ExpiredToken",
+                    "Message": "The security token included in the request is expired",
+                }
+            },
+            "GetCallerIdentity",
+        )
 
     boto3.setup_default_session()
     try:

@@ -76,15 +76,23 @@ def test_cloud_cluster_start_run_stop(tmp_path):
     rsync.chmod(0o755)
     import os
 
-    env = {**os.environ, "HOME": str(tmp_path), "GPU_NOTEBOOK_CONFIG_DIR": str(tmp_path / "cfg"),
-           "PATH": f"{bin_dir}:{os.environ['PATH']}", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "GPU_NOTEBOOK_CONFIG_DIR": str(tmp_path / "cfg"),
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    env.pop("RAY_AUTH_MODE", None)  # set by the session's own Ray (ray_session): the test cluster's GCS then never starts
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=280, env=env,
-                          cwd=tmp_path)
+    env.pop(
+        "RAY_AUTH_MODE", None
+    )  # set by the session's own Ray (ray_session): the test cluster's GCS then never starts
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     progress = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROGRESS")]
     assert any("launching head" in p for p in progress) and any("starting Ray" in p for p in progress)
     assert out["running"].count("instance") == 1  # the head the launcher created in (fake) EC2

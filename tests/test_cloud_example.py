@@ -29,9 +29,14 @@ def test_cloud_example_notebook_dry_runs(tmp_path, monkeypatch):
     # guard: the notebook must never launch anything in CI
     for cell in nb.cells:
         if cell.cell_type == "code":
-            assert ".launch(" not in cell.source and "--dry-run" in cell.source or "%gpu_cluster" not in cell.source
-    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-                            ).execute()
+            assert (
+                ".launch(" not in cell.source
+                and "--dry-run" in cell.source
+                or "%gpu_cluster" not in cell.source
+            )
+    nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", []))
     text = "\n".join(_outputs(c) for c in code)

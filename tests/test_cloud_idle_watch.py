@@ -27,15 +27,32 @@ def _clock(step):
 
 def test_run_tears_down_after_the_idle_period():
     torn = []
-    done = run(1, "~/cfg.yaml", busy=lambda: False, teardown=torn.append, clock=_clock(30), sleep=lambda s: None,
-               max_polls=100)
+    done = run(
+        1,
+        "~/cfg.yaml",
+        busy=lambda: False,
+        teardown=torn.append,
+        clock=_clock(30),
+        sleep=lambda s: None,
+        max_polls=100,
+    )
     assert done is True and torn == ["~/cfg.yaml"]
 
 
 def test_run_keeps_a_busy_cluster():
     torn = []
-    assert run(1, "c", busy=lambda: True, teardown=torn.append, clock=_clock(30), sleep=lambda s: None,
-               max_polls=50) is False
+    assert (
+        run(
+            1,
+            "c",
+            busy=lambda: True,
+            teardown=torn.append,
+            clock=_clock(30),
+            sleep=lambda s: None,
+            max_polls=50,
+        )
+        is False
+    )
     assert torn == []
 
 
@@ -44,8 +61,10 @@ def test_errors_count_as_busy():
         raise ConnectionError("GCS unreachable")
 
     torn = []
-    assert run(1, "c", busy=broken, teardown=torn.append, clock=_clock(60), sleep=lambda s: None,
-               max_polls=20) is False
+    assert (
+        run(1, "c", busy=broken, teardown=torn.append, clock=_clock(60), sleep=lambda s: None, max_polls=20)
+        is False
+    )
     assert torn == []
 
 

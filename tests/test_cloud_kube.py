@@ -27,8 +27,20 @@ def cfg_dir(tmp_path, monkeypatch):
 
 
 def _spec(**kw):
-    return ClusterSpec(**{**dict(cloud="kubernetes", gpu="A100:8", workers=2, name="gnb-kube", namespace="ml",
-                                 image="img:1", pip_packages=["gpu_notebook==0.1.0"]), **kw})
+    return ClusterSpec(
+        **{
+            **dict(
+                cloud="kubernetes",
+                gpu="A100:8",
+                workers=2,
+                name="gnb-kube",
+                namespace="ml",
+                image="img:1",
+                pip_packages=["gpu_notebook==0.1.0"],
+            ),
+            **kw,
+        }
+    )
 
 
 # -- the fake itself -------------------------------------------------------------------------------------
@@ -42,7 +54,10 @@ def test_fake_kube_behaves_like_kuberay():
         fake.create_namespaced_custom_object("ray.io", "v1", "ns", "rayclusters", body)
     assert err.value.status == 409
     assert fake.get_namespaced_custom_object("ray.io", "v1", "ns", "rayclusters", "c")["status"] == {}
-    assert fake.get_namespaced_custom_object("ray.io", "v1", "ns", "rayclusters", "c")["status"]["state"] == "ready"
+    assert (
+        fake.get_namespaced_custom_object("ray.io", "v1", "ns", "rayclusters", "c")["status"]["state"]
+        == "ready"
+    )
     assert len(fake.list_namespaced_pod("ns", label_selector="ray.io/cluster=c").items) == 3
     fake.delete_namespaced_custom_object("ray.io", "v1", "ns", "rayclusters", "c")
     assert len(fake.list_namespaced_pod("ns", label_selector="ray.io/cluster=c").items) == 3  # lingering

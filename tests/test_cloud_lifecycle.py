@@ -147,15 +147,21 @@ def env(moto_ec2, tmp_path, monkeypatch):
 def _kernel(env: dict, scenario: str, name: str) -> subprocess.Popen[str]:
     # RAY_AUTH_MODE is set by the session's own Ray (ray_session) when it runs: the kernel's test Ray must not get it
     kernel_env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
-    return subprocess.Popen([sys.executable, "-c", KERNEL, scenario, name], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=env["tmp"], env=kernel_env)
+    return subprocess.Popen(
+        [sys.executable, "-c", KERNEL, scenario, name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=env["tmp"],
+        env=kernel_env,
+    )
 
 
 def _result(proc: subprocess.Popen[str], timeout: float = 120) -> dict:
     out, _ = proc.communicate(timeout=timeout)
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, out[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def _gone(pid: int) -> bool:
@@ -191,7 +197,7 @@ def test_a_killed_kernel_leaves_no_instances_running(env):
                 break
             time.sleep(0.5)
         assert aws_leftovers(name, REGION) == [], "instances left running after the kernel died"
-        assert list_states() == []                              # a verified teardown removes the saved state
+        assert list_states() == []  # a verified teardown removes the saved state
         assert reaper_pid is not None
         for _ in range(100):
             if _gone(reaper_pid):
@@ -200,8 +206,8 @@ def test_a_killed_kernel_leaves_no_instances_running(env):
         assert _gone(reaper_pid)
         log = (env["cfg"] / f"{name}.reaper.log").read_text()
         assert "is gone" in log and f"did not stop cloud cluster {name}" in log and "teardown done" in log
-        assert "ray stop" in env["ssh_log"].read_text()          # Ray's teardown_cluster ran (ray down)
-        assert "testing" not in log                            # the (fake) credentials are never logged
+        assert "ray stop" in env["ssh_log"].read_text()  # Ray's teardown_cluster ran (ray down)
+        assert "testing" not in log  # the (fake) credentials are never logged
         assert not (env["cfg"] / f"{name}.reaper").exists()
     finally:
         if proc.poll() is None:
@@ -213,11 +219,13 @@ def test_a_killed_kernel_leaves_no_instances_running(env):
 
 def test_ctrl_c_while_connecting_tears_the_launched_cluster_down(env):
     out = _result(_kernel(env, "interrupt", "gnb-ctrlc"))
-    assert out.get("interrupted") is True                       # the KeyboardInterrupt still reaches the user
-    assert out["left"] == [] and out["saved"] == []             # nothing running, nothing left to track
+    assert out.get("interrupted") is True  # the KeyboardInterrupt still reaches the user
+    assert out["left"] == [] and out["saved"] == []  # nothing running, nothing left to track
     assert out["state"] == "failed" and out["tracked"] is False
-    assert out["lease"] is False                                # the reaper was released ...
-    assert "released" in out["reaper_log"] and "tearing it down" not in out["reaper_log"]  # ... and did nothing
+    assert out["lease"] is False  # the reaper was released ...
+    assert (
+        "released" in out["reaper_log"] and "tearing it down" not in out["reaper_log"]
+    )  # ... and did nothing
 
 
 def test_budget_on_a_cloud_cluster_prices_its_instances_and_stops_it(env):
@@ -226,17 +234,20 @@ def test_budget_on_a_cloud_cluster_prices_its_instances_and_stops_it(env):
     assert out["labels"] == ["aws g4dn.xlarge us-east-1 on-demand", "aws m5.xlarge us-east-1 on-demand"]
     assert out["rate"] == pytest.approx(0.192 + 0.526, rel=0.01)
     assert out["spent"] > 0.0001
-    assert out["state"] == "stopped"                            # the budget stop ran ...
-    assert any(m.startswith("budget of $0.00 reached") and m.endswith("workers stopped")
-               for m in out["tick"] + out["policy"])
-    assert out["spent_after"] > 0.0001                            # ... and the cost shown is not $0
-    assert out["left"] == [] and out["saved"] == []              # ... ending in a verified teardown
+    assert out["state"] == "stopped"  # the budget stop ran ...
+    assert any(
+        m.startswith("budget of $0.00 reached") and m.endswith("workers stopped")
+        for m in out["tick"] + out["policy"]
+    )
+    assert out["spent_after"] > 0.0001  # ... and the cost shown is not $0
+    assert out["left"] == [] and out["saved"] == []  # ... ending in a verified teardown
     assert out["lease"] is False and "released" in out["reaper_log"]
-    assert "tearing it down" not in out["reaper_log"]            # the reaper did not tear down a second time
+    assert "tearing it down" not in out["reaper_log"]  # the reaper did not tear down a second time
 
 
-def test_a_cloud_start_with_a_ray_connection_fails_before_launching(env, ray_session, moto_ec2, monkeypatch, ip,
-                                                                    capsys):
+def test_a_cloud_start_with_a_ray_connection_fails_before_launching(
+    env, ray_session, moto_ec2, monkeypatch, ip, capsys
+):
     from gpu_notebook import Cluster
     from gpu_notebook.cluster import ClusterError
 
@@ -255,11 +266,13 @@ def test_a_cloud_start_with_a_ray_connection_fails_before_launching(env, ray_ses
             c.start()
         assert time.monotonic() - t0 < 10
         assert "already connected to" in str(err.value) and "Nothing was launched" in str(err.value)
-        ip.run_cell("%gpu_cluster start --cloud aws --region us-east-1 --gpu T4:1 --no-tunnel --name gnb-third")
+        ip.run_cell(
+            "%gpu_cluster start --cloud aws --region us-east-1 --gpu T4:1 --no-tunnel --name gnb-third"
+        )
         assert "Stop the current cluster first (%gpu_cluster stop" in capsys.readouterr().err
     assert launched == []
     ec2 = moto_ec2.client()
     for name in ("gnb-second", "gnb-third"):
         resp = ec2.describe_instances(Filters=[{"Name": "tag:ray-cluster-name", "Values": [name]}])
-        assert resp["Reservations"] == []                        # not even a terminated one: none was paid for
+        assert resp["Reservations"] == []  # not even a terminated one: none was paid for
     assert list_states() == [] and not list(Path(env["cfg"]).glob("*.reaper"))

@@ -22,8 +22,9 @@ WORKER = {"NodeID": "worker-1", "Alive": True, "Resources": {"CPU": 4.0, "GPU": 
 
 
 def _state(**spec_kw) -> ClusterState:
-    spec = ClusterSpec(**{"cloud": "aws", "region": "us-east-1", "gpu": "T4:1", "workers": 1, "name": "gnb-p",
-                          **spec_kw})
+    spec = ClusterSpec(
+        **{"cloud": "aws", "region": "us-east-1", "gpu": "T4:1", "workers": 1, "name": "gnb-p", **spec_kw}
+    )
     return ClusterState(name=str(spec.name), cloud=spec.cloud, region=spec.region, spec=spec.to_dict())
 
 
@@ -58,8 +59,9 @@ def test_head_and_workers_are_priced_from_the_launched_instances() -> None:
 
 def test_on_demand_and_an_exact_instance_type() -> None:
     cat = Catalog.shipped()
-    pricing = node_pricing_for(_state(gpu=None, instance_type="p4d.24xlarge", spot=False), nodes=lambda: [WORKER],
-                               catalog=cat)
+    pricing = node_pricing_for(
+        _state(gpu=None, instance_type="p4d.24xlarge", spot=False), nodes=lambda: [WORKER], catalog=cat
+    )
     meter = CostMeter(node_pricing=pricing, clock=Clock(), catalog=cat)
     meter.node_joined("worker-1")
     assert meter.usd_per_hour() == pytest.approx(cat.get("aws", "p4d.24xlarge").price("us-east-1"))
@@ -103,7 +105,9 @@ def test_a_spot_clusters_on_demand_fallback_workers_are_priced_on_demand() -> No
     cat = Catalog.shipped()
     state = _state(spot=True, workers=2)
     # the rendered config gives each worker type the resource that names its market
-    types = render_ray_config(ClusterSpec(**state.spec), resolve(ClusterSpec(**state.spec), cat))["available_node_types"]
+    types = render_ray_config(ClusterSpec(**state.spec), resolve(ClusterSpec(**state.spec), cat))[
+        "available_node_types"
+    ]
     spot_res = types[WORKER_SPOT_TYPE]["resources"]
     od_res = types[WORKER_ONDEMAND_TYPE]["resources"]
     assert spot_res.get(MARKET_RESOURCE["spot"]) == 1 and MARKET_RESOURCE["on_demand"] not in spot_res

@@ -83,8 +83,16 @@ def test_private_seams_exist():
     assert hasattr(aws_config, "time") and callable(aws_np.list_ec2_instances)
     assert hasattr(aws_utils.resource_cache, "cache_clear") and hasattr(aws_utils.client_cache, "cache_clear")
     params = list(inspect.signature(NodeProvider.get_command_runner).parameters)
-    assert params == ["self", "log_prefix", "node_id", "auth_config", "cluster_name", "process_runner",
-                      "use_internal_ip", "docker_config"]
+    assert params == [
+        "self",
+        "log_prefix",
+        "node_id",
+        "auth_config",
+        "cluster_name",
+        "process_runner",
+        "use_internal_ip",
+        "docker_config",
+    ]
 
 
 def test_validation_has_teeth():
@@ -97,16 +105,25 @@ def test_validation_has_teeth():
         "provider": {"type": "aws", "region": "us-east-1"},
         "available_node_types": {
             "head": {"resources": {"CPU": 2}, "node_config": {"InstanceType": "m5.large"}},
-            "w": {"resources": {"CPU": 2}, "node_config": {"InstanceType": "m5.large"}, "min_workers": 1,
-                  "max_workers": 1},
+            "w": {
+                "resources": {"CPU": 2},
+                "node_config": {"InstanceType": "m5.large"},
+                "min_workers": 1,
+                "max_workers": 1,
+            },
         },
         "head_node_type": "head",
     }
     rc.prepare_and_validate(good)
     with pytest.raises(jsonschema.ValidationError):
         rc.prepare_and_validate({**good, "not_a_ray_key": 1})
-    bad_resources = {**good, "available_node_types": {**good["available_node_types"],
-                                                      "w": {"resources": {"GPU": 0.5}, "node_config": {}}}}
+    bad_resources = {
+        **good,
+        "available_node_types": {
+            **good["available_node_types"],
+            "w": {"resources": {"GPU": 0.5}, "node_config": {}},
+        },
+    }
     with pytest.raises(jsonschema.ValidationError):
         rc.prepare_and_validate(bad_resources)
     with pytest.raises(ValueError, match="max_workers"):
@@ -141,8 +158,9 @@ def test_substitute_process_runner_uses_rays_real_command_runner():
     provider = _Provider({}, "gnb-c")
     original = NodeProvider.get_command_runner
     with rc.substitute_process_runner(rec):
-        runner = provider.get_command_runner("x", "i-1", {"ssh_user": "ubuntu", "ssh_private_key": "/k.pem"},
-                                             "gnb-c", None, False)
+        runner = provider.get_command_runner(
+            "x", "i-1", {"ssh_user": "ubuntu", "ssh_private_key": "/k.pem"}, "gnb-c", None, False
+        )
         runner.run("echo hi")
     assert NodeProvider.get_command_runner is original
     (cmd,) = rec.commands

@@ -33,7 +33,9 @@ KERNEL = textwrap.dedent(
 
 def _kernel(tmp_path: Path, name: str, mode: str) -> tuple[subprocess.Popen[str], int]:
     env = {**os.environ, "GPU_NOTEBOOK_CONFIG_DIR": str(tmp_path / "cfg")}
-    proc = subprocess.Popen([sys.executable, "-c", KERNEL, name, mode], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KERNEL, name, mode], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line.startswith("REAPER "), line
@@ -74,11 +76,11 @@ def test_a_released_reaper_exits_without_tearing_down(tmp_path, cfg):
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "RELEASED False"  # it exited while the kernel lives on
         assert not (cfg / "gnb-rel.reaper").exists()
-        proc.kill()                                                 # the kernel dies later: nothing happens
+        proc.kill()  # the kernel dies later: nothing happens
         proc.wait(10)
         log = (cfg / "gnb-rel.reaper.log").read_text()
         assert "released" in log and "tearing it down" not in log
-        assert load_state("gnb-rel").status == "running"           # untouched
+        assert load_state("gnb-rel").status == "running"  # untouched
     finally:
         _end(proc, reaper)
 
@@ -92,12 +94,12 @@ def test_sigterm_hands_over_at_once_and_another_kernels_cluster_is_left_alone(tm
         time.sleep(0.5)
         assert (cfg / "gnb-old.reaper").exists()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == -signal.SIGTERM                    # still ends the way SIGTERM ends a process
+        assert proc.wait(10) == -signal.SIGTERM  # still ends the way SIGTERM ends a process
         assert _wait_gone(reaper), "the reaper did not exit"
         log = (cfg / "gnb-old.reaper.log").read_text()
-        assert "is terminating (SIGTERM)" in log                    # the handler marked the lease
+        assert "is terminating (SIGTERM)" in log  # the handler marked the lease
         assert "older than this lease: another kernel's cluster; left alone" in log
-        assert load_state("gnb-old").status == "running"           # a same-named cluster from before: not ours
+        assert load_state("gnb-old").status == "running"  # a same-named cluster from before: not ours
         assert not (cfg / "gnb-old.reaper").exists()
     finally:
         _end(proc, reaper)

@@ -28,16 +28,45 @@ PINNED = dict(image="rayproject/ray:2.60.0-py311-gpu", pip_packages=["gpu_notebo
 
 # name -> typical request
 REQUESTS = {
-    "aws_a100x8_spot_idle": dict(cloud="aws", region="us-east-1", gpu="A100:8", workers=2, spot=True,
-                                 idle_stop_minutes=60, name="gnb-golden-aws"),
-    "aws_g5_instance_ondemand": dict(cloud="aws", region="us-west-2", instance_type="g5.xlarge", workers=1,
-                                     max_workers=4, name="gnb-golden-g5", disk_gb=100),
-    "gcp_t4_preemptible": dict(cloud="gcp", region="us-central1", gpu="T4:1", workers=2, spot=True,
-                               project="my-project", name="gnb-golden-gcp"),
-    "azure_a100x8_spot": dict(cloud="azure", region="eastus", gpu="A100:8", workers=1, spot=True,
-                              spot_fallback=False, name="gnb-golden-azure"),
-    "kubernetes_a100x8": dict(cloud="kubernetes", gpu="A100:8", workers=2, spot=True, name="gnb-golden-k8s",
-                              namespace="ml"),
+    "aws_a100x8_spot_idle": dict(
+        cloud="aws",
+        region="us-east-1",
+        gpu="A100:8",
+        workers=2,
+        spot=True,
+        idle_stop_minutes=60,
+        name="gnb-golden-aws",
+    ),
+    "aws_g5_instance_ondemand": dict(
+        cloud="aws",
+        region="us-west-2",
+        instance_type="g5.xlarge",
+        workers=1,
+        max_workers=4,
+        name="gnb-golden-g5",
+        disk_gb=100,
+    ),
+    "gcp_t4_preemptible": dict(
+        cloud="gcp",
+        region="us-central1",
+        gpu="T4:1",
+        workers=2,
+        spot=True,
+        project="my-project",
+        name="gnb-golden-gcp",
+    ),
+    "azure_a100x8_spot": dict(
+        cloud="azure",
+        region="eastus",
+        gpu="A100:8",
+        workers=1,
+        spot=True,
+        spot_fallback=False,
+        name="gnb-golden-azure",
+    ),
+    "kubernetes_a100x8": dict(
+        cloud="kubernetes", gpu="A100:8", workers=2, spot=True, name="gnb-golden-k8s", namespace="ml"
+    ),
 }
 
 
@@ -74,8 +103,9 @@ def test_golden_configs_pass_rays_validation(name):
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 @pytest.mark.parametrize("spot", [False, True])
 def test_every_cloud_validates_spot_and_on_demand(cloud, spot):
-    spec = ClusterSpec(cloud=cloud, gpu="A100:8", workers=2, max_workers=3, spot=spot, project="p", name="gnb-v",
-                       **PINNED)
+    spec = ClusterSpec(
+        cloud=cloud, gpu="A100:8", workers=2, max_workers=3, spot=spot, project="p", name="gnb-v", **PINNED
+    )
     config = render_ray_config(spec, resolve(spec))
     prepared = rc.prepare_and_validate(config)
     types = prepared["available_node_types"]
@@ -141,7 +171,8 @@ def test_aws_default_ami_is_the_current_gpu_dlami_not_rays_cuda_11_one():
     for node_type in types.values():
         cfg = node_type["node_config"]
         assert cfg["ImageId"] == (
-            "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id")
+            "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+        )
         assert cfg["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"  # the Ubuntu AMI's root device
     own = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-ami2", vm_image="ami-0123456789abcdef0", **PINNED)
     cfg = render_ray_config(own, resolve(own))["available_node_types"][WORKER_TYPE]["node_config"]
@@ -165,8 +196,9 @@ def test_gcp_default_zone_exists_in_the_region():
     assert render_ray_config(east, resolve(east))["provider"]["availability_zone"] == "us-east1-b"
     central = ClusterSpec(cloud="gcp", gpu="T4:1", project="p", name="gnb-zone2", **PINNED)
     assert render_ray_config(central, resolve(central))["provider"]["availability_zone"] == "us-central1-a"
-    chosen = ClusterSpec(cloud="gcp", region="us-east1", zone="us-east1-d", gpu="T4:1", project="p",
-                         name="gnb-zone3", **PINNED)
+    chosen = ClusterSpec(
+        cloud="gcp", region="us-east1", zone="us-east1-d", gpu="T4:1", project="p", name="gnb-zone3", **PINNED
+    )
     cfg = render_ray_config(chosen, resolve(chosen))
     assert cfg["provider"]["availability_zone"] == "us-east1-d"
     disk = cfg["available_node_types"][WORKER_TYPE]["node_config"]["disks"][0]["initializeParams"]
@@ -196,12 +228,16 @@ def test_default_image_and_packages_match_this_machine():
 
 
 def test_kuberay_manifest_shape():
-    spec = ClusterSpec(cloud="kubernetes", gpu="H100:4", workers=1, max_workers=3, name="gnb-k", namespace="ml",
-                       **PINNED)
+    spec = ClusterSpec(
+        cloud="kubernetes", gpu="H100:4", workers=1, max_workers=3, name="gnb-k", namespace="ml", **PINNED
+    )
     m = render_kuberay_manifest(spec)
     assert (m["apiVersion"], m["kind"]) == ("ray.io/v1", "RayCluster")
-    assert m["metadata"] == {"name": "gnb-k", "namespace": "ml",
-                             "labels": {"app.kubernetes.io/managed-by": "gpu-notebook", OWNER_TAG: "gnb-k"}}
+    assert m["metadata"] == {
+        "name": "gnb-k",
+        "namespace": "ml",
+        "labels": {"app.kubernetes.io/managed-by": "gpu-notebook", OWNER_TAG: "gnb-k"},
+    }
     (group,) = m["spec"]["workerGroupSpecs"]
     assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 3)
     worker = group["template"]["spec"]["containers"][0]
@@ -212,7 +248,11 @@ def test_kuberay_manifest_shape():
     assert "pip install -q --target /opt/gnb-site gpu_notebook==0.1.0 torch==2.13.0" in init["command"][-1]
     head = m["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
-    assert {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]} == {6379, 8265, 10001}
+    assert {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]} == {
+        6379,
+        8265,
+        10001,
+    }
     assert "anchor" not in to_yaml(m) and "&id" not in to_yaml(m)
 
 

@@ -52,8 +52,13 @@ def test_spec_defaults_and_round_trip():
 
 def test_spec_from_magic_options():
     spec = spec_from_options("aws", region="us-west-2", gpu="H100:8", workers=3, spot=True, idle_stop=30)
-    assert (spec.region, spec.gpu, spec.workers, spec.spot, spec.idle_stop_minutes) == ("us-west-2", "H100:8", 3,
-                                                                                        True, 30)
+    assert (spec.region, spec.gpu, spec.workers, spec.spot, spec.idle_stop_minutes) == (
+        "us-west-2",
+        "H100:8",
+        3,
+        True,
+        30,
+    )
 
 
 def test_resolve_picks_cheapest_matching_instance_with_prices():
@@ -67,7 +72,10 @@ def test_resolve_picks_cheapest_matching_instance_with_prices():
     "kw, expected",
     [
         (dict(gpu="X999:8"), ["X999", "A100", "H100"]),  # unknown GPU: lists the GPUs there are
-        (dict(gpu="A100:8", region="sa-east-1"), ["sa-east-1", "us-east-1", "eu-west-1"]),  # region without it
+        (
+            dict(gpu="A100:8", region="sa-east-1"),
+            ["sa-east-1", "us-east-1", "eu-west-1"],
+        ),  # region without it
         (dict(instance_type="p4d.24xlarge", region="sa-east-1"), ["not offered in sa-east-1", "us-east-1"]),
         (dict(instance_type="p9.mega"), ["p9.mega", "g5."]),  # unknown type: names known ones
     ],
@@ -80,13 +88,25 @@ def test_unmeetable_requests_name_alternatives(kw, expected):
 
 
 def test_plan_prices_on_demand_vs_spot_and_shows_config():
-    spec = ClusterSpec(cloud="aws", region="us-east-1", gpu="A100:8", workers=2, max_workers=4, spot=True,
-                       idle_stop_minutes=60, name="gnb-plan", image="img:1", pip_packages=["gpu_notebook==0.1.0"])
+    spec = ClusterSpec(
+        cloud="aws",
+        region="us-east-1",
+        gpu="A100:8",
+        workers=2,
+        max_workers=4,
+        spot=True,
+        idle_stop_minutes=60,
+        name="gnb-plan",
+        image="img:1",
+        pip_packages=["gpu_notebook==0.1.0"],
+    )
     plan = plan_cluster(spec)
     worker, head = plan.resolved.worker, plan.resolved.head
     assert plan.hourly("on_demand") == pytest.approx(head.on_demand_per_hour + 2 * worker.on_demand_per_hour)
     assert plan.hourly("spot") == pytest.approx(head.on_demand_per_hour + 2 * worker.spot_per_hour)
-    assert plan.hourly("spot", at_max=True) == pytest.approx(head.on_demand_per_hour + 4 * worker.spot_per_hour)
+    assert plan.hourly("spot", at_max=True) == pytest.approx(
+        head.on_demand_per_hour + 4 * worker.spot_per_hour
+    )
     text = plan.text()
     assert "dry run: nothing launched" in text
     assert f"${plan.hourly('on_demand'):,.2f}/h all on-demand" in text
@@ -100,8 +120,9 @@ def test_plan_prices_on_demand_vs_spot_and_shows_config():
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
 def test_plan_for_each_cloud_validates(cloud):
-    plan = CloudLauncher().plan(ClusterSpec(cloud=cloud, gpu="A100:8", workers=1, spot=True, project="p",
-                                            name=f"gnb-{cloud}"))
+    plan = CloudLauncher().plan(
+        ClusterSpec(cloud=cloud, gpu="A100:8", workers=1, spot=True, project="p", name=f"gnb-{cloud}")
+    )
     assert plan.kind == "ray" and plan.hourly("spot") < plan.hourly("on_demand")
 
 

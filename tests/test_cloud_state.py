@@ -27,10 +27,23 @@ def test_folder_defaults_and_override(tmp_path, monkeypatch):
 
 
 def test_round_trip_mode_and_no_secrets(cfg):
-    config = {"cluster_name": "gnb-a", "provider": {"type": "aws", "region": "us-east-1",
-                                                     "aws_credentials": {"aws_secret_access_key": "SECRET"}}}
-    state = ClusterState("gnb-a", "aws", "us-east-1", status="running", config=config, head_ip="198.51.100.4",
-                         address="198.51.100.4:6379")
+    config = {
+        "cluster_name": "gnb-a",
+        "provider": {
+            "type": "aws",
+            "region": "us-east-1",
+            "aws_credentials": {"aws_secret_access_key": "SECRET"},
+        },
+    }
+    state = ClusterState(
+        "gnb-a",
+        "aws",
+        "us-east-1",
+        status="running",
+        config=config,
+        head_ip="198.51.100.4",
+        address="198.51.100.4:6379",
+    )
     path = state.save()
     assert path == cfg / "clusters" / "gnb-a.json"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -58,8 +71,9 @@ def test_unknown_name_lists_the_known_ones(cfg):
 
 def test_unknown_fields_are_ignored(cfg):
     (cfg / "clusters").mkdir(parents=True)
-    (cfg / "clusters" / "gnb-e.json").write_text(json.dumps({"name": "gnb-e", "cloud": "aws", "region": None,
-                                                              "from_the_future": 1}))
+    (cfg / "clusters" / "gnb-e.json").write_text(
+        json.dumps({"name": "gnb-e", "cloud": "aws", "region": None, "from_the_future": 1})
+    )
     assert load_state("gnb-e").name == "gnb-e"
 
 
@@ -72,8 +86,13 @@ def test_ssh_tunnel_is_started_recorded_and_closed(cfg, tmp_path):
 
     log = tmp_path / "ssh_args"
     fake = write_fake_ssh(tmp_path / "fake_ssh", log)
-    state = ClusterState("gnb-t", "aws", "us-east-1", head_ip="198.51.100.9",
-                         config={"auth": {"ssh_user": "ubuntu", "ssh_private_key": "/keys/k.pem"}})
+    state = ClusterState(
+        "gnb-t",
+        "aws",
+        "us-east-1",
+        head_ip="198.51.100.9",
+        config={"auth": {"ssh_user": "ubuntu", "ssh_private_key": "/keys/k.pem"}},
+    )
     cmd = CloudLauncher.ssh_tunnel_command(state, 12345)
     assert cmd[:2] == ["ssh", "-N"] and "12345:localhost:10001" in cmd and cmd[-1] == "ubuntu@198.51.100.9"
     assert cmd[cmd.index("-i") + 1] == "/keys/k.pem"

@@ -18,8 +18,13 @@ def test_recorder_records_answers_probes_and_fails_on_demand():
     assert rec.check_output(["ssh", "h", "something else"]) == b""
     with pytest.raises(subprocess.CalledProcessError):
         rec.check_call(["ssh", "h", "ray start --head"])
-    assert rec.commands == ["ssh h uptime", "ssh h command -v docker || echo 'NoExist'", "ssh h whoami",
-                            "ssh h something else", "ssh h ray start --head"]
+    assert rec.commands == [
+        "ssh h uptime",
+        "ssh h command -v docker || echo 'NoExist'",
+        "ssh h whoami",
+        "ssh h something else",
+        "ssh h ray start --head",
+    ]
     assert rec.matching(r"who") == ["ssh h whoami"]
     assert rec.DEVNULL == subprocess.DEVNULL
 

@@ -12,14 +12,21 @@ from gpu_notebook.cloud._verify import VerificationUnavailable, leftovers_for
 
 
 def test_report_messages():
-    clean = TeardownReport("gnb-a", "aws", found_before=[{"kind": "instance", "id": "i-1"}] * 3, verified=True)
+    clean = TeardownReport(
+        "gnb-a", "aws", found_before=[{"kind": "instance", "id": "i-1"}] * 3, verified=True
+    )
     assert clean.clean and "found 3 instances" in clean.message() and "nothing tagged" in clean.message()
-    left = TeardownReport("gnb-a", "aws", verified=True, leftovers=[{"kind": "instance", "id": "i-9",
-                                                                     "state": "stopping"}])
+    left = TeardownReport(
+        "gnb-a", "aws", verified=True, leftovers=[{"kind": "instance", "id": "i-9", "state": "stopping"}]
+    )
     assert not left.clean and "STILL LEFT on aws: instance i-9 (stopping)" in left.message()
     assert "color:red" in left._repr_html_()
     unverified = TeardownReport("gnb-a", "gcp", errors=["no SDK"])
-    assert not unverified.clean and "could NOT be verified" in unverified.message() and "no SDK" in str(unverified)
+    assert (
+        not unverified.clean
+        and "could NOT be verified" in unverified.message()
+        and "no SDK" in str(unverified)
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("googleapiclient") is not None, reason="GCP SDK installed here")

@@ -71,7 +71,9 @@ def test_scale_rebuilds_the_group_and_says_state_was_reset(ip, shared, capsys):
     out = capsys.readouterr().out
     assert "scaled from 2 to 3" in out and "reset" in out
     assert shared.world_size == 3
-    res = ip.run_cell("%%distributed -o w\nimport torch.distributed as dist\n(dist.get_world_size(), 'marker' in dir())\n")
+    res = ip.run_cell(
+        "%%distributed -o w\nimport torch.distributed as dist\n(dist.get_world_size(), 'marker' in dir())\n"
+    )
     assert res.success and list(ip.user_ns["w"]) == [(3, False)] * 3
     ip.run_cell("%gpu_cluster scale 2")
     assert shared.world_size == 2
@@ -91,7 +93,9 @@ def test_two_clusters_list_and_use(ip, shared, capsys):
         assert get_manager().current is shared
         res = ip.run_cell("%%distributed -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n")
         assert res.success and list(ip.user_ns["ws"]) == [2, 2]
-        ip.run_cell("%%distributed --cluster solo -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n")
+        ip.run_cell(
+            "%%distributed --cluster solo -o ws\nimport torch.distributed as dist\ndist.get_world_size()\n"
+        )
         assert list(ip.user_ns["ws"]) == [1]
     finally:
         ip.run_cell("%gpu_cluster stop solo")
@@ -114,8 +118,10 @@ def test_logs_keep_recent_output_per_rank(ip, shared, capsys):
 def test_output_printed_between_cells_by_a_background_thread_reaches_logs(ip, shared):
     import time
 
-    ip.run_cell("%%distributed\nimport threading, time\n"
-                "threading.Thread(target=lambda: (time.sleep(0.3), print('late', rank)), daemon=True).start()\n")
+    ip.run_cell(
+        "%%distributed\nimport threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('late', rank)), daemon=True).start()\n"
+    )
     time.sleep(1.0)
     assert "late 0" in shared.logs(rank=0, tail=5)[0]
 
@@ -267,7 +273,9 @@ def test_a_cluster_we_started_is_stopped_when_the_kernel_exits(tmp_path):
     import time
 
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT_EXIT], capture_output=True, text=True, env=env, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT_EXIT], capture_output=True, text=True, env=env, timeout=150
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["started"] is True and len(info["pids"]) == 2
@@ -304,8 +312,11 @@ def test_interrupting_a_start_releases_what_it_reserved(ray_session):
         group.start()
     timer.cancel()
     assert group._pg is None and group.actors == []
-    states = {v["state"] for v in ray_session.util.placement_group_table().values()
-              if v["bundles"] and v["bundles"].get(0, {}).get("CPU") == 64}
+    states = {
+        v["state"]
+        for v in ray_session.util.placement_group_table().values()
+        if v["bundles"] and v["bundles"].get(0, {}).get("CPU") == 64
+    }
     assert "PENDING" not in states and "CREATED" not in states
 
 
@@ -366,10 +377,13 @@ def test_interrupting_a_local_ray_start_leaves_no_ray_processes_and_says_so():
 
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT_INTERRUPT_START], capture_output=True, text=True,
-                          env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT_INTERRUPT_START], capture_output=True, text=True, env=env, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    result = json.loads(
+        [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :]
+    )
     assert result == {"left": [], "initialized": False, "clusters": 0}, result
     assert "interrupted: the cluster was not started" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout

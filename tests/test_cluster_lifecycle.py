@@ -27,7 +27,9 @@ def test_unload_ext_removes_the_magics_and_load_ext_brings_them_back(ip, capsys)
         ip.run_line_magic("unload_ext", "gpu_notebook")
         assert ip.find_line_magic("gpu_cluster") is None
         assert ip.find_cell_magic("distributed") is None
-        assert not any(type(m).__module__.startswith("gpu_notebook.") for m in ip.magics_manager.registry.values())
+        assert not any(
+            type(m).__module__.startswith("gpu_notebook.") for m in ip.magics_manager.registry.values()
+        )
     finally:
         ip.run_line_magic("load_ext", "gpu_notebook")
     assert ip.find_line_magic("gpu_cluster") is not None and ip.find_cell_magic("distributed") is not None
@@ -86,16 +88,26 @@ def test_unreachable_addresses_fail_fast_with_a_clear_message():
         {"env": f"127.0.0.1:{port}"},
     ]
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT_CONNECT, json.dumps(cases)], capture_output=True,
-                          text=True, env=env, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT_CONNECT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT "):])
+    result = json.loads(
+        [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :]
+    )
     gcs, client, auto_env, env_only = result["cases"]
     for case in result["cases"]:
         assert case["error"] is not None, case  # never a local Ray started instead
         assert case["s"] < 10, case
         assert f"127.0.0.1 port {port}" in case["error"] and "connection refused" in case["error"]
-    assert gcs["error"].startswith(f"could not connect to Ray at 127.0.0.1:{port}:") and "Ray head" in gcs["error"]
+    assert (
+        gcs["error"].startswith(f"could not connect to Ray at 127.0.0.1:{port}:")
+        and "Ray head" in gcs["error"]
+    )
     assert "Ray Client server" in client["error"]
     assert "(RAY_ADDRESS)" in auto_env["error"]
     assert f"at 127.0.0.1:{port}" in env_only["error"]
@@ -146,7 +158,9 @@ def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone(ray_ses
     monkeypatch.setattr(_connect, "disconnect", lambda: calls.append(1))
     failed = Cluster(name="failed-start", workers=1)
     failed.state = "failed"  # what start() leaves after disconnecting its own, owned connection
-    failed.connection = _connect.RayConnection("127.0.0.1:1", started_here=True, client_mode=False, owned=True)
+    failed.connection = _connect.RayConnection(
+        "127.0.0.1:1", started_here=True, client_mode=False, owned=True
+    )
     assert _connect._CONNECTION is not failed.connection
     msg = failed.stop()
     assert calls == [] and "local Ray shut down" not in msg

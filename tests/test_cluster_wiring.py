@@ -25,11 +25,15 @@ def test_bench_allreduce_through_the_magic(ip, shared, capsys):
     assert "busbw" in out.lower()
 
 
-@pytest.mark.parametrize("cloud,gpu,region", [("aws", "A100:8", "us-east-1"), ("gcp", "A100:8", "us-central1"),
-                                              ("azure", "A100:8", "eastus")])
+@pytest.mark.parametrize(
+    "cloud,gpu,region",
+    [("aws", "A100:8", "us-east-1"), ("gcp", "A100:8", "us-central1"), ("azure", "A100:8", "eastus")],
+)
 def test_dry_run_prints_config_and_cost_and_launches_nothing(ip, capsys, cloud, gpu, region):
     before = [c.name for c in get_manager().list()]
-    res = ip.run_cell(f"%gpu_cluster start --cloud {cloud} --region {region} --gpu {gpu} --workers 2 --spot --dry-run")
+    res = ip.run_cell(
+        f"%gpu_cluster start --cloud {cloud} --region {region} --gpu {gpu} --workers 2 --spot --dry-run"
+    )
     assert res.error_in_exec is None
     out = capsys.readouterr().out
     assert "dry run" in out and "$" in out and "cluster_name:" in out
@@ -42,7 +46,9 @@ def test_cloud_options_without_cloud_are_a_usage_error(ip, capsys):
 
 
 def test_idle_stop_and_budget_attach_policies(ip, ray_session, capsys):
-    ip.run_cell("%gpu_cluster start --name watched --workers 1 --cpus-per-worker 0.25 --idle-stop 30 --budget 5")
+    ip.run_cell(
+        "%gpu_cluster start --name watched --workers 1 --cpus-per-worker 0.25 --idle-stop 30 --budget 5"
+    )
     c = get_manager().get("watched")
     try:
         out = capsys.readouterr().out

@@ -22,21 +22,27 @@ class Clock:
 def test_idle_gpus_stop_even_when_the_cpu_head_node_is_busy() -> None:
     clock = Clock()
     t0 = clock.t
-    gpu_node = NodeSampler("gpu-node", nvml=FakeNVML([FakeGPU(util=0.0)] * 2, clock=clock), clock=clock,
-                           host=False)
+    gpu_node = NodeSampler(
+        "gpu-node", nvml=FakeNVML([FakeGPU(util=0.0)] * 2, clock=clock), clock=clock, host=False
+    )
     head = NodeSampler("head-node", nvml=None, clock=clock, host=True)  # Ray's GCS/raylet and the notebook
     cpu_col = head.buffer.columns.index("host.cpu_percent")
     mon = Monitor(samplers=[gpu_node, head], clock=clock, autopull=False).start()
     stopped: list[float] = []
-    pol = IdleStopPolicy(5, None, utilisation=MonitorUtilisation(mon), stop=lambda reason: stopped.append(clock.t),
-                         notify=lambda m: None)
+    pol = IdleStopPolicy(
+        5,
+        None,
+        utilisation=MonitorUtilisation(mon),
+        stop=lambda reason: stopped.append(clock.t),
+        notify=lambda m: None,
+    )
     try:
         while clock.t < t0 + 400 and not stopped:
             for _ in range(10):
                 clock.t += 1.0
                 gpu_node.tick()
                 row = np.full(len(head.buffer.columns), math.nan)
-                row[cpu_col] = 25.0               # the head's CPU is busy with Ray itself, not with training
+                row[cpu_col] = 25.0  # the head's CPU is busy with Ray itself, not with training
                 head.buffer.append(clock.t, row)
             mon.pull()
             pol.check(clock())
@@ -56,14 +62,22 @@ def test_cpu_decides_only_when_no_node_has_a_gpu() -> None:
             return self.summary
 
     nan = math.nan
-    cpu_only = MonitorUtilisation(FakeMonitor({
-        "a": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 30.0, "samples": 3},
-        "b": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 12.0, "samples": 3},
-    }))
+    cpu_only = MonitorUtilisation(
+        FakeMonitor(
+            {
+                "a": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 30.0, "samples": 3},
+                "b": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 12.0, "samples": 3},
+            }
+        )
+    )
     assert cpu_only(60) == 30.0 and cpu_only.kind == "cpu"
     # GPUs whose utilisation NVML cannot read (MIG): unknown, not the head's CPU
-    mig = MonitorUtilisation(FakeMonitor({
-        "gpu": {"has_gpu": True, "max_gpu_util": nan, "cpu_percent": 50.0, "samples": 3},
-        "head": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 40.0, "samples": 3},
-    }))
+    mig = MonitorUtilisation(
+        FakeMonitor(
+            {
+                "gpu": {"has_gpu": True, "max_gpu_util": nan, "cpu_percent": 50.0, "samples": 3},
+                "head": {"has_gpu": False, "max_gpu_util": nan, "cpu_percent": 40.0, "samples": 3},
+            }
+        )
+    )
     assert mig(60) is None and mig.kind == "gpu"

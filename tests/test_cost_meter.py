@@ -24,7 +24,10 @@ def cat() -> Catalog:
 def test_accrues_per_node_from_join_to_leave(cat: Catalog) -> None:
     clock = Clock()
     t0 = clock.t
-    spec = {"a": ("aws", "p4d.24xlarge", "us-east-1", "on_demand"), "b": ("aws", "g5.xlarge", "us-east-1", "spot")}
+    spec = {
+        "a": ("aws", "p4d.24xlarge", "us-east-1", "on_demand"),
+        "b": ("aws", "g5.xlarge", "us-east-1", "spot"),
+    }
     m = CostMeter(node_pricing=spec, clock=clock, catalog=cat)
     od = cat.get("aws", "p4d.24xlarge").price("us-east-1")
     g5_spot = cat.get("aws", "g5.xlarge").price("us-east-1", "spot")
@@ -44,7 +47,9 @@ def test_accrues_per_node_from_join_to_leave(cat: Catalog) -> None:
     # the same node-hours in every market
     g5 = cat.get("aws", "g5.xlarge")
     assert s.by_market["on_demand"] == pytest.approx(od + g5.price("us-east-1") * 1.5)
-    assert s.by_market["spot"] == pytest.approx(cat.get("aws", "p4d.24xlarge").price("us-east-1", "spot") + g5_spot * 1.5)
+    assert s.by_market["spot"] == pytest.approx(
+        cat.get("aws", "p4d.24xlarge").price("us-east-1", "spot") + g5_spot * 1.5
+    )
     assert s.by_market["reserved_1y"] < s.by_market["on_demand"]
     # per-second: one more second adds rate/3600
     assert m.spent(at=clock.t + 1) - m.spent(at=clock.t) == pytest.approx(g5_spot / 3600)
@@ -53,13 +58,17 @@ def test_accrues_per_node_from_join_to_leave(cat: Catalog) -> None:
 
 def test_rejoin_and_sync_nodes(cat: Catalog) -> None:
     clock = Clock()
-    m = CostMeter(node_pricing=lambda nid: ("gcp", "g2-standard-4", "us-central1", "on_demand"), clock=clock, catalog=cat)
+    m = CostMeter(
+        node_pricing=lambda nid: ("gcp", "g2-standard-4", "us-central1", "on_demand"),
+        clock=clock,
+        catalog=cat,
+    )
     rate = cat.get("gcp", "g2-standard-4").price("us-central1")
     m.sync_nodes(["x", "y"])
     clock.t += 3600
-    m.sync_nodes(["y"])           # x left (e.g. spot preemption)
+    m.sync_nodes(["y"])  # x left (e.g. spot preemption)
     clock.t += 3600
-    m.sync_nodes(["x", "y"])      # x back: a new interval, the gap is not billed
+    m.sync_nodes(["x", "y"])  # x back: a new interval, the gap is not billed
     clock.t += 3600
     assert m.node_hours() == pytest.approx(5.0)
     assert m.spent() == pytest.approx(5 * rate)
@@ -88,7 +97,7 @@ def test_overrides_and_reprice(cat: Catalog) -> None:
     base = cat.get("azure", "Standard_NC24ads_A100_v4").price("eastus")
     clock.t += 3600
     cat.override("azure", "Standard_NC24ads_A100_v4", usd_per_hour=1.0)
-    m.reprice()                   # the negotiated price applies from now on, not retroactively
+    m.reprice()  # the negotiated price applies from now on, not retroactively
     clock.t += 3600
     assert m.spent() == pytest.approx(base + 1.0)
     assert m.usd_per_hour() == 1.0
@@ -105,7 +114,9 @@ def test_resolve_price_local_and_errors(cat: Catalog) -> None:
 
 def test_history_is_capped(cat: Catalog) -> None:
     clock = Clock()
-    m = CostMeter(node_pricing={"n": ("aws", "g4dn.xlarge", "us-east-1", "on_demand")}, clock=clock, catalog=cat)
+    m = CostMeter(
+        node_pricing={"n": ("aws", "g4dn.xlarge", "us-east-1", "on_demand")}, clock=clock, catalog=cat
+    )
     m.node_joined("n")
     for _ in range(2500):
         clock.t += 1
@@ -141,8 +152,10 @@ class _FakeCluster:
 def test_cost_meter_for_polls_cluster_and_stops_with_it(cat: Catalog) -> None:
     clock = Clock()
     c = _FakeCluster(["h", "w"], t=clock.t - 600)
-    c.options["node_pricing"] = {"h": ("aws", "g5.xlarge", "us-east-1", "on_demand"),
-                                 "w": ("aws", "g5.xlarge", "us-east-1", "on_demand")}
+    c.options["node_pricing"] = {
+        "h": ("aws", "g5.xlarge", "us-east-1", "on_demand"),
+        "w": ("aws", "g5.xlarge", "us-east-1", "on_demand"),
+    }
     m = cost_meter_for(c, clock=clock, catalog=cat)
     assert cost_meter_for(c) is m
     assert m.spent() == pytest.approx(2 * 1.006 * 600 / 3600)  # accrued from the cluster's start
@@ -161,10 +174,10 @@ def test_cost_meter_for_polls_cluster_and_stops_with_it(cat: Catalog) -> None:
 def test_head_nodes_outside_the_gpu_catalog(cat: Catalog) -> None:
     clock = Clock()
     spec = {
-        "head": ("aws", "m5.xlarge", "us-east-1", "on_demand", 0.192),   # the cloud layer's own head price
+        "head": ("aws", "m5.xlarge", "us-east-1", "on_demand", 0.192),  # the cloud layer's own head price
         "gpu": ("aws", "g5.xlarge", "us-east-1", "spot"),
-        "odd": ("aws", "x9.mystery", "us-east-1", "on_demand"),          # unknown: $0 and said so
-        "mine": 2.5,                                                       # a user price, USD/h
+        "odd": ("aws", "x9.mystery", "us-east-1", "on_demand"),  # unknown: $0 and said so
+        "mine": 2.5,  # a user price, USD/h
     }
     m = CostMeter(node_pricing=spec, clock=clock, catalog=cat)
     m.sync_nodes(spec)

@@ -40,7 +40,7 @@ def test_widget_stops_charging_for_a_node_that_left() -> None:
     w = CostWidget(meter, autostart=False)
     assert "$6.00/h" in w.header.value
     clock.t += 3600
-    cluster.nodes = ["a"]                           # node b was preempted / scaled down
+    cluster.nodes = ["a"]  # node b was preempted / scaled down
     w.refresh(force=True)
     clock.t += 3600
     w.refresh(force=True)
@@ -68,7 +68,7 @@ def test_magic_status_sees_the_current_nodes(ip, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(gpu_notebook.cluster, "get_manager", lambda: Manager())
     ip.register_magics(CostMagics)
     clock.t += 1800
-    cluster.nodes = ["a", "b", "c"]                 # the autoscaler added a node
+    cluster.nodes = ["a", "b", "c"]  # the autoscaler added a node
     with capture_output() as cap:
         ip.run_line_magic("gpu_cost", "status")
     assert "$9.00/h on 3 node(s)" in cap.stdout

@@ -78,27 +78,38 @@ def test_budget_warns_at_80_then_checkpoints_and_stops_at_100() -> None:
     meter = CostMeter(stub, node_pricing={"node-a": G5}, clock=clock, catalog=Catalog.shipped())
     order: list[str] = []
     msgs: list[str] = []
-    pol = BudgetPolicy(10.0, meter, stub, on_budget_checkpoint=lambda: order.append(f"ckpt {stub.state}") or "ckpt-7",
-                       notify=msgs.append)
+    pol = BudgetPolicy(
+        10.0,
+        meter,
+        stub,
+        on_budget_checkpoint=lambda: order.append(f"ckpt {stub.state}") or "ckpt-7",
+        notify=msgs.append,
+    )
     w = PolicyWatcher(meter, [pol], clock=clock)
     w.tick()
     assert pol.state == "ok" and "runs out in ~9h56m" in pol.message
     clock.t += 7.9 * 3600
     assert w.tick() == [] and pol.state == "ok"
-    clock.t += 0.1 * 3600 + 60                      # 8.0 h x 1.006 = 8.05 USD > 80%
+    clock.t += 0.1 * 3600 + 60  # 8.0 h x 1.006 = 8.05 USD > 80%
     out = w.tick()
-    assert pol.state == "warned" and len(out) == 1 and out[0].startswith("budget warning: $8.06 of $10.00 spent (81%); runs out in ~1h55m")
-    assert w.tick() == []                           # warned once
+    assert (
+        pol.state == "warned"
+        and len(out) == 1
+        and out[0].startswith("budget warning: $8.06 of $10.00 spent (81%); runs out in ~1h55m")
+    )
+    assert w.tick() == []  # warned once
     clock.t += 2 * 3600
     out = w.tick()
     assert pol.state == "stopped" and stub.state == "stopped"
-    assert order == ["ckpt running"]                # the checkpoint came before the stop
-    assert out[0].startswith("budget of $10.00 reached: $10.08 spent (estimate); checkpoint saved: ckpt-7; workers stopped")
+    assert order == ["ckpt running"]  # the checkpoint came before the stop
+    assert out[0].startswith(
+        "budget of $10.00 reached: $10.08 spent (estimate); checkpoint saved: ckpt-7; workers stopped"
+    )
     assert stub.stopped_with[0].startswith("budget of $10.00 reached")
     assert msgs == [m for m in msgs if m] and len(msgs) == 2
     clock.t += 3600
-    assert w.tick() == []                           # nothing more after the stop
-    assert meter.usd_per_hour() == 0.0              # a stopped cluster stops accruing
+    assert w.tick() == []  # nothing more after the stop
+    assert meter.usd_per_hour() == 0.0  # a stopped cluster stops accruing
 
 
 def test_budget_checkpoint_failure_does_not_prevent_stop_and_local_says_zero() -> None:
@@ -141,11 +152,18 @@ def test_a_checkpoint_callback_that_blocks_does_not_hold_the_budget_stop() -> No
         release.wait(20)  # the training cell ends
         return "too late"
 
-    w = attach_policies(stub, budget_usd=1.0, node_pricing={"node-a": G5}, clock=clock, start=False,
-                        on_budget_checkpoint=queued_behind_training, notify=lambda m: None)
+    w = attach_policies(
+        stub,
+        budget_usd=1.0,
+        node_pricing={"node-a": G5},
+        clock=clock,
+        start=False,
+        on_budget_checkpoint=queued_behind_training,
+        notify=lambda m: None,
+    )
     try:
         w.tick()
-        clock.t += 3600                                  # 1.006 USD > the 1 USD budget
+        clock.t += 3600  # 1.006 USD > the 1 USD budget
         t0 = time.monotonic()
         out = w.tick()
         waited = time.monotonic() - t0
@@ -158,7 +176,9 @@ def test_a_checkpoint_callback_that_blocks_does_not_hold_the_budget_stop() -> No
         w.stop()
     # the default, and as an argument
     assert BudgetPolicy(1.0, meter).checkpoint_timeout_s == 120.0
-    w2 = attach_policies(Stub(), budget_usd=1.0, start=False, notify=lambda m: None, budget_checkpoint_timeout_s=7)
+    w2 = attach_policies(
+        Stub(), budget_usd=1.0, start=False, notify=lambda m: None, budget_checkpoint_timeout_s=7
+    )
     assert w2.policies[0].checkpoint_timeout_s == 7.0
     w2.stop()
     with pytest.raises(ValueError):
@@ -168,7 +188,9 @@ def test_a_checkpoint_callback_that_blocks_does_not_hold_the_budget_stop() -> No
 def test_the_budget_says_which_nodes_have_no_known_price() -> None:
     clock = Clock()
     stub = Stub()
-    meter = CostMeter(stub, node_pricing={"node-a": ("kubernetes", "pod:A100x8", "ml", "on_demand")}, clock=clock)
+    meter = CostMeter(
+        stub, node_pricing={"node-a": ("kubernetes", "pod:A100x8", "ml", "on_demand")}, clock=clock
+    )
     pol = BudgetPolicy(5.0, meter, stub, notify=lambda m: None)
     meter.poll()
     clock.t += 3600
@@ -185,11 +207,11 @@ def test_idle_stop_counts_down_and_stops() -> None:
     util = Scripted(1.0)
     pol = IdleStopPolicy(60, stub, utilisation=util, notify=msgs.append)
     assert pol.warn_before_s == 600 and pol.threshold == 5.0
-    for _ in range(50):                              # checks at 0..49 min: 1% GPU, no cell
+    for _ in range(50):  # checks at 0..49 min: 1% GPU, no cell
         pol.check(clock())
         clock.t += 60
     assert pol.state == "idle" and "idle for 49m00s (GPU 1%)" in pol.message and msgs == []
-    pol.check(clock())                               # 50 min: the countdown shows
+    pol.check(clock())  # 50 min: the countdown shows
     assert pol.state == "countdown" and pol.remaining_s == 600
     assert msgs == ["idle for 50m00s (GPU 1%): stopping the workers in 10m00s unless a cell runs"]
     clock.t += 540
@@ -198,8 +220,10 @@ def test_idle_stop_counts_down_and_stops() -> None:
     clock.t += 60
     out = pol.check(clock())
     assert stub.state == "stopped" and pol.state == "stopped"
-    assert out.startswith("idle for 1h00m (no cell running, utilisation under 5%): --idle-stop 60 min; workers stopped")
-    assert util.windows[1] == 60                     # each check asks about the time since the previous one
+    assert out.startswith(
+        "idle for 1h00m (no cell running, utilisation under 5%): --idle-stop 60 min; workers stopped"
+    )
+    assert util.windows[1] == 60  # each check asks about the time since the previous one
 
 
 def test_a_cell_busy_gpu_or_touch_resets_the_idle_window() -> None:
@@ -216,24 +240,24 @@ def test_a_cell_busy_gpu_or_touch_resets_the_idle_window() -> None:
     pol.check(clock())
     advance(9)
     assert pol.state == "countdown"
-    stub.last_activity = 12345.0                     # a %%distributed cell finished
+    stub.last_activity = 12345.0  # a %%distributed cell finished
     advance(1)
     assert pol.state == "active" and stub.state == "running"
     advance(9)
     assert pol.state == "countdown"
-    stub.busy = True                                 # a long cell (e.g. a data-loading stall) is never idle
+    stub.busy = True  # a long cell (e.g. a data-loading stall) is never idle
     advance(30)
     assert pol.state == "active" and stub.state == "running"
     stub.busy = False
-    util.values = [50.0]                             # GPUs busy without a cell (a background job)
+    util.values = [50.0]  # GPUs busy without a cell (a background job)
     advance(30)
     assert stub.state == "running"
     util.values = [2.0]
     advance(9)
-    pol.touch()                                      # any notebook cell (IPython post_run_cell)
+    pol.touch()  # any notebook cell (IPython post_run_cell)
     advance(1)
     assert pol.state == "active" and stub.state == "running"
-    util.values = [None]                             # unknown utilisation does not count as busy
+    util.values = [None]  # unknown utilisation does not count as busy
     advance(10)
     assert stub.state == "stopped"
 
@@ -271,13 +295,41 @@ def test_cpu_fallback_and_monitor_adapter() -> None:
             return self.summary
 
     nan = math.nan
-    m = MonitorUtilisation(FakeMonitor({
-        "n1": {"has_gpu": True, "gpus": {0: 3.0, 1: 40.0}, "mean_gpu_util": 21.5, "max_gpu_util": 40.0, "cpu_percent": 90.0, "samples": 5},
-        "n2": {"has_gpu": False, "gpus": {}, "mean_gpu_util": nan, "max_gpu_util": nan, "cpu_percent": 12.0, "samples": 5},
-        "n3": {"has_gpu": True, "gpus": {0: nan}, "mean_gpu_util": nan, "max_gpu_util": nan, "cpu_percent": nan, "samples": 0},
-    }))
+    m = MonitorUtilisation(
+        FakeMonitor(
+            {
+                "n1": {
+                    "has_gpu": True,
+                    "gpus": {0: 3.0, 1: 40.0},
+                    "mean_gpu_util": 21.5,
+                    "max_gpu_util": 40.0,
+                    "cpu_percent": 90.0,
+                    "samples": 5,
+                },
+                "n2": {
+                    "has_gpu": False,
+                    "gpus": {},
+                    "mean_gpu_util": nan,
+                    "max_gpu_util": nan,
+                    "cpu_percent": 12.0,
+                    "samples": 5,
+                },
+                "n3": {
+                    "has_gpu": True,
+                    "gpus": {0: nan},
+                    "mean_gpu_util": nan,
+                    "max_gpu_util": nan,
+                    "cpu_percent": nan,
+                    "samples": 0,
+                },
+            }
+        )
+    )
     assert m(60) == 40.0 and m.kind == "gpu"
-    assert MonitorUtilisation(FakeMonitor({"n": {"has_gpu": False, "cpu_percent": nan, "samples": 0}}))(60) is None
+    assert (
+        MonitorUtilisation(FakeMonitor({"n": {"has_gpu": False, "cpu_percent": nan, "samples": 0}}))(60)
+        is None
+    )
 
 
 def test_the_monitor_feeds_idle_stop() -> None:
@@ -290,13 +342,18 @@ def test_the_monitor_feeds_idle_stop() -> None:
     sampler = NodeSampler("node-a", nvml=nv, clock=clock, host=False, interval=0.5)
     mon = Monitor(samplers=[sampler], clock=clock, autopull=False).start()
     stopped: list[float] = []
-    pol = IdleStopPolicy(5, None, utilisation=MonitorUtilisation(mon), stop=lambda reason: stopped.append(clock.t),
-                         notify=lambda m: None)
+    pol = IdleStopPolicy(
+        5,
+        None,
+        utilisation=MonitorUtilisation(mon),
+        stop=lambda reason: stopped.append(clock.t),
+        notify=lambda m: None,
+    )
 
     def run_for(seconds: float) -> None:
         end = clock.t + seconds
         while clock.t < end:
-            for _ in range(20):              # 10 s of samples at 2 Hz
+            for _ in range(20):  # 10 s of samples at 2 Hz
                 clock.t += 0.5
                 sampler.tick()
             mon.pull()
@@ -305,11 +362,11 @@ def test_the_monitor_feeds_idle_stop() -> None:
     try:
         run_for(110)
         assert pol.state == "active" and pol.last_utilisation == pytest.approx(90.0)
-        run_for(60)                           # GPU 0 drops to 1% at 120 s
+        run_for(60)  # GPU 0 drops to 1% at 120 s
         assert pol.state == "idle" and pol.last_utilisation == pytest.approx(1.0)
         run_for(300)
         assert pol.state == "stopped"
-        assert stopped == [t0 + 120 + 300]    # five idle minutes after the GPU went quiet (checks every 10 s)
+        assert stopped == [t0 + 120 + 300]  # five idle minutes after the GPU went quiet (checks every 10 s)
     finally:
         mon.stop()
 
@@ -317,8 +374,10 @@ def test_the_monitor_feeds_idle_stop() -> None:
 # -- on a real local cluster -------------------------------------------------------------------------------------
 def _save_cell(folder: Path) -> str:
     """A cell run on every rank: what a real checkpoint callback would do there."""
-    return (f"import os, pathlib\np = pathlib.Path({str(folder)!r}) / ('rank' + os.environ['RANK'] + '.ckpt')\n"
-            "p.write_text('state')\nstr(p)")
+    return (
+        f"import os, pathlib\np = pathlib.Path({str(folder)!r}) / ('rank' + os.environ['RANK'] + '.ckpt')\n"
+        "p.write_text('state')\nstr(p)"
+    )
 
 
 @pytest.fixture
@@ -347,12 +406,18 @@ def test_budget_stop_on_a_real_local_cluster(real_cluster, tmp_path) -> None:
         return time.time() + offset[0]
 
     msgs: list[str] = []
-    w = attach_policies(c, budget_usd=5.0, node_pricing=lambda node_id: G5, clock=clock, start=False,
-                        on_budget_checkpoint=lambda: c.run(_save_cell(tmp_path), stream=False).values,
-                        notify=msgs.append)
+    w = attach_policies(
+        c,
+        budget_usd=5.0,
+        node_pricing=lambda node_id: G5,
+        clock=clock,
+        start=False,
+        on_budget_checkpoint=lambda: c.run(_save_cell(tmp_path), stream=False).values,
+        notify=msgs.append,
+    )
     assert watcher_for(c) is w
     assert w.tick() == []
-    offset[0] = 4.2 * 3600                                 # 4.2 h x 1.006 USD/h: past 80%
+    offset[0] = 4.2 * 3600  # 4.2 h x 1.006 USD/h: past 80%
     assert w.tick()[0].startswith("budget warning: $4.2")
     assert c.state == "running"
     offset[0] = 5.1 * 3600
@@ -373,16 +438,19 @@ def test_idle_stop_on_a_real_local_cluster(real_cluster) -> None:
         return time.time() + offset[0]
 
     msgs: list[str] = []
-    w = attach_policies(c, idle_stop_minutes=10, utilisation=Scripted(0.5), clock=clock, start=False,
-                        notify=msgs.append)
+    w = attach_policies(
+        c, idle_stop_minutes=10, utilisation=Scripted(0.5), clock=clock, start=False, notify=msgs.append
+    )
     w.tick()
-    assert w.meter.is_local and w.meter.spent() == 0.0     # a local cluster costs $0
+    assert w.meter.is_local and w.meter.spent() == 0.0  # a local cluster costs $0
     offset[0] += 9 * 60
     w.tick()
     pol = w.policies[0]
     assert pol.state == "countdown"
-    assert re.search(r"stopping the workers in (1m00s|\d\ds) unless a cell runs$", msgs[-1])  # real time passes too
-    c.run("x = 1", stream=False)                            # a %%distributed cell resets it
+    assert re.search(
+        r"stopping the workers in (1m00s|\d\ds) unless a cell runs$", msgs[-1]
+    )  # real time passes too
+    c.run("x = 1", stream=False)  # a %%distributed cell resets it
     offset[0] += 5 * 60
     w.tick()
     assert pol.state == "active" and c.state == "running"
@@ -402,8 +470,9 @@ def test_watcher_thread_stops_an_over_budget_cluster() -> None:
     stub = Stub()
     done = threading.Event()
     stub.add_stop_hook(lambda reason: done.set())
-    w = attach_policies(stub, budget_usd=0.01, node_pricing={"node-a": 1_000_000.0}, interval_s=0.05,
-                        notify=lambda m: None)
+    w = attach_policies(
+        stub, budget_usd=0.01, node_pricing={"node-a": 1_000_000.0}, interval_s=0.05, notify=lambda m: None
+    )
     try:
         assert done.wait(30), "the watcher thread never stopped the cluster"
         assert stub.stopped_with[0].startswith("budget of $0.01 reached")
@@ -411,7 +480,7 @@ def test_watcher_thread_stops_an_over_budget_cluster() -> None:
             if not w.running:
                 break
             time.sleep(0.05)
-        assert not w.running                      # the watcher ends with the cluster
+        assert not w.running  # the watcher ends with the cluster
     finally:
         w.stop()
 
@@ -419,23 +488,26 @@ def test_watcher_thread_stops_an_over_budget_cluster() -> None:
 def test_any_notebook_cell_resets_the_idle_countdown(ip) -> None:
     clock = Clock()
     stub = Stub()
-    w = attach_policies(stub, idle_stop_minutes=10, utilisation=Scripted(0.0), clock=clock, start=False,
-                        notify=lambda m: None)
+    w = attach_policies(
+        stub, idle_stop_minutes=10, utilisation=Scripted(0.0), clock=clock, start=False, notify=lambda m: None
+    )
     pol = w.policies[0]
     try:
         w.tick()
         clock.t += 9 * 60
         w.tick()
         assert pol.state == "countdown"
-        ip.run_cell("1 + 1")                      # an ordinary local cell, not %%distributed
+        ip.run_cell("1 + 1")  # an ordinary local cell, not %%distributed
         clock.t += 60
         w.tick()
         assert pol.state == "idle" and pol.message.startswith("idle for 1m00s") and stub.state == "running"
-        stub.stop()                               # the cluster's stop hooks end the watcher and the cell hook
+        stub.stop()  # the cluster's stop hooks end the watcher and the cell hook
         n = len(ip.events.callbacks["post_run_cell"])
         ip.run_cell("2 + 2")
         assert len(ip.events.callbacks["post_run_cell"]) == n
-        assert all("_cell_ran" not in getattr(cb, "__name__", "") for cb in ip.events.callbacks["post_run_cell"])
+        assert all(
+            "_cell_ran" not in getattr(cb, "__name__", "") for cb in ip.events.callbacks["post_run_cell"]
+        )
     finally:
         w.stop()
 
@@ -446,12 +518,12 @@ def test_default_utilisation_prefers_the_clusters_monitor() -> None:
     from gpu_notebook.monitor import _monitor as monitor_module
 
     stub = Stub()
-    assert isinstance(default_utilisation(stub), CpuUtilisation)      # no GPUs, no monitor: this machine's CPU
+    assert isinstance(default_utilisation(stub), CpuUtilisation)  # no GPUs, no monitor: this machine's CPU
     assert isinstance(default_utilisation(None), CpuUtilisation)
     clock = Clock()
     sampler = NodeSampler("node-a", nvml=FakeNVML(1, clock=clock), clock=clock, host=False)
     mon = Monitor(samplers=[sampler], clock=clock, autopull=False).start()
-    monitor_module._BY_CLUSTER[stub] = mon                             # what %gpu_monitor leaves behind
+    monitor_module._BY_CLUSTER[stub] = mon  # what %gpu_monitor leaves behind
     try:
         src = default_utilisation(stub)
         assert isinstance(src, MonitorUtilisation) and src.monitor is mon
@@ -466,14 +538,17 @@ def test_budget_stop_names_the_active_checkpointers_latest_checkpoint(tmp_path) 
     from gpu_notebook.checkpoint import Checkpointer
 
     ckpt = Checkpointer(str(tmp_path / "ckpts"))
-    ckpt.save({"w": np.arange(8, dtype=np.float32)}, step=7)      # asynchronous; the stop waits for it
+    ckpt.save({"w": np.arange(8, dtype=np.float32)}, step=7)  # asynchronous; the stop waits for it
     clock = Clock()
     stub = Stub()
     meter = CostMeter(stub, node_pricing={"node-a": G5}, clock=clock, catalog=Catalog.shipped())
     meter.poll()
     clock.t += 3600
     msg = BudgetPolicy(1.0, meter, stub, notify=lambda m: None).check(clock())
-    assert "no checkpoint saved (no on_budget_checkpoint given); its pending saves finished, the latest checkpoint is step 7" in msg
+    assert (
+        "no checkpoint saved (no on_budget_checkpoint given); its pending saves finished, the latest checkpoint is step 7"
+        in msg
+    )
     assert msg.endswith("workers stopped") and stub.state == "stopped"
     ckpt.close()
 
@@ -490,7 +565,9 @@ def test_attach_from_the_options_of_gpu_cluster_start() -> None:
         assert w.meter.budget_usd == 25.0 and w.policies[1].window_s == 3600
         w.tick()
         assert w.meter.usd_per_hour() == pytest.approx(1.006)
-        assert describe(w) == ("budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
-                               "without cells or 5% utilisation; cost is a list-price estimate")
+        assert describe(w) == (
+            "budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
+            "without cells or 5% utilisation; cost is a list-price estimate"
+        )
     finally:
         w.stop()

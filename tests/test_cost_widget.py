@@ -28,13 +28,13 @@ def test_widget_shows_numbers_history_and_markets() -> None:
     for _ in range(5):
         clock.t += 3600
         assert w.refresh(force=True)
-    assert "$10.06" in w.header.value                       # 2 x 1.006 USD/h x 5 h
+    assert "$10.06" in w.header.value  # 2 x 1.006 USD/h x 5 h
     ys = list(w.fig.data[0].y)
     assert len(ys) == 6 and ys[-1] == pytest.approx(10.06) and ys == sorted(ys)
     bars = list(w.fig.data[1].y)
     assert bars[0] == pytest.approx(10.06) and bars[1] < bars[0] and bars[2] < bars[0]
     assert "$10.06 so far" in w.fig.layout.title.text
-    assert w.refresh() is False                              # nothing changed: nothing sent
+    assert w.refresh() is False  # nothing changed: nothing sent
     b = w._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in b
     assert "$10.06" in b["text/html"] and "same node-hours" in b["text/plain"]
@@ -48,11 +48,11 @@ def test_widget_message_cap() -> None:
     w = CostWidget(meter, autostart=False, max_msgs_per_s=5)
     before = w.messages_sent
     sent = 0
-    for _ in range(50):                                     # a burst of changes within one second
+    for _ in range(50):  # a burst of changes within one second
         clock.t += 60
         sent += w.refresh()
     assert w.skipped > 0 and sent < 5
-    assert w.messages_sent - before <= 10                   # never more than the cap (+ one refresh) per second
+    assert w.messages_sent - before <= 10  # never more than the cap (+ one refresh) per second
 
 
 def test_local_cluster_and_idle_countdown_banner() -> None:
@@ -113,11 +113,18 @@ def _run(shell, line: str):
 def test_magic_catalog_and_usage(shell) -> None:
     _, cap = _run(shell, "catalog --cloud aws --gpu A100 --region us-east-1")
     html = cap.outputs[0].data["text/html"]
-    assert "p4d.24xlarge" in html and "p4de.24xlarge" in html and "g5.xlarge" not in html and "estimates" in html
+    assert (
+        "p4d.24xlarge" in html and "p4de.24xlarge" in html and "g5.xlarge" not in html and "estimates" in html
+    )
     _, cap = _run(shell, "catalog --cloud azure --gpu L4")
     assert "No instance types match." in cap.stdout
     _, cap = _run(shell, "frobnicate")
-    assert "UsageError" in cap.stderr and "%gpu_cost" in cap.stderr and "[--budget USD]" in cap.stderr and "Traceback" not in cap.stderr
+    assert (
+        "UsageError" in cap.stderr
+        and "%gpu_cost" in cap.stderr
+        and "[--budget USD]" in cap.stderr
+        and "Traceback" not in cap.stderr
+    )
     _, cap = _run(shell, "catalog --cloud ibm")
     assert "Error: unknown cloud 'ibm'" in cap.stderr
 
@@ -133,13 +140,18 @@ def test_magic_on_a_real_cluster(shell, ray_session) -> None:
         _, cap = _run(shell, "status")
         assert "local cluster: $0" in cap.stdout and "so far $0.00" in cap.stdout
         _, cap = _run(shell, "policies --budget 25 --idle-stop 60")
-        assert ("cluster 'cost-magic': budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
-                "without cells or 10% utilisation; local cluster: $0") in cap.stdout
+        assert (
+            "cluster 'cost-magic': budget $25.00 (warns at 80%, then checkpoint and stop); idle stop after 60 min "
+            "without cells or 10% utilisation; local cluster: $0"
+        ) in cap.stdout
         _, cap = _run(shell, "policies")
         assert "budget:" in cap.stdout and "idle stop:" in cap.stdout
         _, cap = _run(shell, "show --refresh 1")
         bundle = cap.outputs[0].data
-        assert "application/vnd.jupyter.widget-view+json" in bundle and "local cluster: $0" in bundle["text/html"]
+        assert (
+            "application/vnd.jupyter.widget-view+json" in bundle
+            and "local cluster: $0" in bundle["text/html"]
+        )
         _, cap = _run(shell, "stop")
         assert "1 cost view(s) stopped." in cap.stdout
     finally:

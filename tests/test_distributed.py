@@ -59,7 +59,7 @@ def test_ddp_and_all_reduce_work(ip, shared, capsys):
     assert "Out[ranks 0-1]: 3.0" in out  # identical values shown once
 
 
-TORCHRUN_SCRIPT = '''
+TORCHRUN_SCRIPT = """
 import os
 import torch
 import torch.distributed as dist
@@ -75,7 +75,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def test_a_torchrun_style_script_runs_unchanged_twice(ip, shared, capsys):
@@ -186,8 +186,11 @@ def test_a_collective_left_hanging_by_a_failed_rank_does_not_hang_the_notebook(i
     assert "rank 0: hung" in text
     assert "Worker state was reset" in text and "rebuilt" in text
     # the group works again, with fresh processes and no old state
-    res = run(ip, "%%distributed -o alive\nimport torch, torch.distributed as dist\n"
-              "t = torch.ones(1); dist.all_reduce(t); (t.item(), 'before' in dir())\n")
+    res = run(
+        ip,
+        "%%distributed -o alive\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); (t.item(), 'before' in dir())\n",
+    )
     assert res.success and list(ip.user_ns["alive"]) == [(2.0, False), (2.0, False)]
     assert set(w.pid for w in shared.status().workers).isdisjoint(pids_before)
 
@@ -206,8 +209,11 @@ def test_a_killed_worker_is_reported_with_its_rank_and_last_output_and_the_group
     assert "Worker state was reset" in text
     logs = shared.logs(rank=1, tail=20)
     assert "working on shard 1" in logs[1]
-    res = run(ip, "%%distributed -o ok\nimport torch, torch.distributed as dist\n"
-              "t = torch.ones(1); dist.all_reduce(t); t.item()\n")
+    res = run(
+        ip,
+        "%%distributed -o ok\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); t.item()\n",
+    )
     assert res.success and list(ip.user_ns["ok"]) == [2.0, 2.0]
     assert all(w.alive for w in shared.status().workers)
 
@@ -233,7 +239,9 @@ def test_a_kernel_interrupt_stops_every_rank_and_keeps_the_workers(ip, shared, c
 def test_timeout_interrupts_a_long_cell(ip, shared):
     res = run(ip, "%%distributed --timeout 1\nimport time\nfor _ in range(3000):\n    time.sleep(0.01)\n")
     text = "\n".join(res.error_in_exec._render_traceback_())
-    assert "timeout" in text and text.startswith("Timeout: the cell ran past --timeout on 2 of 2 rank(s)"), text
+    assert "timeout" in text and text.startswith("Timeout: the cell ran past --timeout on 2 of 2 rank(s)"), (
+        text
+    )
     assert run(ip, "%%distributed\n1\n").success
 
 

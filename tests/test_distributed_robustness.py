@@ -357,9 +357,16 @@ def test_many_lines_at_once_are_one_write_to_the_sink():
     streamer.feed(0, "".join(f"{i}\n" for i in range(1000)))
     streamer.feed(1, "a\nb\npartial")
     streamer.finish(1)
-    assert sink == ["".join(f"[rank 0] {i}\n" for i in range(1000)), "[rank 1] a\n[rank 1] b\n",
-                    "[rank 1] partial\n"]
-    assert streamer.captured[0] == [str(i) for i in range(1000)] and streamer.captured[1] == ["a", "b", "partial"]
+    assert sink == [
+        "".join(f"[rank 0] {i}\n" for i in range(1000)),
+        "[rank 1] a\n[rank 1] b\n",
+        "[rank 1] partial\n",
+    ]
+    assert streamer.captured[0] == [str(i) for i in range(1000)] and streamer.captured[1] == [
+        "a",
+        "b",
+        "partial",
+    ]
     streamer.feed(0, "\r 50%")  # a live redraw is still replaced by the next complete lines
     streamer.feed(0, "\r100%\nnext\n")
     assert sink[-2:] == ["\r[rank 0]  50%", "\r[rank 0] 100%\n[rank 0] next\n"]
@@ -422,8 +429,10 @@ def test_a_collective_a_failed_rank_never_joined_resets_the_group_instead_of_pai
     assert "Worker state was reset" in text
     assert set(w.pid for w in shared.status().workers).isdisjoint(pids)
     # the fresh group's collectives pair up: every rank gets the right sum
-    res = ip.run_cell("%%distributed -o s\nimport torch, torch.distributed as dist\n"
-                      "t = torch.ones(1); dist.all_reduce(t); (t.item(), 'kept' in dir())\n")
+    res = ip.run_cell(
+        "%%distributed -o s\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); (t.item(), 'kept' in dir())\n"
+    )
     assert res.success and list(ip.user_ns["s"]) == [(2.0, False), (2.0, False)]
 
 
@@ -466,8 +475,10 @@ def test_output_is_fetched_less_often_while_the_ranks_print_nothing(shared):
     group._drain = counting
     try:
         t0 = time.monotonic()
-        res = shared.run("import time\ntime.sleep(3)\nprint('after the quiet spell', flush=True)\ntime.sleep(1.5)\n",
-                         sink=lambda line: seen.append((time.monotonic(), line)))
+        res = shared.run(
+            "import time\ntime.sleep(3)\nprint('after the quiet spell', flush=True)\ntime.sleep(1.5)\n",
+            sink=lambda line: seen.append((time.monotonic(), line)),
+        )
     finally:
         del group._drain
     assert res.ok, res.failures

@@ -102,7 +102,10 @@ def test_the_kernel_probe_leaves_no_cuda_context_in_the_notebook():
 
     assert _probe_here("auto", fake_torch(False)) is False
     assert _probe_here("auto", fake_torch(True)) is True
-    assert _probe_here("here", fake_torch(False)) is True and _probe_here("subprocess", fake_torch(True)) is False
+    assert (
+        _probe_here("here", fake_torch(False)) is True
+        and _probe_here("subprocess", fake_torch(True)) is False
+    )
     # the subprocess really runs the probe: on this CPU-only torch the kernel cannot run, and it says why
     errors: dict[str, str] = {}
     result = _kernel_probe_subprocess(0, errors)

@@ -20,14 +20,19 @@ def test_quickstart_notebook_runs_and_trains(tmp_path):
     work.write_bytes(src.read_bytes())
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(work), "--timeout", "300"],
-        capture_output=True, text=True, timeout=400,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "10/10 code cells executed" in proc.stdout
     assert "SUMMARY: 2 workers trained a DDP model" in proc.stdout
     nb = nbformat.read(tmp_path / "quickstart.executed.ipynb", as_version=4)
     text = "\n".join(
-        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
         if o.get("output_type") == "stream"
     )
     assert "[rank 0] rank 0 of 2" in text and "[rank 1] rank 1 of 2" in text

@@ -22,12 +22,21 @@ import urllib.request
 import pytest
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed at /usr/bin/chromium"),
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM), reason="Debian chromium is not installed at /usr/bin/chromium"
+    ),
 ]
 
 NOTEBOOK_CELLS = [
@@ -51,7 +60,11 @@ def _write_notebook(path: pathlib.Path) -> None:
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK_CELLS]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
     nbformat.write(nb, path)
 
 
@@ -62,20 +75,37 @@ def jupyter_lab(tmp_path: pathlib.Path):
     _write_notebook(root / "monitor.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
-    env.update({
-        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
-        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
-        "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
-        "PYTHONPATH": os.pathsep.join([str(pathlib.Path(__file__).resolve().parent.parent),
-                                       env.get("PYTHONPATH", "")]),
-    })
+    env.update(
+        {
+            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
+            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
+            "PYTHONPATH": os.pathsep.join(
+                [str(pathlib.Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+            ),
+        }
+    )
     log = open(tmp_path / "jupyter.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
-         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={root}",
+            "--ServerApp.port_retries=0",
+            *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        cwd=root,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -119,8 +149,9 @@ def test_gpu_monitor_chart_renders_and_updates_in_jupyterlab(jupyter_lab) -> Non
                 page.click(".jp-Dialog .jp-mod-accept")
             except playwright.TimeoutError:
                 pass
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000,
-                                   state="attached")
+            page.wait_for_selector(
+                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000, state="attached"
+            )
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
             page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
             page.wait_for_selector(".js-plotly-plot", timeout=150_000)

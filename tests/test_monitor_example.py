@@ -23,7 +23,9 @@ def test_monitoring_example_runs(tmp_path: pathlib.Path) -> None:
     nb = nbformat.read(EXAMPLE, as_version=4)
     load_ext = next(i for i, c in enumerate(nb.cells) if "%load_ext gpu_notebook" in c.source)
     nb.cells.insert(load_ext + 1, nbformat.v4.new_code_cell(_ENSURE_MAGIC))
-    client = nbclient.NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": tmp_path}})
+    client = nbclient.NotebookClient(
+        nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+    )
     client.execute()
 
     def outputs(marker: str) -> list[dict]:

@@ -26,8 +26,10 @@ def monitor():
     clock = Clock()
     nodes = []
     for n in range(2):
-        gpus = [FakeGPU(name='NVIDIA "A100"\\x', util=10 * (n * 2 + i), mem_used_mib=1000 + i, gpm=(i == 0))
-                for i in range(2)]
+        gpus = [
+            FakeGPU(name='NVIDIA "A100"\\x', util=10 * (n * 2 + i), mem_used_mib=1000 + i, gpm=(i == 0))
+            for i in range(2)
+        ]
         nodes.append(NodeSampler(f"node-{n}", nvml=FakeNVML(gpus, clock=clock), clock=clock, host=(n == 0)))
     mon = Monitor(samplers=nodes, clock=clock, autopull=False).start()
     for _ in range(3):
@@ -51,11 +53,14 @@ def test_prometheus_text_parses_with_one_sample_per_gpu(monitor: Monitor) -> Non
     assert got == {("node-0", "0"): 0, ("node-0", "1"): 10, ("node-1", "0"): 20, ("node-1", "1"): 30}
     names = {s.labels["name"] for s in util.samples}
     assert names == {'NVIDIA "A100"\\x'}  # quotes and backslashes survive escaping
-    mem = {(s.labels["node"], s.labels["gpu"]): s.value for s in fams["gpu_notebook_gpu_memory_used_bytes"].samples}
+    mem = {
+        (s.labels["node"], s.labels["gpu"]): s.value
+        for s in fams["gpu_notebook_gpu_memory_used_bytes"].samples
+    }
     assert mem[("node-1", "1")] == 1001 * 2**20
     energy = fams["gpu_notebook_gpu_energy_joules"]
     assert energy.type == "counter" and all(s.name.endswith("_total") for s in energy.samples)
-    assert len(energy.samples) == 4                      # typed samples, not an empty family plus untyped ones
+    assert len(energy.samples) == 4  # typed samples, not an empty family plus untyped ones
     assert "gpu_notebook_gpu_energy_joules_total" not in fams
     sm = fams["gpu_notebook_gpu_sm_active_ratio"]
     assert {s.labels["gpu"] for s in sm.samples} == {"0"}  # only GPUs with GPM
@@ -66,10 +71,14 @@ def test_prometheus_text_parses_with_one_sample_per_gpu(monitor: Monitor) -> Non
 
 
 def test_prometheus_text_one_line_per_gpu_metric(monitor: Monitor) -> None:
-    lines = [ln for ln in monitor.prometheus_text().splitlines() if ln.startswith("gpu_notebook_gpu_power_watts{")]
+    lines = [
+        ln for ln in monitor.prometheus_text().splitlines() if ln.startswith("gpu_notebook_gpu_power_watts{")
+    ]
     assert len(lines) == 4
-    assert all(re.match(r'^gpu_notebook_gpu_power_watts\{node="node-\d",gpu="\d",uuid="GPU-[^"]+",name=', ln)
-               for ln in lines)
+    assert all(
+        re.match(r'^gpu_notebook_gpu_power_watts\{node="node-\d",gpu="\d",uuid="GPU-[^"]+",name=', ln)
+        for ln in lines
+    )
 
 
 def test_prometheus_served_over_http(monitor: Monitor) -> None:
@@ -82,7 +91,11 @@ def test_prometheus_served_over_http(monitor: Monitor) -> None:
         fams = _families(body)
         assert len(fams["gpu_notebook_gpu_utilization_percent"].samples) == 4
         with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/csv", timeout=10) as resp:
-            assert resp.read().decode().startswith("timestamp, name, utilization.gpu [%], memory.used [MiB], node")
+            assert (
+                resp.read()
+                .decode()
+                .startswith("timestamp, name, utilization.gpu [%], memory.used [MiB], node")
+            )
         with pytest.raises(urllib.error.HTTPError):
             urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/nope", timeout=10)
         assert srv.scrapes == 2

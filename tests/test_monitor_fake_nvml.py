@@ -12,12 +12,28 @@ from gpu_notebook.monitor import _fake_nvml as fk
 pynvml = pytest.importorskip("pynvml")
 
 FUNCTIONS = [
-    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-    "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetMemoryInfo",
-    "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetTemperature",
-    "nvmlDeviceGetClockInfo", "nvmlDeviceGetCurrentClocksThrottleReasons", "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetPcieThroughput", "nvmlGpmQueryDeviceSupport",
-    "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet",
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmSampleAlloc",
+    "nvmlGpmSampleGet",
+    "nvmlGpmMetricsGet",
 ]
 
 
@@ -45,8 +61,14 @@ def test_every_faked_function_exists_in_pynvml_with_compatible_signature(name: s
 
 
 @pytest.mark.parametrize(
-    "struct", ["c_nvmlUtilization_t", "c_nvmlMemory_t", "c_nvmlMemory_v2_t", "c_nvmlProcessInfo_t",
-               "c_nvmlGpmSupport_t"],
+    "struct",
+    [
+        "c_nvmlUtilization_t",
+        "c_nvmlMemory_t",
+        "c_nvmlMemory_v2_t",
+        "c_nvmlProcessInfo_t",
+        "c_nvmlGpmSupport_t",
+    ],
 )
 def test_structs_have_pynvml_field_names_and_ctypes(struct: str) -> None:
     real = getattr(pynvml, struct)._fields_
@@ -69,7 +91,11 @@ def test_calls_before_init_raise_uninitialized_like_pynvml() -> None:
 
 
 def test_error_class_mapping_mirrors_pynvml() -> None:
-    for code in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_GPU_IS_LOST):
+    for code in (
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+    ):
         assert type(fk.NVMLError(code)).__name__ == type(pynvml.NVMLError(code)).__name__
         assert str(fk.NVMLError(code)) == str(pynvml.NVMLError(code))
     err = pickle.loads(pickle.dumps(fk.NVMLError(3)))
@@ -83,8 +109,14 @@ def test_library_missing_raises_library_not_found() -> None:
 
 
 def test_return_types_and_scripted_values(clock: Clock) -> None:
-    gpu = FakeGPU(name="NVIDIA H100 80GB HBM3", memory_total_mib=81559, power_limit_w=700,
-                  util=steps([(0, 20), (30, 95)]), mem_used_mib=lambda t: 1000 + 10 * t, processes=[(42, 2048)])
+    gpu = FakeGPU(
+        name="NVIDIA H100 80GB HBM3",
+        memory_total_mib=81559,
+        power_limit_w=700,
+        util=steps([(0, 20), (30, 95)]),
+        mem_used_mib=lambda t: 1000 + 10 * t,
+        processes=[(42, 2048)],
+    )
     nv = FakeNVML([gpu, FakeGPU()], clock=clock)
     nv.nvmlInit()
     assert nv.nvmlDeviceGetCount() == 2

@@ -39,19 +39,26 @@ def run(ip, line: str):
     return result, cap
 
 
-@pytest.mark.parametrize("line", [
-    "prometheus --local --port 70000",
-    "prometheus --local --port -1",
-    "show --local --window -5",
-    "show --local --interval inf",
-    "show --local --refresh 0",
-    "advice --local --advice-window nan",
-    "advice --local --threshold 150",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "prometheus --local --port 70000",
+        "prometheus --local --port -1",
+        "show --local --window -5",
+        "show --local --interval inf",
+        "show --local --refresh 0",
+        "advice --local --advice-window nan",
+        "advice --local --threshold 150",
+    ],
+)
 def test_out_of_range_values_print_usage_not_a_traceback(ip, line: str) -> None:
     result, cap = run(ip, line)
     assert result is None
-    assert "UsageError" in cap.stderr and "%gpu_monitor" in cap.stderr and "Traceback" not in cap.stderr + cap.stdout
+    assert (
+        "UsageError" in cap.stderr
+        and "%gpu_monitor" in cap.stderr
+        and "Traceback" not in cap.stderr + cap.stdout
+    )
     assert ip.started_monitors == []
 
 
@@ -60,7 +67,7 @@ def test_stop_and_status_do_not_start_a_monitor(ip) -> None:
     assert "No GPU monitor is running." in cap.stdout
     _, cap = run(ip, "status --local")
     assert "No GPU monitor is running" in cap.stdout
-    assert ip.started_monitors == []                  # no samplers (actors on every node) started to be stopped
+    assert ip.started_monitors == []  # no samplers (actors on every node) started to be stopped
     run(ip, "snapshot --local")
     assert len(ip.started_monitors) == 1
     _, cap = run(ip, "status --local")

@@ -30,15 +30,22 @@ def test_bad_arguments_print_usage_not_a_traceback(ip) -> None:
     with capture_output() as cap:
         result = ip.run_line_magic("gpu_monitor", "explode --local")
     assert result is None
-    assert "[--path PATH]" in cap.stderr and "%gpu_monitor" in cap.stderr and "invalid choice" in cap.stderr and "Traceback" not in cap.stderr + cap.stdout
+    assert (
+        "[--path PATH]" in cap.stderr
+        and "%gpu_monitor" in cap.stderr
+        and "invalid choice" in cap.stderr
+        and "Traceback" not in cap.stderr + cap.stdout
+    )
 
 
 def test_show_status_exports_and_stop(ip) -> None:
     with capture_output() as cap:
         ip.run_line_magic("gpu_monitor", "show --local --interval 0.2 --refresh 0.2")
     bundles = [o.data for o in cap.outputs]
-    assert any("application/vnd.jupyter.widget-view+json" in b and "<table>" in b.get("text/html", "")
-               for b in bundles)
+    assert any(
+        "application/vnd.jupyter.widget-view+json" in b and "<table>" in b.get("text/html", "")
+        for b in bundles
+    )
 
     from gpu_notebook.monitor import monitor_for
 
@@ -72,8 +79,11 @@ def test_show_status_exports_and_stop(ip) -> None:
         ip.run_line_magic("gpu_monitor", "stop --local")
     assert "stopped" in cap.stdout
     # the live dashboard was replaced by its static snapshot
-    assert any("gpu-notebook-monitor-snapshot" in o.data.get("text/html", "") and
-               "application/vnd.jupyter.widget-view+json" not in o.data for o in cap.outputs)
+    assert any(
+        "gpu-notebook-monitor-snapshot" in o.data.get("text/html", "")
+        and "application/vnd.jupyter.widget-view+json" not in o.data
+        for o in cap.outputs
+    )
     assert not mon.started
     with pytest.raises(OSError):
         urllib.request.urlopen(url, timeout=2)

@@ -68,7 +68,9 @@ def test_one_sampler_actor_per_node_with_node_affinity(ray_session) -> None:
 def test_many_fake_nodes_as_actors_and_a_lost_node(ray_session) -> None:
     ray = ray_session
     cls = sampler_actor_class()
-    actors = [cls.remote(node_id=f"fake-{i}", nvml=functools.partial(FakeNVML, 2), interval=0.1) for i in range(3)]
+    actors = [
+        cls.remote(node_id=f"fake-{i}", nvml=functools.partial(FakeNVML, 2), interval=0.1) for i in range(3)
+    ]
     mon = Monitor(samplers=actors, pull_interval=0.2).start()
     try:
         _wait_rows(mon, 9)
@@ -82,7 +84,10 @@ def test_many_fake_nodes_as_actors_and_a_lost_node(ray_session) -> None:
         time.sleep(0.5)
         assert mon.aggregator.nodes["fake-2"].seq > seq_before  # the others keep going
         text = mon.prometheus_text()
-        assert 'gpu_notebook_node_up{node="fake-1"} 0' in text and 'gpu_notebook_node_up{node="fake-0"} 1' in text
+        assert (
+            'gpu_notebook_node_up{node="fake-1"} 0' in text
+            and 'gpu_notebook_node_up{node="fake-0"} 1' in text
+        )
     finally:
         mon.stop()
 

@@ -75,8 +75,15 @@ def test_a_sampler_that_stays_pending_times_out_and_is_retried(ray_session) -> N
     pg = placement_group([{"CPU": free - 0.5}])  # leaves 0.5 CPU; the sampler below asks for 1
     ray.get(pg.ready(), timeout=30)
     node = [n["NodeID"] for n in ray.nodes() if n.get("Alive")][0]
-    mon = Monitor(RayNodes(ray), nvml=None, interval=0.2, pull_interval=0.2, sampler_cpus=1.0, node_timeout=2,
-                  retry_s=0.3)
+    mon = Monitor(
+        RayNodes(ray),
+        nvml=None,
+        interval=0.2,
+        pull_interval=0.2,
+        sampler_cpus=1.0,
+        node_timeout=2,
+        retry_s=0.3,
+    )
     try:
         t0 = time.monotonic()
         mon.start()  # waited 120 s, then raised GetTimeoutError

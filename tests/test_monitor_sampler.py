@@ -101,8 +101,11 @@ def test_sampler_capacity_is_an_hour_at_full_rate() -> None:
 # -- sampler -------------------------------------------------------------------------------------------------------
 def test_sampler_reads_all_gpu_metrics() -> None:
     clock = Clock()
-    s, nv = make_node(clock, "n1", [FakeGPU(util=55, mem_used_mib=2048, power_w=300, gpm=True, sm_active=0.5),
-                                    FakeGPU(util=0)])
+    s, nv = make_node(
+        clock,
+        "n1",
+        [FakeGPU(util=55, mem_used_mib=2048, power_w=300, gpm=True, sm_active=0.5), FakeGPU(util=0)],
+    )
     info = s.info()
     assert info["has_gpu"] and info["nvml"] == "fake" and len(info["gpus"]) == 2
     assert info["columns"][: len(GPU_METRICS)] == [f"gpu0.{m}" for m in GPU_METRICS]
@@ -127,7 +130,9 @@ def test_fast_tier_never_makes_slow_calls_and_slow_tier_does() -> None:
     assert all(nv.calls[c] == 0 for c in SLOW_CALLS)
     assert nv.calls["nvmlDeviceGetUtilizationRates"] == 400
     slow = s.slow_tick()
-    assert nv.calls["nvmlDeviceGetComputeRunningProcesses"] == 4 and nv.calls["nvmlDeviceGetPcieThroughput"] == 8
+    assert (
+        nv.calls["nvmlDeviceGetComputeRunningProcesses"] == 4 and nv.calls["nvmlDeviceGetPcieThroughput"] == 8
+    )
     assert slow[0]["processes"] == [{"pid": 1234, "used_mib": 512.0}] and slow[0]["pcie_rx_kBps"] == 2000
 
 
@@ -192,8 +197,13 @@ def test_aggregator_pulls_only_new_rows_from_every_node() -> None:
     assert agg.nodes["node-1"].seq == 5 and agg.nodes["node-0"].seq == 4
     latest = agg.latest()["gpus"]
     assert [(r["node"], r["index"], r["util_gpu"]) for r in latest] == [
-        ("node-0", 0, 0), ("node-0", 1, 0), ("node-1", 0, 10), ("node-1", 1, 10), ("node-2", 0, 20),
-        ("node-2", 1, 20)]
+        ("node-0", 0, 0),
+        ("node-0", 1, 0),
+        ("node-1", 0, 10),
+        ("node-1", 1, 10),
+        ("node-2", 0, 20),
+        ("node-2", 1, 20),
+    ]
 
 
 def test_aggregator_rereads_a_restarted_sampler_and_counts_drops() -> None:
@@ -239,8 +249,12 @@ def _monitor_with(clock: Clock, gpus: list[FakeGPU], seconds: float, **kw) -> tu
 
 def test_advice_names_the_underused_gpu_with_remedies() -> None:
     clock = Clock()
-    mon, _ = _monitor_with(clock, [FakeGPU(util=95), FakeGPU(name="NVIDIA L4", util=lambda t: 40 + (t % 2) * 10)],
-                           seconds=130, advice_window=120)
+    mon, _ = _monitor_with(
+        clock,
+        [FakeGPU(util=95), FakeGPU(name="NVIDIA L4", util=lambda t: 40 + (t % 2) * 10)],
+        seconds=130,
+        advice_window=120,
+    )
     adv = mon.advice()
     assert [(a.node, a.gpu) for a in adv] == [("node-a", 1)]
     msg = adv[0].message
@@ -255,8 +269,9 @@ def test_advice_waits_for_a_whole_window_and_ignores_short_dips() -> None:
     assert mon.advice() == []  # only 60 s of history: not sustained yet
     clock2 = Clock()
     # busy, with a 20 s data-loading stall inside the window: p95 stays high, so no advice
-    mon2, _ = _monitor_with(clock2, [FakeGPU(util=steps([(0, 90), (50, 5), (70, 90)]))], seconds=150,
-                            advice_window=120)
+    mon2, _ = _monitor_with(
+        clock2, [FakeGPU(util=steps([(0, 90), (50, 5), (70, 90)]))], seconds=150, advice_window=120
+    )
     assert mon2.advice() == []
     assert mon2.advice(threshold=95)  # but with a stricter threshold it is flagged
 
@@ -325,9 +340,11 @@ def test_importing_the_monitor_is_cheap() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import gpu_notebook.monitor, gpu_notebook.widgets, gpu_notebook.magics._monitor\n"
-            "from gpu_notebook.monitor import Monitor, FakeNVML, utilisation_summary\n"
-            "print([m for m in ('ray', 'torch', 'pynvml', 'plotly', 'ipywidgets', 'boto3') if m in sys.modules])")
+    code = (
+        "import sys; import gpu_notebook.monitor, gpu_notebook.widgets, gpu_notebook.magics._monitor\n"
+        "from gpu_notebook.monitor import Monitor, FakeNVML, utilisation_summary\n"
+        "print([m for m in ('ray', 'torch', 'pynvml', 'plotly', 'ipywidgets', 'boto3') if m in sys.modules])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -356,12 +373,18 @@ def test_gpu_processes_are_attributed_to_cluster_ranks() -> None:
     from types import SimpleNamespace
 
     clock = Clock()
-    s, _ = make_node(clock, "node-a", [FakeGPU(processes=[(111, 2048), (999, 10)]), FakeGPU(processes=[(222, 4096)])])
+    s, _ = make_node(
+        clock, "node-a", [FakeGPU(processes=[(111, 2048), (999, 10)]), FakeGPU(processes=[(222, 4096)])]
+    )
 
     class StubCluster:  # only what gpu_processes reads: status().workers
         def status(self):
-            return SimpleNamespace(workers=[SimpleNamespace(rank=0, node_id="node-a", pid=111),
-                                            SimpleNamespace(rank=1, node_id="node-a", pid=222)])
+            return SimpleNamespace(
+                workers=[
+                    SimpleNamespace(rank=0, node_id="node-a", pid=111),
+                    SimpleNamespace(rank=1, node_id="node-a", pid=222),
+                ]
+            )
 
     mon = Monitor(samplers=[s], clock=clock, autopull=False).start()
     mon.cluster = StubCluster()

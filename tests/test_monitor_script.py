@@ -10,8 +10,12 @@ SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check
 
 
 def test_gpu_check_script_with_fake_nvml() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--fake", "2", "--seconds", "1"], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fake", "2", "--seconds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("nvml=fake") and out.stdout.rstrip().endswith("OK")
     assert out.stdout.count("gpu_notebook_gpu_utilization_percent{") == 2
@@ -19,8 +23,9 @@ def test_gpu_check_script_with_fake_nvml() -> None:
 
 
 def test_gpu_check_script_fails_without_nvml() -> None:
-    out = subprocess.run([sys.executable, str(SCRIPT), "--seconds", "0.5"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--seconds", "0.5"], capture_output=True, text=True, timeout=120
+    )
     import importlib.util
 
     if importlib.util.find_spec("pynvml") is not None:

@@ -62,9 +62,13 @@ def wire(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> Wire:
 def fake_cluster(clock: Clock, nodes: int, gpus: int, util=None, host: bool = False):
     samplers = []
     for n in range(nodes):
-        fg = [FakeGPU(name="NVIDIA H100 80GB HBM3",
-                      util=(util(n, i) if util else (lambda t, n=n, i=i: (n * 7 + i * 11 + 3 * t) % 100)))
-              for i in range(gpus)]
+        fg = [
+            FakeGPU(
+                name="NVIDIA H100 80GB HBM3",
+                util=(util(n, i) if util else (lambda t, n=n, i=i: (n * 7 + i * 11 + 3 * t) % 100)),
+            )
+            for i in range(gpus)
+        ]
         samplers.append(NodeSampler(f"node-{n:02d}", nvml=FakeNVML(fg, clock=clock), clock=clock, host=host))
     mon = Monitor(samplers=samplers, clock=clock, autopull=False).start()
     return mon, samplers
@@ -118,7 +122,9 @@ def test_many_gpus_get_a_heat_map_and_aggregated_lines(clock: Clock, wire: Wire)
     z = np.array(heat.z, dtype=float)
     assert z.shape == (20, 8) and z[3, 5] == 8.0 and list(heat.y[:2]) == ["node-00", "node-01"]
     util_mean = w.fig.data[0]
-    assert util_mean.name == "cluster mean" and np.nanmax(np.array(util_mean.y, dtype=float)) == pytest.approx(13.0)
+    assert util_mean.name == "cluster mean" and np.nanmax(
+        np.array(util_mean.y, dtype=float)
+    ) == pytest.approx(13.0)
 
 
 def test_few_gpus_one_line_each_and_the_data_changes(clock: Clock, wire: Wire) -> None:
@@ -218,8 +224,10 @@ def test_nothing_new_sends_nothing_and_stale_traces_are_not_resent(clock: Clock,
     assert len(wire.comm_msgs()) == n0
     updates: list[tuple[dict, list[int]]] = []
     orig = w.fig._send_update_msg
-    w.fig._send_update_msg = lambda style, layout, idx=None, **k: (updates.append((layout, list(idx))),
-                                                                  orig(style, layout, idx, **k))
+    w.fig._send_update_msg = lambda style, layout, idx=None, **k: (
+        updates.append((layout, list(idx))),
+        orig(style, layout, idx, **k),
+    )
     clock.t += 0.5
     samplers[0].tick()  # only node-00 has something new
     mon.pull()

@@ -39,7 +39,7 @@ def test_header_says_unknown_not_zero_when_nvml_does_not_support_a_metric() -> N
     w = MonitorWidget(mon, autostart=False, clock=clock)
     cells = _cells(w.header.value)
     assert cells["power"] == "–" and cells["mean util"] == "–"
-    assert cells["memory"] == "1.0/160 GiB"                 # what NVML did report still shows
+    assert cells["memory"] == "1.0/160 GiB"  # what NVML did report still shows
     mon.stop()
 
 
@@ -59,15 +59,18 @@ def test_refresh_thread_ends_when_the_monitor_stops_or_the_widget_closes() -> No
     w = MonitorWidget(mon, interval=0.1, busy_interval=None)
     thread = w._thread
     assert thread is not None and thread.is_alive()
-    mon.stop()                                               # e.g. the cluster stopped
+    mon.stop()  # e.g. the cluster stopped
     assert _wait(lambda: not thread.is_alive())
 
-    mon2 = Monitor(samplers=[NodeSampler("m", nvml=FakeNVML(1, clock=clock), clock=clock, host=False)],
-                   clock=clock, autopull=False).start()
+    mon2 = Monitor(
+        samplers=[NodeSampler("m", nvml=FakeNVML(1, clock=clock), clock=clock, host=False)],
+        clock=clock,
+        autopull=False,
+    ).start()
     try:
         w2 = MonitorWidget(mon2, interval=0.1, busy_interval=None)
         t2 = w2._thread
-        w2.box.close()                                       # the user closed the output / Widget.close_all()
+        w2.box.close()  # the user closed the output / Widget.close_all()
         assert _wait(lambda: not t2.is_alive())
         w3 = MonitorWidget(mon2, interval=0.1, busy_interval=None)
         t3 = w3._thread

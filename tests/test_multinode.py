@@ -51,16 +51,20 @@ SCRIPT = textwrap.dedent(
 def test_ranks_by_node_gpu_visibility_and_node_loss():
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=400
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     layout = out["layout"]
     assert [row[0] for row in layout] == [0, 1]
     assert [row[1] for row in layout] == ["0", "0"]  # one worker per node: local rank 0 on each
     assert sorted(row[2] for row in layout) == ["0", "1"]  # node ranks
     assert layout[0][4] != layout[1][4] and out["status_nodes"] == 2
-    assert all(row[3] is not None and row[3].isdigit() for row in layout)  # each sees only its own (logical) GPU
+    assert all(
+        row[3] is not None and row[3].isdigit() for row in layout
+    )  # each sees only its own (logical) GPU
     assert (1, "died") in [tuple(f) for f in out["failures"]]
     assert "Rebuilding the group failed" in out["note"] and "%gpu_cluster scale 2" in out["note"]
     assert "scaled" in out["scale"] and out["after"] == [1]

@@ -53,15 +53,22 @@ def test_bad_gpu_visibility_is_refused():
 
 @pytest.mark.parametrize(
     "spec,expected",
-    [("all", [0, 1, 2, 3]), (None, [0, 1, 2, 3]), ("0,2", [0, 2]), ("0-2", [0, 1, 2]), ("3,0-1", [0, 1, 3]),
-     ([2, 1], [1, 2])],
+    [
+        ("all", [0, 1, 2, 3]),
+        (None, [0, 1, 2, 3]),
+        ("0,2", [0, 2]),
+        ("0-2", [0, 1, 2]),
+        ("3,0-1", [0, 1, 3]),
+        ([2, 1], [1, 2]),
+    ],
 )
 def test_parse_ranks(spec, expected):
     assert parse_ranks(spec, 4) == expected
 
 
-@pytest.mark.parametrize("spec,msg", [("4", "out of range"), ("x", "bad rank selection"), ("3-1", "bad rank"),
-                                      ("-1", "bad rank")])
+@pytest.mark.parametrize(
+    "spec,msg", [("4", "out of range"), ("x", "bad rank selection"), ("3-1", "bad rank"), ("-1", "bad rank")]
+)
 def test_parse_ranks_errors_say_what_is_valid(spec, msg):
     with pytest.raises(ValueError, match=msg):
         parse_ranks(spec, 4)

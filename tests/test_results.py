@@ -15,7 +15,7 @@ def test_rank_results_index_by_rank_and_iterate_in_rank_order():
     assert full == [1, 2] and repr(full) == "[1, 2]" and full[-1] == 2
 
 
-def _err(rank, msg="boom", tb="Traceback...\n  File \"<cell>\", line 2\nValueError: boom\n"):
+def _err(rank, msg="boom", tb='Traceback...\n  File "<cell>", line 2\nValueError: boom\n'):
     return RankFailure(rank=rank, kind="error", etype="ValueError", evalue=msg, traceback=tb, cell_lines=[2])
 
 
@@ -30,8 +30,12 @@ def test_identical_tracebacks_are_shown_once_with_their_ranks():
 
 
 def test_a_dead_rank_is_reported_with_its_last_output():
-    f = RankFailure(rank=1, kind="died", detail="the worker process (pid 42 on 10.0.0.1) died",
-                    last_output=["step 9", "step 10"])
+    f = RankFailure(
+        rank=1,
+        kind="died",
+        detail="the worker process (pid 42 on 10.0.0.1) died",
+        last_output=["step 9", "step 10"],
+    )
     text = DistributedError([f], note="Worker state was reset.").render()
     assert "rank 1: died: the worker process (pid 42" in text
     assert "| step 10" in text and text.rstrip().endswith("Worker state was reset.")

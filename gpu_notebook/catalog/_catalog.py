@@ -24,11 +24,28 @@ if TYPE_CHECKING:
 
 MARKETS = ("on_demand", "spot", "reserved_1y")
 CLOUDS = ("aws", "gcp", "azure")
-_CLOUD_ALIASES = {"aws": "aws", "amazon": "aws", "ec2": "aws", "gcp": "gcp", "google": "gcp", "gce": "gcp",
-                  "azure": "azure", "microsoft": "azure"}
-_MARKET_ALIASES = {"on_demand": "on_demand", "on-demand": "on_demand", "ondemand": "on_demand", "od": "on_demand",
-                   "spot": "spot", "preemptible": "spot", "reserved_1y": "reserved_1y", "reserved": "reserved_1y",
-                   "reserved-1y": "reserved_1y", "1y": "reserved_1y"}
+_CLOUD_ALIASES = {
+    "aws": "aws",
+    "amazon": "aws",
+    "ec2": "aws",
+    "gcp": "gcp",
+    "google": "gcp",
+    "gce": "gcp",
+    "azure": "azure",
+    "microsoft": "azure",
+}
+_MARKET_ALIASES = {
+    "on_demand": "on_demand",
+    "on-demand": "on_demand",
+    "ondemand": "on_demand",
+    "od": "on_demand",
+    "spot": "spot",
+    "preemptible": "spot",
+    "reserved_1y": "reserved_1y",
+    "reserved": "reserved_1y",
+    "reserved-1y": "reserved_1y",
+    "1y": "reserved_1y",
+}
 
 
 class CatalogError(LookupError):
@@ -64,7 +81,9 @@ def parse_gpu(gpu: str) -> tuple[str, float | None, int | None]:
             count = int(n)
         except ValueError:
             raise CatalogError(f"bad GPU count in {gpu!r}: expected TYPE:COUNT such as A100:8") from None
-    m = re.fullmatch(r"(?i)(?:nvidia[-_ ]?)?(?:tesla[-_ ]?)?([a-z]+\d+[a-z]?)(?:[-_ ]?(\d+)\s*g(?:i?b)?)?", text)
+    m = re.fullmatch(
+        r"(?i)(?:nvidia[-_ ]?)?(?:tesla[-_ ]?)?([a-z]+\d+[a-z]?)(?:[-_ ]?(\d+)\s*g(?:i?b)?)?", text
+    )
     if not m:
         raise CatalogError(f"cannot read GPU type {gpu!r}; examples: A100, A100-80GB, H100:8")
     mem = float(m.group(2)) if m.group(2) else None
@@ -83,8 +102,12 @@ class Override:
     discount: float | None = None
 
     def matches(self, cloud: str, name: str, region: str, market: str) -> bool:
-        return (self.cloud == cloud and self.instance_type == name and self.market == market
-                and (self.region is None or self.region == region))
+        return (
+            self.cloud == cloud
+            and self.instance_type == name
+            and self.market == market
+            and (self.region is None or self.region == region)
+        )
 
 
 @dataclass(eq=False)
@@ -130,11 +153,14 @@ class InstanceType:
         if region not in self.prices:
             raise CatalogError(
                 f"{self.cloud} {self.name} has no price for region {region!r}; "
-                f"regions with prices: {', '.join(sorted(self.prices)) or 'none'}")
+                f"regions with prices: {', '.join(sorted(self.prices)) or 'none'}"
+            )
         by_market = self.prices[region]
         if market not in by_market:
-            raise CatalogError(f"{self.cloud} {self.name} in {region} has no {market} price; "
-                               f"markets: {', '.join(sorted(by_market))}")
+            raise CatalogError(
+                f"{self.cloud} {self.name} in {region} has no {market} price; "
+                f"markets: {', '.join(sorted(by_market))}"
+            )
         return float(by_market[market])
 
     def price(self, region: str, market: str = "on_demand") -> float:
@@ -165,25 +191,53 @@ class InstanceType:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (catalog prices, no overrides)."""
-        return {k: copy.deepcopy(getattr(self, k)) for k in (
-            "cloud", "name", "gpu", "gpu_count", "gpu_memory_gb", "vcpus", "memory_gb", "network_gbps",
-            "source", "spot_source", "date", "price_basis", "extra", "prices")}
+        return {
+            k: copy.deepcopy(getattr(self, k))
+            for k in (
+                "cloud",
+                "name",
+                "gpu",
+                "gpu_count",
+                "gpu_memory_gb",
+                "vcpus",
+                "memory_gb",
+                "network_gbps",
+                "source",
+                "spot_source",
+                "date",
+                "price_basis",
+                "extra",
+                "prices",
+            )
+        }
 
     def __repr__(self) -> str:
-        return (f"InstanceType({self.cloud}:{self.name}, {self.gpu_label}, {self.vcpus} vCPU, "
-                f"{self.memory_gb:g} GB, regions={len(self.regions)}, as of {self.date})")
+        return (
+            f"InstanceType({self.cloud}:{self.name}, {self.gpu_label}, {self.vcpus} vCPU, "
+            f"{self.memory_gb:g} GB, regions={len(self.regions)}, as of {self.date})"
+        )
 
 
 def _instance_from_dict(d: dict[str, Any], catalog: Catalog | None) -> InstanceType:
     prices = {str(r): {str(m): float(p) for m, p in mk.items()} for r, mk in d["prices"].items()}
     return InstanceType(
-        cloud=normalize_cloud(d["cloud"]), name=str(d["name"]), gpu=str(d["gpu"]).upper(),
-        gpu_count=int(d["gpu_count"]), gpu_memory_gb=float(d["gpu_memory_gb"]), vcpus=int(d["vcpus"]),
+        cloud=normalize_cloud(d["cloud"]),
+        name=str(d["name"]),
+        gpu=str(d["gpu"]).upper(),
+        gpu_count=int(d["gpu_count"]),
+        gpu_memory_gb=float(d["gpu_memory_gb"]),
+        vcpus=int(d["vcpus"]),
         memory_gb=float(d["memory_gb"]),
         network_gbps=None if d.get("network_gbps") is None else float(d["network_gbps"]),
-        regions=sorted(prices), source=str(d["source"]), date=str(d["date"]), prices=prices,
-        price_basis=str(d.get("price_basis", "")), spot_source=str(d.get("spot_source", "")),
-        extra=dict(d.get("extra") or {}), _catalog=catalog)
+        regions=sorted(prices),
+        source=str(d["source"]),
+        date=str(d["date"]),
+        prices=prices,
+        price_basis=str(d.get("price_basis", "")),
+        spot_source=str(d.get("spot_source", "")),
+        extra=dict(d.get("extra") or {}),
+        _catalog=catalog,
+    )
 
 
 class Catalog:
@@ -218,8 +272,13 @@ class Catalog:
     def to_doc(self) -> dict[str, Any]:
         """The catalog as a JSON document (same format as the shipped file; overrides not included)."""
         with self._lock:
-            return {"schema_version": 1, "source": self.source, "date": self.date, "notes": self.notes,
-                    "instances": [it.to_dict() for it in self._items.values()]}
+            return {
+                "schema_version": 1,
+                "source": self.source,
+                "date": self.date,
+                "notes": self.notes,
+                "instances": [it.to_dict() for it in self._items.values()],
+            }
 
     # -- queries -----------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -232,8 +291,9 @@ class Catalog:
         """Clouds that have at least one instance type."""
         return sorted({c for c, _ in self._items})
 
-    def instances(self, cloud: str | None = None, gpu: str | None = None,
-                  region: str | None = None) -> list[InstanceType]:
+    def instances(
+        self, cloud: str | None = None, gpu: str | None = None, region: str | None = None
+    ) -> list[InstanceType]:
         """Instance types filtered by cloud, GPU (``"A100"``, ``"A100-80GB"``) and region, sorted by name."""
         c = normalize_cloud(cloud) if cloud else None
         model, mem = (None, None)
@@ -265,11 +325,23 @@ class Catalog:
                 return it
             names = [n for (cc, n) in self._items if cc == c]
         close = difflib.get_close_matches(str(instance_type), names, n=5, cutoff=0.5)
-        hint = f"; did you mean: {', '.join(close)}" if close else f"; known {c} types include: {', '.join(sorted(names)[:8])}"
+        hint = (
+            f"; did you mean: {', '.join(close)}"
+            if close
+            else f"; known {c} types include: {', '.join(sorted(names)[:8])}"
+        )
         raise CatalogError(f"unknown {c} instance type {instance_type!r}{hint}")
 
-    def find(self, cloud: str, gpu: str, count: int | None = None, region: str | None = None, *,
-             market: str = "on_demand", min_gpu_memory_gb: float | None = None) -> list[InstanceType]:
+    def find(
+        self,
+        cloud: str,
+        gpu: str,
+        count: int | None = None,
+        region: str | None = None,
+        *,
+        market: str = "on_demand",
+        min_gpu_memory_gb: float | None = None,
+    ) -> list[InstanceType]:
         """Instance types of ``cloud`` with ``count`` GPUs of type ``gpu`` in ``region``, cheapest first.
 
         ``gpu`` may carry the count (``"A100:8"``) and memory (``"A100-80GB"``). With no region, instances are
@@ -290,8 +362,11 @@ class Catalog:
         with self._lock:
             pool = [it for it in self._items.values() if it.cloud == c]
         same_gpu = [it for it in pool if it.gpu == model and mem_ok(it)]
-        hits = [it for it in same_gpu if (count is None or it.gpu_count == count)
-                and (region is None or region in it.prices)]
+        hits = [
+            it
+            for it in same_gpu
+            if (count is None or it.gpu_count == count) and (region is None or region in it.prices)
+        ]
 
         def key(it: InstanceType) -> tuple[float, str]:
             if region is not None:
@@ -315,13 +390,17 @@ class Catalog:
             if count is not None and counts:
                 alts.append(f"{model} counts{where}: {', '.join(map(str, counts))}")
             if region is not None:
-                regs = sorted({r for it in same_gpu if count is None or it.gpu_count == count for r in it.prices})
+                regs = sorted(
+                    {r for it in same_gpu if count is None or it.gpu_count == count for r in it.prices}
+                )
                 if regs:
                     alts.append(f"regions with {want}: {', '.join(regs)}")
                 here = sorted({f"{it.gpu}" for it in pool if region in it.prices})
                 if here:
                     alts.append(f"GPUs in {region}: {', '.join(here)}")
-        raise CatalogError(f"no {c} instance type with {want}{where}" + ("; " + "; ".join(alts) if alts else ""))
+        raise CatalogError(
+            f"no {c} instance type with {want}{where}" + ("; " + "; ".join(alts) if alts else "")
+        )
 
     def _safe_price(self, it: InstanceType, region: str, market: str) -> float:
         try:
@@ -330,8 +409,15 @@ class Catalog:
             return float("inf")
 
     # -- overrides ---------------------------------------------------------------------------------
-    def override(self, cloud: str, instance_type: str, region: str | None = None, market: str = "on_demand",
-                 usd_per_hour: float | None = None, discount: float | None = None) -> Override:
+    def override(
+        self,
+        cloud: str,
+        instance_type: str,
+        region: str | None = None,
+        market: str = "on_demand",
+        usd_per_hour: float | None = None,
+        discount: float | None = None,
+    ) -> Override:
         """Set a user price: a fixed ``usd_per_hour`` or a fractional ``discount`` (0.3 = 30% off).
 
         ``region=None`` applies to every region. Later overrides win. Returns the :class:`Override`.
@@ -344,9 +430,14 @@ class Catalog:
             raise ValueError("usd_per_hour must be >= 0")
         if discount is not None and not 0.0 <= discount <= 1.0:
             raise ValueError("discount is a fraction between 0 and 1")
-        ov = Override(it.cloud, it.name, region, mk,
-                      None if usd_per_hour is None else float(usd_per_hour),
-                      None if discount is None else float(discount))
+        ov = Override(
+            it.cloud,
+            it.name,
+            region,
+            mk,
+            None if usd_per_hour is None else float(usd_per_hour),
+            None if discount is None else float(discount),
+        )
         with self._lock:
             self._overrides.append(ov)
         return ov
@@ -370,8 +461,16 @@ class Catalog:
         return None
 
     # -- updates -----------------------------------------------------------------------------------
-    def update_price(self, cloud: str, instance_type: str, region: str, market: str, usd_per_hour: float,
-                     source: str, date: str) -> None:
+    def update_price(
+        self,
+        cloud: str,
+        instance_type: str,
+        region: str,
+        market: str,
+        usd_per_hour: float,
+        source: str,
+        date: str,
+    ) -> None:
         """Set one catalog price (used by :meth:`refresh`); adds the region if new."""
         it = self.get(cloud, instance_type)
         mk = normalize_market(market)
@@ -398,8 +497,12 @@ class Catalog:
                 self.source, self.date = other.source, other.date
         return n
 
-    def refresh(self, clouds: tuple[str, ...] | list[str] | None = None, regions: list[str] | None = None,
-                **kwargs: Any) -> RefreshReport:
+    def refresh(
+        self,
+        clouds: tuple[str, ...] | list[str] | None = None,
+        regions: list[str] | None = None,
+        **kwargs: Any,
+    ) -> RefreshReport:
         """Refresh prices from the providers' public price lists (and AWS spot history with credentials).
 
         See :func:`gpu_notebook.catalog.refresh_catalog` for the arguments. Offline, it raises
@@ -410,14 +513,26 @@ class Catalog:
         return refresh_catalog(self, clouds=clouds, regions=regions, **kwargs)
 
     # -- display -----------------------------------------------------------------------------------
-    def table(self, cloud: str | None = None, gpu: str | None = None, region: str | None = None) -> list[dict[str, Any]]:
+    def table(
+        self, cloud: str | None = None, gpu: str | None = None, region: str | None = None
+    ) -> list[dict[str, Any]]:
         """Rows (one per instance type and region) for display or a DataFrame."""
         rows = []
         for it in self.instances(cloud, gpu, region):
-            for r in ([region] if region else it.regions):
+            for r in [region] if region else it.regions:
                 p = it.prices_in(r)
-                rows.append({"cloud": it.cloud, "instance_type": it.name, "gpu": it.gpu_label, "vcpus": it.vcpus,
-                             "memory_gb": it.memory_gb, "region": r, **p, "date": it.date})
+                rows.append(
+                    {
+                        "cloud": it.cloud,
+                        "instance_type": it.name,
+                        "gpu": it.gpu_label,
+                        "vcpus": it.vcpus,
+                        "memory_gb": it.memory_gb,
+                        "region": r,
+                        **p,
+                        "date": it.date,
+                    }
+                )
         return rows
 
     def __repr__(self) -> str:
@@ -428,8 +543,10 @@ class Catalog:
 
         counts = {c: len(self.instances(cloud=c)) for c in self.clouds()}
         lis = "".join(f"<li>{html.escape(c)}: {n} instance types</li>" for c, n in counts.items())
-        return (f"<div><b>GPU price catalog</b> (estimates) &mdash; source: {html.escape(self.source)}, "
-                f"as of {html.escape(self.date)}<ul>{lis}</ul><small>{html.escape(self.notes)}</small></div>")
+        return (
+            f"<div><b>GPU price catalog</b> (estimates) &mdash; source: {html.escape(self.source)}, "
+            f"as of {html.escape(self.date)}<ul>{lis}</ul><small>{html.escape(self.notes)}</small></div>"
+        )
 
 
 _CATALOG: Catalog | None = None
@@ -439,7 +556,8 @@ _CATALOG_LOCK = threading.Lock()
 def cache_path() -> Path:
     """Where :meth:`Catalog.refresh` saves refreshed prices (``$XDG_CACHE_HOME/gpu_notebook/gpu_catalog.json``)."""
     base = os.environ.get("GPU_NOTEBOOK_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpu_notebook")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpu_notebook"
+    )
     return Path(base) / "gpu_catalog.json"
 
 

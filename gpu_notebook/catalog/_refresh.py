@@ -58,7 +58,9 @@ class RefreshReport:
         return f"RefreshReport({len(self.updated)} prices updated, {len(self.errors)} errors)"
 
     def __str__(self) -> str:
-        lines = [f"{len(self.updated)} prices updated" + (f", saved to {self.saved_to}" if self.saved_to else "")]
+        lines = [
+            f"{len(self.updated)} prices updated" + (f", saved to {self.saved_to}" if self.saved_to else "")
+        ]
         lines += [f"  error: {e}" for e in self.errors]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -82,7 +84,9 @@ def url_fetcher(timeout: float = 20.0) -> Fetch:
 
 
 # -- AWS bulk offer file ---------------------------------------------------------------------------------
-def parse_aws_bulk(doc: dict[str, Any], names: Iterable[str] | None = None) -> dict[tuple[str, str], dict[str, float]]:
+def parse_aws_bulk(
+    doc: dict[str, Any], names: Iterable[str] | None = None
+) -> dict[tuple[str, str], dict[str, float]]:
     """Prices from an AWS EC2 bulk offer file: ``{(instance_type, region): {"on_demand": .., "reserved_1y": ..}}``.
 
     Keeps Linux, shared tenancy, no pre-installed software, ``capacitystatus == Used`` (SkyPilot's filter).
@@ -95,9 +99,13 @@ def parse_aws_bulk(doc: dict[str, Any], names: Iterable[str] | None = None) -> d
         it = a.get("instanceType")
         if not it or (wanted is not None and it not in wanted):
             continue
-        if (a.get("operatingSystem") != "Linux" or a.get("tenancy", "Shared") != "Shared"
-                or a.get("preInstalledSw", "NA") != "NA" or a.get("capacitystatus", "Used") != "Used"
-                or a.get("licenseModel", "No License required") != "No License required"):
+        if (
+            a.get("operatingSystem") != "Linux"
+            or a.get("tenancy", "Shared") != "Shared"
+            or a.get("preInstalledSw", "NA") != "NA"
+            or a.get("capacitystatus", "Used") != "Used"
+            or a.get("licenseModel", "No License required") != "No License required"
+        ):
             continue
         region = a.get("regionCode") or a.get("location")
         skus[sku] = (it, str(region))
@@ -118,7 +126,10 @@ def parse_aws_bulk(doc: dict[str, Any], names: Iterable[str] | None = None) -> d
         for offer in offers.values():
             ta = offer.get("termAttributes") or {}
             if (ta.get("LeaseContractLength"), ta.get("PurchaseOption"), ta.get("OfferingClass")) != (
-                    "1yr", "No Upfront", "standard"):
+                "1yr",
+                "No Upfront",
+                "standard",
+            ):
                 continue
             for dim in (offer.get("priceDimensions") or {}).values():
                 if dim.get("unit") == "Hrs" and float(dim["pricePerUnit"]["USD"]) > 0:
@@ -142,7 +153,9 @@ def aws_spot_from_history(records: Iterable[dict[str, Any]], region: str) -> dic
     return {(it, region): float(statistics.median(ps)) for it, ps in per_type.items() if ps}
 
 
-def fetch_aws_spot(region: str, instance_types: list[str], client: Any = None) -> dict[tuple[str, str], float]:
+def fetch_aws_spot(
+    region: str, instance_types: list[str], client: Any = None
+) -> dict[tuple[str, str], float]:
     """Current spot prices in ``region`` through boto3 (needs credentials); ``client`` may be given (tests)."""
     if client is None:
         import boto3
@@ -151,14 +164,19 @@ def fetch_aws_spot(region: str, instance_types: list[str], client: Any = None) -
     now = _dt.datetime.now(_dt.UTC)
     records: list[dict[str, Any]] = []
     pages = client.get_paginator("describe_spot_price_history").paginate(
-        InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now)
+        InstanceTypes=instance_types, ProductDescriptions=["Linux/UNIX"], StartTime=now
+    )
     for page in pages:
         records.extend(page.get("SpotPriceHistory", []))
     return aws_spot_from_history(records, region)
 
 
-_AWS_FILTERS = (("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
-                ("capacitystatus", "Used"))
+_AWS_FILTERS = (
+    ("operatingSystem", "Linux"),
+    ("tenancy", "Shared"),
+    ("preInstalledSw", "NA"),
+    ("capacitystatus", "Used"),
+)
 
 
 def aws_products_to_offer(price_list: Iterable[str | dict[str, Any]]) -> dict[str, Any]:
@@ -187,8 +205,10 @@ def fetch_aws_products(region: str, instance_types: list[str], client: Any = Non
         client = boto3.client("pricing", region_name="us-east-1")
     items: list[Any] = []
     for name in instance_types:
-        filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v}
-                   for f, v in (("instanceType", name), ("regionCode", region), *_AWS_FILTERS)]
+        filters = [
+            {"Type": "TERM_MATCH", "Field": f, "Value": v}
+            for f, v in (("instanceType", name), ("regionCode", region), *_AWS_FILTERS)
+        ]
         for page in client.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
             items.extend(page.get("PriceList", []))
     return aws_products_to_offer(items)
@@ -263,8 +283,9 @@ def _gcp_unit_price(sku: dict[str, Any]) -> float | None:
     return None
 
 
-def parse_gcp_skus(skus: Iterable[dict[str, Any]], entries: Iterable[InstanceType],
-                   regions: Iterable[str] | None = None) -> dict[tuple[str, str], dict[str, float]]:
+def parse_gcp_skus(
+    skus: Iterable[dict[str, Any]], entries: Iterable[InstanceType], regions: Iterable[str] | None = None
+) -> dict[tuple[str, str], dict[str, float]]:
     """Compose GCP machine prices from Cloud Billing SKUs: vCPUs x core + GiB x RAM + GPUs x GPU price.
 
     Returns ``{(instance_name, region): {"on_demand": .., "spot": ..}}`` for the entries whose every part has a
@@ -328,8 +349,15 @@ def _fetch_json(fetch: Fetch, url: str) -> dict[str, Any]:
 
 
 # -- the driver -------------------------------------------------------------------------------------------
-def _apply(cat: Catalog, report: RefreshReport, cloud: str, prices: dict[tuple[str, str], dict[str, float]],
-           source: str, date: str, derive_reserved: bool) -> None:
+def _apply(
+    cat: Catalog,
+    report: RefreshReport,
+    cloud: str,
+    prices: dict[tuple[str, str], dict[str, float]],
+    source: str,
+    date: str,
+    derive_reserved: bool,
+) -> None:
     for (name, region), by_market in sorted(prices.items()):
         try:
             it = cat.get(cloud, name)
@@ -348,17 +376,30 @@ def _apply(cat: Catalog, report: RefreshReport, cloud: str, prices: dict[tuple[s
             if p <= 0:
                 continue
             if market == "spot" and p >= od:
-                report.notes.append(f"{cloud} {name} {region}: spot {p:.4f} >= on-demand {od:.4f} (no discount)")
+                report.notes.append(
+                    f"{cloud} {name} {region}: spot {p:.4f} >= on-demand {od:.4f} (no discount)"
+                )
             if abs(old.get(market, -1.0) - p) > 1e-9:
-                report.updated.append(f"{cloud} {name} {region} {market} {old.get(market, float('nan')):.4f} -> {p:.4f}")
+                report.updated.append(
+                    f"{cloud} {name} {region} {market} {old.get(market, float('nan')):.4f} -> {p:.4f}"
+                )
             cat.update_price(cloud, name, region, market, p, source=source, date=date)
 
 
-def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: Iterable[str] | None = None,
-                    fetch: Fetch | None = None, timeout: float = 20.0, aws_spot: bool | None = None,
-                    aws_spot_client: Callable[[str], Any] | None = None, aws_source: str = "auto",
-                    aws_pricing_client: Any = None, gcp_api_key: str | None = None,
-                    urls: dict[str, str] | None = None, save: bool = True) -> RefreshReport:
+def refresh_catalog(
+    cat: Catalog,
+    clouds: Iterable[str] | None = None,
+    regions: Iterable[str] | None = None,
+    fetch: Fetch | None = None,
+    timeout: float = 20.0,
+    aws_spot: bool | None = None,
+    aws_spot_client: Callable[[str], Any] | None = None,
+    aws_source: str = "auto",
+    aws_pricing_client: Any = None,
+    gcp_api_key: str | None = None,
+    urls: dict[str, str] | None = None,
+    save: bool = True,
+) -> RefreshReport:
     """Refresh ``cat`` in place from public price lists; return a :class:`RefreshReport`.
 
     Parameters
@@ -409,8 +450,10 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
         if source not in ("api", "bulk", "none"):
             raise ValueError(f"aws_source is 'auto', 'api' or 'bulk', not {aws_source!r}")
         if source == "none":
-            report.errors.append("aws on-demand: no AWS credentials for the Price List Query API; pass "
-                                 "aws_source='bulk' to download the public offer files (several hundred MB per region)")
+            report.errors.append(
+                "aws on-demand: no AWS credentials for the Price List Query API; pass "
+                "aws_source='bulk' to download the public offer files (several hundred MB per region)"
+            )
         for region in aws_regions if source != "none" else []:
             here = [i.name for i in items if region in i.prices]
             if source == "api":
@@ -442,8 +485,15 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
                 try:
                     client = aws_spot_client(region) if aws_spot_client else None
                     spot = fetch_aws_spot(region, here, client)
-                    _apply(cat, report, "aws", {k: {"spot": v} for k, v in spot.items()},
-                           source=f"ec2.describe_spot_price_history ({region})", date=today, derive_reserved=False)
+                    _apply(
+                        cat,
+                        report,
+                        "aws",
+                        {k: {"spot": v} for k, v in spot.items()},
+                        source=f"ec2.describe_spot_price_history ({region})",
+                        date=today,
+                        derive_reserved=False,
+                    )
                 except Exception as e:  # botocore errors: no access, expired token, offline
                     report.errors.append(f"aws spot {region}: {type(e).__name__}: {str(e)[:200]}")
 
@@ -461,7 +511,9 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
                     pages += 1
                 if only is not None:
                     prices = {k: v for k, v in prices.items() if k[1] in only}
-                _apply(cat, report, "azure", prices, source=AZURE_RETAIL_URL, date=today, derive_reserved=True)
+                _apply(
+                    cat, report, "azure", prices, source=AZURE_RETAIL_URL, date=today, derive_reserved=True
+                )
             except CatalogError as e:
                 report.errors.append(f"azure {it.name}: {e}")
                 if "cannot reach" in str(e):
@@ -471,8 +523,10 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
         key = gcp_api_key or os.environ.get("GPU_NOTEBOOK_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY")
         base = urls.get("gcp", GCP_BILLING_URL)
         if not key and "gcp" not in urls:
-            report.errors.append("gcp: the Cloud Billing Catalog API needs an API key "
-                                 "(set GPU_NOTEBOOK_GCP_API_KEY); GCP prices unchanged")
+            report.errors.append(
+                "gcp: the Cloud Billing Catalog API needs an API key "
+                "(set GPU_NOTEBOOK_GCP_API_KEY); GCP prices unchanged"
+            )
         else:
             try:
                 skus: list[dict[str, Any]] = []
@@ -495,8 +549,10 @@ def refresh_catalog(cat: Catalog, clouds: Iterable[str] | None = None, regions: 
 
     if not report.updated:
         if report.errors:
-            raise CatalogError("could not refresh GPU prices; keeping the catalog from "
-                               f"{cat.source} as of {cat.date}:\n  " + "\n  ".join(report.errors))
+            raise CatalogError(
+                "could not refresh GPU prices; keeping the catalog from "
+                f"{cat.source} as of {cat.date}:\n  " + "\n  ".join(report.errors)
+            )
         return report
     cat.source = "refreshed from providers' price lists (see each instance's source)"
     cat.date = today

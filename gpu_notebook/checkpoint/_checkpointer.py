@@ -210,7 +210,9 @@ class _Chain:
 
     __slots__ = ("name", "idx", "entry", "chain", "dst", "level", "groups")
 
-    def __init__(self, name: str, idx: int, entry: dict[str, Any], chain: list[dict[str, Any]], dst: np.ndarray):
+    def __init__(
+        self, name: str, idx: int, entry: dict[str, Any], chain: list[dict[str, Any]], dst: np.ndarray
+    ):
         self.name = name
         self.idx = idx
         self.entry = entry  # the end of the chain (what the manifest lists)
@@ -610,7 +612,12 @@ class Checkpointer:
         first write, which would otherwise lengthen the next save's training stall)."""
         for leaf in leaves:
             d = leaf.data
-            if not isinstance(d, np.ndarray) or not d.nbytes or self._pinned.get(id(d)) is d or d.base is not None:
+            if (
+                not isinstance(d, np.ndarray)
+                or not d.nbytes
+                or self._pinned.get(id(d)) is d
+                or d.base is not None
+            ):
                 continue
             buf = np.empty(d.nbytes, dtype=np.uint8)
             buf.fill(0)
@@ -650,7 +657,9 @@ class Checkpointer:
             # the save in flight is waited for whatever on_busy says: this save must not be skipped
             self._wait_inflight()
             handle = self.save(state, step, full=full, block=True)
-            self._preempt_saved = True  # (not before: a save that raised saved nothing, the next call tries again)
+            self._preempt_saved = (
+                True  # (not before: a save that raised saved nothing, the next call tries again)
+            )
             log.warning(
                 "preemption notice (%s): saved a %s checkpoint at step %s in %.1f s",
                 notice,
@@ -815,7 +824,10 @@ class Checkpointer:
     def _persist(self, snap: _Snapshot, ckpt_id: str) -> CheckpointInfo | None:
         t_start = time.perf_counter()
         is_base = (
-            snap.full or not self._shadow or self._since_base + 1 >= self.full_every or self._restore_too_costly()
+            snap.full
+            or not self._shadow
+            or self._since_base + 1 >= self.full_every
+            or self._restore_too_costly()
         )
         total = snap.nbytes
         prog = snap.progress or Progress(f"checkpoint {ckpt_id}", total, self.progress)
@@ -861,7 +873,9 @@ class Checkpointer:
         pack: list[tuple[dict[str, Any], bytes]] = []
         pack_n = 0
         pack_lock = threading.Lock()
-        expect = self._new_bytes.get(is_base) or self._new_bytes.get(not is_base)  # the first delta: the base's
+        expect = self._new_bytes.get(is_base) or self._new_bytes.get(
+            not is_base
+        )  # the first delta: the base's
         pack_at = self.pack_max
         if expect:
             pack_at = min(self.pack_max, max(_PACK_MIN, expect // (_PACKS_PER_THREAD * self.threads)))
@@ -947,7 +961,9 @@ class Checkpointer:
             prog.add(ln)
             return k, entry, None
 
-        def encode_all(items: list[tuple[int, Any, Any, bool]]) -> list[tuple[int, dict[str, Any], bytes | None]]:
+        def encode_all(
+            items: list[tuple[int, Any, Any, bool]],
+        ) -> list[tuple[int, dict[str, Any], bytes | None]]:
             return [encode(it) for it in items]
 
         tiny = [p for p in plan if work[p[0]][3] < _TINY_BYTES]
@@ -1204,7 +1220,9 @@ class Checkpointer:
         """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
         doc = self._resolve(ckpt_id, None)
         tensors = {}
-        frames = restore_frames(c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"])
+        frames = restore_frames(
+            c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"]
+        )
         for shard in doc["shards"]:
             for name, lf in shard["leaves"].items():
                 ts: dict[str, int] = {}
@@ -1347,7 +1365,9 @@ class Checkpointer:
             if first is None:
                 first = err
             else:
-                first.add_note(f"older checkpoint {doc['id']} (step {doc['step']}) cannot be restored either: {err}")
+                first.add_note(
+                    f"older checkpoint {doc['id']} (step {doc['step']}) cannot be restored either: {err}"
+                )
             if not older:
                 if first is err:
                     raise err
@@ -1849,7 +1869,7 @@ def _check_optimizer(target: Any, state: Any, path: str, out: list[tuple[str, ob
         params.update(zip(ids, g["params"], strict=True))
     builtin = type(target).__module__.startswith("torch.optim")
     per_param = state.get("state")
-    for pid, st in (per_param.items() if isinstance(per_param, dict) else []):
+    for pid, st in per_param.items() if isinstance(per_param, dict) else []:
         p = params.get(pid)
         if p is None or not isinstance(st, dict):
             continue

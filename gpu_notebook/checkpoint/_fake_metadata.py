@@ -81,7 +81,11 @@ class FakeMetadataServer:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def preempt(
-        self, in_s: float = 120.0, action: str = "terminate", after_s: float = 0.0, resources: list[str] | None = None
+        self,
+        in_s: float = 120.0,
+        action: str = "terminate",
+        after_s: float = 0.0,
+        resources: list[str] | None = None,
     ) -> None:
         """Announce that this VM will be taken away ``in_s`` seconds after the notice, which shows up
         ``after_s`` seconds from now (0: at once). ``resources`` (Azure): the VMs the event names (default: this

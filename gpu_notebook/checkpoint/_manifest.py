@@ -56,6 +56,8 @@ def blake3_available() -> bool:
     except ImportError:
         return False
     return True
+
+
 MANIFEST_PREFIX = "manifests/"
 OBJECT_PREFIX = "objects/"
 SHARD_PREFIX = "shards/"
@@ -132,7 +134,9 @@ def restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
 
 
 def _shard_restore_bytes(shard: dict[str, Any]) -> int:
-    return sum(restore_frames(c for lf in shard.get("leaves", {}).values() for c in lf.get("chunks", [])).values())
+    return sum(
+        restore_frames(c for lf in shard.get("leaves", {}).values() for c in lf.get("chunks", [])).values()
+    )
 
 
 @dataclass

@@ -46,7 +46,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         if "cuda" in state and torch.cuda.is_available():
             states = [cpu(t) for t in state["cuda"]]
             n = torch.cuda.device_count()
-            if len(states) > n:  # resumed on fewer GPUs than it was saved from (set_rng_state_all would raise)
+            if (
+                len(states) > n
+            ):  # resumed on fewer GPUs than it was saved from (set_rng_state_all would raise)
                 import warnings
 
                 warnings.warn(

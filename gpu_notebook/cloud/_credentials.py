@@ -58,11 +58,16 @@ def check_aws(region: str | None = None, verify: bool = True) -> CredentialsInfo
         ident = session.client("sts", region_name=region).get_caller_identity()
     except bexc.ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "ClientError")
-        hint = "they have expired: refresh them (`aws sso login`, new session token)" if "Expired" in code else \
-            "they were rejected"
+        hint = (
+            "they have expired: refresh them (`aws sso login`, new session token)"
+            if "Expired" in code
+            else "they were rejected"
+        )
         raise CredentialsError(f"AWS: credentials from {source} are not usable ({code}); {hint}.") from None
     except bexc.NoCredentialsError:
-        raise CredentialsError("AWS: no credentials found (run `aws configure` or `aws sso login`).") from None
+        raise CredentialsError(
+            "AWS: no credentials found (run `aws configure` or `aws sso login`)."
+        ) from None
     except (bexc.EndpointConnectionError, bexc.ConnectTimeoutError):
         raise CredentialsError("AWS: cannot reach the AWS API to check the credentials (network?).") from None
     except bexc.BotoCoreError as exc:
@@ -76,7 +81,9 @@ def check_gcp(project: str | None = None) -> CredentialsInfo:
         import google.auth
         import google.auth.exceptions
     except ImportError:
-        raise CredentialsError("GCP needs google-auth: pip install google-auth google-api-python-client") from None
+        raise CredentialsError(
+            "GCP needs google-auth: pip install google-auth google-api-python-client"
+        ) from None
     try:
         import googleapiclient  # noqa: F401
     except ImportError:
@@ -92,7 +99,9 @@ def check_gcp(project: str | None = None) -> CredentialsInfo:
         ) from None
     proj = project or default_project
     if not proj:
-        raise CredentialsError("GCP: no project; pass project=... (--project) or run `gcloud config set project`.")
+        raise CredentialsError(
+            "GCP: no project; pass project=... (--project) or run `gcloud config set project`."
+        )
     return CredentialsInfo("GCP", "application default credentials", f"project {proj}")
 
 
@@ -138,13 +147,17 @@ def check_kubernetes(need_client: bool = True) -> CredentialsInfo:
         try:
             import kubernetes  # noqa: F401
         except ImportError:
-            raise CredentialsError("Kubernetes: applying the manifest needs the client: pip install kubernetes") \
-                from None
-    return CredentialsInfo("Kubernetes", "in-cluster service account" if in_cluster else f"kube config {path}")
+            raise CredentialsError(
+                "Kubernetes: applying the manifest needs the client: pip install kubernetes"
+            ) from None
+    return CredentialsInfo(
+        "Kubernetes", "in-cluster service account" if in_cluster else f"kube config {path}"
+    )
 
 
-def check_credentials(cloud: str, region: str | None = None, project: str | None = None,
-                      verify: bool = True, tools: bool = True) -> CredentialsInfo:
+def check_credentials(
+    cloud: str, region: str | None = None, project: str | None = None, verify: bool = True, tools: bool = True
+) -> CredentialsInfo:
     """Check credentials for ``cloud`` before launching anything.
 
     Parameters
@@ -176,4 +189,3 @@ def check_credentials(cloud: str, region: str | None = None, project: str | None
     if tools:
         _need_tools(cloud)
     return info
-

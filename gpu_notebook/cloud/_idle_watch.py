@@ -45,9 +45,16 @@ def ray_busy() -> bool:
     return any(avail.get(k, 0.0) < total.get(k, 0.0) - 1e-6 for k in ("CPU", "GPU"))
 
 
-def run(minutes: float, config_path: str, busy: Callable[[], bool], teardown: Callable[[str], None],
-        poll_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep, max_polls: int | None = None) -> bool:
+def run(
+    minutes: float,
+    config_path: str,
+    busy: Callable[[], bool],
+    teardown: Callable[[str], None],
+    poll_s: float = 30.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    max_polls: int | None = None,
+) -> bool:
     """Poll ``busy`` until idle for ``minutes``, then ``teardown(config_path)``; True if it tore down."""
     tracker = IdleTracker(minutes)
     polls = 0

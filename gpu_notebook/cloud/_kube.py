@@ -19,7 +19,9 @@ def make_clients() -> tuple[Any, Any]:
     try:
         from kubernetes import client, config
     except ImportError:
-        raise RuntimeError("applying a RayCluster needs the kubernetes client: pip install kubernetes") from None
+        raise RuntimeError(
+            "applying a RayCluster needs the kubernetes client: pip install kubernetes"
+        ) from None
     try:
         config.load_kube_config()
     except Exception:
@@ -40,8 +42,9 @@ def apply_raycluster(manifest: dict[str, Any], api: Any) -> str:
     except Exception as exc:
         if _status_code(exc) != 409:
             raise
-    api.patch_namespaced_custom_object(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"],
-                                       {"spec": manifest["spec"]})
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"spec": manifest["spec"]}
+    )
     return "updated"
 
 
@@ -61,8 +64,14 @@ def cluster_pods(name: str, namespace: str, core: Any) -> list[str]:
     return [p.metadata.name for p in getattr(pods, "items", [])]
 
 
-def wait_head_ready(name: str, namespace: str, api: Any, timeout_s: float = 900.0, poll_s: float = 5.0,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def wait_head_ready(
+    name: str,
+    namespace: str,
+    api: Any,
+    timeout_s: float = 900.0,
+    poll_s: float = 5.0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Poll the RayCluster's ``status`` until KubeRay reports it ready (``state: ready`` or ``HeadPodReady``)."""
     deadline = time.monotonic() + timeout_s
     last = None
@@ -77,7 +86,9 @@ def wait_head_ready(name: str, namespace: str, api: Any, timeout_s: float = 900.
         if state == "ready" or conds.get("HeadPodReady") == "True":
             return status
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"RayCluster {namespace}/{name} not ready after {timeout_s:.0f} s (state {state})")
+            raise TimeoutError(
+                f"RayCluster {namespace}/{name} not ready after {timeout_s:.0f} s (state {state})"
+            )
         time.sleep(poll_s)
 
 

@@ -28,10 +28,20 @@ Progress = Callable[[str], None]
 
 #: Cloud API error codes that mean "no capacity or no quota for this request".
 CAPACITY_CODES = {
-    "VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded", "InsufficientInstanceCapacity",
-    "SpotMaxPriceTooLow", "Unsupported", "InsufficientCapacity", "InsufficientHostCapacity",
-    "QUOTA_EXCEEDED", "ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "OperationNotAllowed", "SkuNotAvailable", "QuotaExceeded",
+    "VcpuLimitExceeded",
+    "InstanceLimitExceeded",
+    "MaxSpotInstanceCountExceeded",
+    "InsufficientInstanceCapacity",
+    "SpotMaxPriceTooLow",
+    "Unsupported",
+    "InsufficientCapacity",
+    "InsufficientHostCapacity",
+    "QUOTA_EXCEEDED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "OperationNotAllowed",
+    "SkuNotAvailable",
+    "QuotaExceeded",
 }
 QUOTA_URLS = {
     "aws": "https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas",
@@ -43,8 +53,10 @@ QUOTA_URLS = {
 #: EC2 vCPU quotas by instance family: {family: ((on-demand code, name), (spot code, name))}.
 AWS_VCPU_QUOTAS = {
     "p": (("L-417A185B", "Running On-Demand P instances"), ("L-7212CCBC", "All P Spot Instance Requests")),
-    "g": (("L-DB2E81BA", "Running On-Demand G and VT instances"),
-          ("L-3819A6DF", "All G and VT Spot Instance Requests")),
+    "g": (
+        ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+        ("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ),
 }
 AWS_VCPU_QUOTAS["vt"] = AWS_VCPU_QUOTAS["g"]
 
@@ -61,8 +73,9 @@ def aws_vcpu_quota(region: str, instance_type: str, spot: bool) -> tuple[str, st
     try:
         import boto3
 
-        resp = boto3.client("service-quotas", region_name=region).get_service_quota(ServiceCode="ec2",
-                                                                                     QuotaCode=code)
+        resp = boto3.client("service-quotas", region_name=region).get_service_quota(
+            ServiceCode="ec2", QuotaCode=code
+        )
         return code, name, float(resp["Quota"]["Value"])
     except Exception:
         return None  # no permission, not supported (e.g. an emulator), offline: launch and let EC2 decide
@@ -108,7 +121,11 @@ class Plan:
         """Estimated USD/hour: the head on demand, workers in ``market`` (``"on_demand"`` or ``"spot"``)."""
         total = 0.0
         for inst in self.instances:
-            price = inst.on_demand_per_hour if (inst.role == "head" or market == "on_demand") else inst.spot_per_hour
+            price = (
+                inst.on_demand_per_hour
+                if (inst.role == "head" or market == "on_demand")
+                else inst.spot_per_hour
+            )
             if price is None:
                 if inst.role == "head" and inst.on_demand_per_hour is None and self.kind == "ray":
                     continue  # unknown head price: leave it out, say so in notes
@@ -133,7 +150,9 @@ class Plan:
 
     def summary_lines(self) -> list[str]:
         s = self.spec
-        lines = [f"Plan for {s.cloud} cluster {s.name!r} in {s.region or s.namespace} (dry run: nothing launched)"]
+        lines = [
+            f"Plan for {s.cloud} cluster {s.name!r} in {s.region or s.namespace} (dry run: nothing launched)"
+        ]
         for inst in self.instances:
             market = "spot" if inst.spot else "on-demand"
             gpus = f"{inst.gpus_per_node}x {inst.gpu}" if inst.gpus_per_node else "no GPU"
@@ -143,14 +162,20 @@ class Plan:
                 f"(per node: {_rate(inst.on_demand_per_hour)} on-demand, {_rate(inst.spot_per_hour)} spot)"
             )
         od, sp = self.hourly("on_demand"), self.hourly("spot")
-        lines.append(f"  estimated cost: {_rate(od)} all on-demand, {_rate(sp)} with spot workers"
-                     + (f" (saves {100 * (1 - sp / od):.0f}%)" if od and sp else ""))
+        lines.append(
+            f"  estimated cost: {_rate(od)} all on-demand, {_rate(sp)} with spot workers"
+            + (f" (saves {100 * (1 - sp / od):.0f}%)" if od and sp else "")
+        )
         if (s.max_workers or 0) > s.workers:
-            lines.append(f"  at max_workers={s.max_workers}: {_rate(self.hourly('on_demand', True))} on-demand, "
-                         f"{_rate(self.hourly('spot', True))} spot")
-        lines.append(f"  chosen: {'spot' if s.spot else 'on-demand'} workers"
-                     + (" with on-demand fallback" if s.spot and s.spot_fallback and s.cloud != "kubernetes" else "")
-                     + (f"; head auto-stop after {s.idle_stop_minutes:g} idle min" if s.idle_stop_minutes else ""))
+            lines.append(
+                f"  at max_workers={s.max_workers}: {_rate(self.hourly('on_demand', True))} on-demand, "
+                f"{_rate(self.hourly('spot', True))} spot"
+            )
+        lines.append(
+            f"  chosen: {'spot' if s.spot else 'on-demand'} workers"
+            + (" with on-demand fallback" if s.spot and s.spot_fallback and s.cloud != "kubernetes" else "")
+            + (f"; head auto-stop after {s.idle_stop_minutes:g} idle min" if s.idle_stop_minutes else "")
+        )
         lines.extend(f"  note: {n}" for n in self.notes)
         return lines
 
@@ -159,8 +184,10 @@ class Plan:
         return "\n".join(self.summary_lines()) + "\n\n" + self.yaml
 
     def __repr__(self) -> str:
-        return (f"Plan({self.spec.cloud}:{self.spec.name}, worker={self.resolved.worker.name} x{self.spec.workers}, "
-                f"on-demand={_fmt_usd(self.hourly('on_demand'))}/h, spot={_fmt_usd(self.hourly('spot'))}/h)")
+        return (
+            f"Plan({self.spec.cloud}:{self.spec.name}, worker={self.resolved.worker.name} x{self.spec.workers}, "
+            f"on-demand={_fmt_usd(self.hourly('on_demand'))}/h, spot={_fmt_usd(self.hourly('spot'))}/h)"
+        )
 
     def _repr_html_(self) -> str:
         rows = "".join(
@@ -170,13 +197,17 @@ class Plan:
             for i in self.instances
         )
         head = escape(self.summary_lines()[0])
-        cost = (f"<p>Estimated: <b>{_fmt_usd(self.hourly('on_demand'))}/h</b> on-demand, "
-                f"<b>{_fmt_usd(self.hourly('spot'))}/h</b> with spot workers.</p>")
+        cost = (
+            f"<p>Estimated: <b>{_fmt_usd(self.hourly('on_demand'))}/h</b> on-demand, "
+            f"<b>{_fmt_usd(self.hourly('spot'))}/h</b> with spot workers.</p>"
+        )
         notes = "".join(f"<li>{escape(n)}</li>" for n in self.notes)
-        return (f"<div><p>{head}</p><table><tr><th>role</th><th>nodes</th><th>instance</th><th>GPUs</th>"
-                f"<th>market</th><th>on-demand $/h</th><th>spot $/h</th></tr>{rows}</table>{cost}"
-                f"{'<ul>' + notes + '</ul>' if notes else ''}"
-                f"<details><summary>full config</summary><pre>{escape(self.yaml)}</pre></details></div>")
+        return (
+            f"<div><p>{head}</p><table><tr><th>role</th><th>nodes</th><th>instance</th><th>GPUs</th>"
+            f"<th>market</th><th>on-demand $/h</th><th>spot $/h</th></tr>{rows}</table>{cost}"
+            f"{'<ul>' + notes + '</ul>' if notes else ''}"
+            f"<details><summary>full config</summary><pre>{escape(self.yaml)}</pre></details></div>"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -210,11 +241,16 @@ class TeardownReport:
         if self.forced:
             text += f"terminated {len(self.forced)} straggler(s) directly; "
         if self.clean:
-            return text + f"terminated. Verified: nothing tagged ray-cluster-name={self.name} is left on {self.cloud}."
+            return (
+                text
+                + f"terminated. Verified: nothing tagged ray-cluster-name={self.name} is left on {self.cloud}."
+            )
         if not self.verified:
             why = "; ".join(self.errors) or "unknown"
-            return text + (f"teardown requested, but it could NOT be verified through the {self.cloud} API ({why}). "
-                           "Check the cloud console.")
+            return text + (
+                f"teardown requested, but it could NOT be verified through the {self.cloud} API ({why}). "
+                "Check the cloud console."
+            )
         left = ", ".join(f"{i['kind']} {i['id']} ({i.get('state')})" for i in self.leftovers)
         return text + f"STILL LEFT on {self.cloud}: {left}. Terminate them in the console."
 
@@ -365,9 +401,16 @@ class CloudLauncher:
         saved state and only the progress stages are shown.
     """
 
-    def __init__(self, catalog: Any = None, check_tools: bool = True, verify_credentials: bool = True,
-                 kube_clients: tuple[Any, Any] | None = None, verbose: bool = False, ssh: str = "ssh",
-                 kubectl: str = "kubectl") -> None:
+    def __init__(
+        self,
+        catalog: Any = None,
+        check_tools: bool = True,
+        verify_credentials: bool = True,
+        kube_clients: tuple[Any, Any] | None = None,
+        verbose: bool = False,
+        ssh: str = "ssh",
+        kubectl: str = "kubectl",
+    ) -> None:
         self.verbose = verbose
         self.ssh = ssh
         self.kubectl = kubectl
@@ -399,9 +442,13 @@ class CloudLauncher:
         if head is not None and head.on_demand_per_hour is None:
             notes.append(f"head {head.name}: price not in the catalog, left out of the estimate")
         if spec.idle_stop_minutes:
-            notes.append("idle auto-stop runs on the head (gpu_notebook.cloud._idle_watch) and tears the whole "
-                         "cluster down; Ray's idle_timeout_minutes only removes extra workers")
-        notes.append(f"image {spec.image_or_default}; setup installs {', '.join(spec.pip_or_default) or 'nothing'}")
+            notes.append(
+                "idle auto-stop runs on the head (gpu_notebook.cloud._idle_watch) and tears the whole "
+                "cluster down; Ray's idle_timeout_minutes only removes extra workers"
+            )
+        notes.append(
+            f"image {spec.image_or_default}; setup installs {', '.join(spec.pip_or_default) or 'nothing'}"
+        )
         return Plan(spec, resolved, config, "ray", notes)
 
     # -- launch -------------------------------------------------------------------------------------------
@@ -412,11 +459,21 @@ class CloudLauncher:
             from ._credentials import check_kubernetes
 
             return check_kubernetes(need_client=False)
-        return check_credentials(spec.cloud, spec.region, project=spec.project, verify=self.verify_credentials,
-                                 tools=self.check_tools)
+        return check_credentials(
+            spec.cloud,
+            spec.region,
+            project=spec.project,
+            verify=self.verify_credentials,
+            tools=self.check_tools,
+        )
 
-    def launch(self, spec: ClusterSpec, progress: Progress | None = None, wait_for_workers_s: float = 900.0,
-               poll_s: float = 10.0) -> ClusterState:
+    def launch(
+        self,
+        spec: ClusterSpec,
+        progress: Progress | None = None,
+        wait_for_workers_s: float = 900.0,
+        poll_s: float = 10.0,
+    ) -> ClusterState:
         """Create the cluster; return its saved :class:`ClusterState` (``address``/``client_address`` set).
 
         Stages reported through ``progress``: checking credentials, launching head, waiting for SSH,
@@ -425,9 +482,16 @@ class CloudLauncher:
         """
         plan = self.plan(spec)
         self._refuse_duplicate(str(spec.name))
-        state = ClusterState(name=str(spec.name), cloud=spec.cloud, region=spec.region, spec=spec.to_dict(),
-                             config=plan.config, hourly_usd=plan.hourly("spot" if spec.spot else "on_demand"),
-                             gpus_per_node=plan.gpus_per_node, world_size=plan.world_size)
+        state = ClusterState(
+            name=str(spec.name),
+            cloud=spec.cloud,
+            region=spec.region,
+            spec=spec.to_dict(),
+            config=plan.config,
+            hourly_usd=plan.hourly("spot" if spec.spot else "on_demand"),
+            gpus_per_node=plan.gpus_per_node,
+            world_size=plan.world_size,
+        )
         stages = _Stages(progress, state)
         stages("checking credentials")
         self.check_credentials(spec)
@@ -472,7 +536,9 @@ class CloudLauncher:
         if failure is not None:
             msg = self._failure_message(spec, plan, code, desc, report)
             if not self.verbose:
-                msg += f"\nLauncher log: {output.path}\n" + "\n".join("  | " + ln for ln in output.tail().splitlines())
+                msg += f"\nLauncher log: {output.path}\n" + "\n".join(
+                    "  | " + ln for ln in output.tail().splitlines()
+                )
             raise LaunchError(msg, report) from failure
         state.status = "running"
         stages("ready")
@@ -508,8 +574,9 @@ class CloudLauncher:
             f"Alternatives: {'; '.join(alts)}\nOr request a quota increase: {QUOTA_URLS['aws']}"
         )
 
-    def _wait_workers(self, config: dict[str, Any], want: int, timeout_s: float, poll_s: float,
-                      stages: _Stages) -> int:
+    def _wait_workers(
+        self, config: dict[str, Any], want: int, timeout_s: float, poll_s: float, stages: _Stages
+    ) -> int:
         if want <= 0 or timeout_s <= 0:
             stages("workers joining: not waited for (they join in the background)")
             return 0
@@ -518,24 +585,32 @@ class CloudLauncher:
         ready = 0
         while True:
             nodes = provider.non_terminated_nodes({_ray_compat.TAG_NODE_KIND: "worker"})
-            ready = sum(1 for n in nodes
-                        if provider.node_tags(n).get(_ray_compat.TAG_NODE_STATUS) == "up-to-date")
+            ready = sum(
+                1 for n in nodes if provider.node_tags(n).get(_ray_compat.TAG_NODE_STATUS) == "up-to-date"
+            )
             stages(f"workers joining: {ready}/{want} up")
             if ready >= want:
                 return ready
             if time.monotonic() >= deadline:
-                stages(f"workers joining: only {ready}/{want} up after {timeout_s / 60:.0f} min; the head keeps "
-                       "trying (capacity or quota?). Its autoscaler log: ray exec <config> "
-                       "'tail -n 100 /tmp/ray/session_latest/logs/monitor*'")
+                stages(
+                    f"workers joining: only {ready}/{want} up after {timeout_s / 60:.0f} min; the head keeps "
+                    "trying (capacity or quota?). Its autoscaler log: ray exec <config> "
+                    "'tail -n 100 /tmp/ray/session_latest/logs/monitor*'"
+                )
                 return ready
             time.sleep(poll_s)
 
-    def _failure_message(self, spec: ClusterSpec, plan: Plan, code: str | None, desc: str,
-                         report: TeardownReport) -> str:
+    def _failure_message(
+        self, spec: ClusterSpec, plan: Plan, code: str | None, desc: str, report: TeardownReport
+    ) -> str:
         worker = plan.resolved.worker
-        lines = [f"Launching {spec.cloud} cluster {spec.name} failed: {code + ': ' if code else ''}{desc}".rstrip()]
+        lines = [
+            f"Launching {spec.cloud} cluster {spec.name} failed: {code + ': ' if code else ''}{desc}".rstrip()
+        ]
         if code in CAPACITY_CODES or "quota" in desc.lower() or "capacity" in desc.lower():
-            lines.append(f"{spec.cloud} has no capacity or quota for this request in {spec.region} right now.")
+            lines.append(
+                f"{spec.cloud} has no capacity or quota for this request in {spec.region} right now."
+            )
             alts = self.alternatives(spec, worker)
             if alts:
                 lines.append("Alternatives: " + "; ".join(alts))
@@ -558,23 +633,34 @@ class CloudLauncher:
             for region in getattr(it, "regions", []):
                 if region != spec.region:
                     try:
-                        regions.append((it.price(region, market="spot" if spec.spot else "on_demand"), region))
+                        regions.append(
+                            (it.price(region, market="spot" if spec.spot else "on_demand"), region)
+                        )
                     except Exception:
                         continue
             if regions:
-                out.append(f"{worker.name} in " + ", ".join(f"{r} (${p:.2f}/h)" for p, r in sorted(regions)[:4]))
+                out.append(
+                    f"{worker.name} in " + ", ".join(f"{r} (${p:.2f}/h)" for p, r in sorted(regions)[:4])
+                )
             if worker.gpu:
-                others = [o for o in cat.find(spec.cloud, gpu=worker.gpu, region=spec.region) if o.name != worker.name]
+                others = [
+                    o
+                    for o in cat.find(spec.cloud, gpu=worker.gpu, region=spec.region)
+                    if o.name != worker.name
+                ]
                 if others:
-                    out.append(f"other {worker.gpu} instances in {spec.region}: " + ", ".join(
-                        f"{o.name} ({o.gpu_count}x)" for o in others[:4]))
+                    out.append(
+                        f"other {worker.gpu} instances in {spec.region}: "
+                        + ", ".join(f"{o.name} ({o.gpu_count}x)" for o in others[:4])
+                    )
         except Exception:
             pass
         out.append("--spot off (on-demand)" if spec.spot else "--spot (a separate capacity pool)")
         return out
 
-    def _launch_kube(self, spec: ClusterSpec, plan: Plan, state: ClusterState, stages: _Stages,
-                     poll_s: float = 5.0) -> ClusterState:
+    def _launch_kube(
+        self, spec: ClusterSpec, plan: Plan, state: ClusterState, stages: _Stages, poll_s: float = 5.0
+    ) -> ClusterState:
         api, core = self._kube_clients or _kube.make_clients()
         state.save()
         try:
@@ -592,8 +678,9 @@ class CloudLauncher:
                 state.save()
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise LaunchError(f"Applying RayCluster {spec.name} failed: {exc}\nCleanup: {report.message()}",
-                              report) from exc
+            raise LaunchError(
+                f"Applying RayCluster {spec.name} failed: {exc}\nCleanup: {report.message()}", report
+            ) from exc
         state.client_address = _kube.head_service_address(str(spec.name), spec.namespace)
         if spec.connect == "tunnel":
             import shutil
@@ -605,8 +692,10 @@ class CloudLauncher:
                 except Exception as exc:
                     stages(f"port-forward failed ({exc}); using the in-cluster address")
             else:
-                stages("no kubectl here: using the in-cluster address (run the notebook in the cluster, or "
-                       f"kubectl port-forward svc/{spec.name}-head-svc 10001)")
+                stages(
+                    "no kubectl here: using the in-cluster address (run the notebook in the cluster, or "
+                    f"kubectl port-forward svc/{spec.name}-head-svc 10001)"
+                )
         state.status = "running"
         stages("ready")
         state.save()
@@ -614,8 +703,13 @@ class CloudLauncher:
 
     # -- teardown -----------------------------------------------------------------------------------------
 
-    def teardown(self, cluster: ClusterState | str, progress: Progress | None = None,
-                 verify_timeout_s: float = 300.0, poll_s: float = 5.0) -> TeardownReport:
+    def teardown(
+        self,
+        cluster: ClusterState | str,
+        progress: Progress | None = None,
+        verify_timeout_s: float = 300.0,
+        poll_s: float = 5.0,
+    ) -> TeardownReport:
         """Terminate every node of ``cluster`` (a state or a saved name) and verify through the cloud API.
 
         The state file is removed when nothing is left; otherwise it stays (status ``stop-incomplete``) so
@@ -655,8 +749,9 @@ class CloudLauncher:
             report.errors.append(f"{type(exc).__name__}: {exc}")
         return None
 
-    def _teardown_config(self, config: dict[str, Any], stages: _Stages, verify_timeout_s: float = 300.0,
-                         poll_s: float = 5.0) -> TeardownReport:
+    def _teardown_config(
+        self, config: dict[str, Any], stages: _Stages, verify_timeout_s: float = 300.0, poll_s: float = 5.0
+    ) -> TeardownReport:
         name = config["cluster_name"]
         report = TeardownReport(name=name, cloud=config["provider"]["type"])
         report.found_before = self._leftovers(config, report) or []
@@ -684,7 +779,9 @@ class CloudLauncher:
             time.sleep(poll_s)
         return report
 
-    def _force_terminate_aws(self, config: dict[str, Any], ids: list[str], report: TeardownReport) -> list[str]:
+    def _force_terminate_aws(
+        self, config: dict[str, Any], ids: list[str], report: TeardownReport
+    ) -> list[str]:
         import boto3
 
         prov = config["provider"]
@@ -696,8 +793,9 @@ class CloudLauncher:
             report.errors.append(f"terminate_instances: {type(exc).__name__}: {exc}")
             return []
 
-    def _teardown_kube(self, state: ClusterState, stages: _Stages, verify_timeout_s: float = 300.0,
-                       poll_s: float = 5.0) -> TeardownReport:
+    def _teardown_kube(
+        self, state: ClusterState, stages: _Stages, verify_timeout_s: float = 300.0, poll_s: float = 5.0
+    ) -> TeardownReport:
         api, core = self._kube_clients or _kube.make_clients()
         ns = state.spec.get("namespace", "default")
         report = TeardownReport(name=state.name, cloud="kubernetes")
@@ -713,7 +811,10 @@ class CloudLauncher:
             left: list[dict[str, Any]] = []
             if _kube.get_raycluster(state.name, ns, api) is not None:
                 left.append({"kind": "raycluster", "id": f"{ns}/{state.name}", "state": "deleting"})
-            left += [{"kind": "pod", "id": p, "state": "terminating"} for p in _kube.cluster_pods(state.name, ns, core)]
+            left += [
+                {"kind": "pod", "id": p, "state": "terminating"}
+                for p in _kube.cluster_pods(state.name, ns, core)
+            ]
             report.verified, report.leftovers = True, left
             if not left or time.monotonic() >= deadline:
                 return report
@@ -739,8 +840,9 @@ class CloudLauncher:
         return {"state": state, "nodes": nodes, "errors": report.errors}
 
     @classmethod
-    def open_tunnel(cls, state: ClusterState, local_port: int | None = None, timeout_s: float = 30.0,
-                    ssh: str = "ssh") -> str:
+    def open_tunnel(
+        cls, state: ClusterState, local_port: int | None = None, timeout_s: float = 30.0, ssh: str = "ssh"
+    ) -> str:
         """Start ``ssh -N -L`` to the head in the background; return ``ray://127.0.0.1:<port>`` once it listens.
 
         The ssh process id is saved in the state (``tunnel_pid``) and ended by :meth:`close_tunnel` and by
@@ -752,8 +854,13 @@ class CloudLauncher:
         return _start_forward(state, cmd, port, timeout_s, f"ssh tunnel to {state.head_ip}")
 
     @classmethod
-    def open_kube_port_forward(cls, state: ClusterState, local_port: int | None = None, timeout_s: float = 60.0,
-                               kubectl: str = "kubectl") -> str:
+    def open_kube_port_forward(
+        cls,
+        state: ClusterState,
+        local_port: int | None = None,
+        timeout_s: float = 60.0,
+        kubectl: str = "kubectl",
+    ) -> str:
         """``kubectl port-forward`` to the RayCluster's head service; returns ``ray://127.0.0.1:<port>``."""
         port = local_port or _free_local_port()
         ns = state.spec.get("namespace", "default")
@@ -777,16 +884,30 @@ class CloudLauncher:
             return False
 
     @staticmethod
-    def ssh_tunnel_command(state: ClusterState, local_port: int = RAY_CLIENT_PORT,
-                           key_path: str | None = None) -> list[str]:
+    def ssh_tunnel_command(
+        state: ClusterState, local_port: int = RAY_CLIENT_PORT, key_path: str | None = None
+    ) -> list[str]:
         """``ssh -N -L`` command that forwards the head's Ray Client port to ``127.0.0.1:local_port``."""
         auth = state.config.get("auth", {})
         key = key_path or state.ssh_key or auth.get("ssh_private_key")
         if key is None and state.cloud == "aws":
             key = f"~/.ssh/ray-autoscaler_{state.region}.pem"
-        cmd = ["ssh", "-N", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-               "-o", "IdentitiesOnly=yes", "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=30",
-               "-L", f"{local_port}:localhost:{RAY_CLIENT_PORT}"]
+        cmd = [
+            "ssh",
+            "-N",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-o",
+            "ServerAliveInterval=30",
+            "-L",
+            f"{local_port}:localhost:{RAY_CLIENT_PORT}",
+        ]
         if key:
             import os
 
@@ -808,8 +929,13 @@ def _start_forward(state: ClusterState, cmd: list[str], port: int, timeout_s: fl
     import socket
     import subprocess
 
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -834,13 +960,35 @@ def plan_cluster(spec: ClusterSpec, catalog: Any = None) -> Plan:
     return CloudLauncher(catalog).plan(spec)
 
 
-def spec_from_options(cloud: str, region: str | None = None, gpu: str | None = None,
-                      instance_type: str | None = None, workers: int = 1, spot: bool = False,
-                      idle_stop: float | None = None, **extra: Any) -> ClusterSpec:
+def spec_from_options(
+    cloud: str,
+    region: str | None = None,
+    gpu: str | None = None,
+    instance_type: str | None = None,
+    workers: int = 1,
+    spot: bool = False,
+    idle_stop: float | None = None,
+    **extra: Any,
+) -> ClusterSpec:
     """Build a :class:`ClusterSpec` from ``%gpu_cluster start`` options (``--idle-stop`` in minutes)."""
-    return ClusterSpec(cloud=cloud, region=region, gpu=gpu, instance_type=instance_type, workers=workers,
-                       spot=spot, idle_stop_minutes=idle_stop, **extra)
+    return ClusterSpec(
+        cloud=cloud,
+        region=region,
+        gpu=gpu,
+        instance_type=instance_type,
+        workers=workers,
+        spot=spot,
+        idle_stop_minutes=idle_stop,
+        **extra,
+    )
 
 
-__all__ = ["CloudLauncher", "CloudRequestError", "LaunchError", "Plan", "TeardownReport", "plan_cluster",
-           "spec_from_options"]
+__all__ = [
+    "CloudLauncher",
+    "CloudRequestError",
+    "LaunchError",
+    "Plan",
+    "TeardownReport",
+    "plan_cluster",
+    "spec_from_options",
+]

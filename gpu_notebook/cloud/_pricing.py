@@ -48,9 +48,16 @@ class CloudNodePricing:
         The worker type's on-demand USD/hour, the fallback price of a spot cluster's on-demand workers.
     """
 
-    def __init__(self, cloud: str, region: str, head: tuple[str, float | None], worker: tuple[str, float | None],
-                 worker_market: str = "on_demand", nodes: Callable[[], list[dict[str, Any]]] | None = None,
-                 worker_on_demand_usd: float | None = None) -> None:
+    def __init__(
+        self,
+        cloud: str,
+        region: str,
+        head: tuple[str, float | None],
+        worker: tuple[str, float | None],
+        worker_market: str = "on_demand",
+        nodes: Callable[[], list[dict[str, Any]]] | None = None,
+        worker_on_demand_usd: float | None = None,
+    ) -> None:
         self.cloud = cloud
         self.region = region
         self.head = head
@@ -109,12 +116,15 @@ class CloudNodePricing:
         return self.head_spec() if self.is_head(node_id) else self.worker_spec(self.market(node_id))
 
     def __repr__(self) -> str:
-        return (f"CloudNodePricing({self.cloud} {self.region}: head {self.head[0]} on-demand, workers "
-                f"{self.worker[0]} {self.worker_market.replace('_', '-')})")
+        return (
+            f"CloudNodePricing({self.cloud} {self.region}: head {self.head[0]} on-demand, workers "
+            f"{self.worker[0]} {self.worker_market.replace('_', '-')})"
+        )
 
 
-def node_pricing_for(state: Any, nodes: Callable[[], list[dict[str, Any]]] | None = None,
-                     catalog: Any = None) -> CloudNodePricing:
+def node_pricing_for(
+    state: Any, nodes: Callable[[], list[dict[str, Any]]] | None = None, catalog: Any = None
+) -> CloudNodePricing:
     """The :class:`CloudNodePricing` of a launched cluster (a :class:`~gpu_notebook.cloud.ClusterState`)."""
     from ._spec import ClusterSpec, resolve
 
@@ -128,5 +138,12 @@ def node_pricing_for(state: Any, nodes: Callable[[], list[dict[str, Any]]] | Non
     else:  # Kubernetes: a head pod, no catalog price
         head = ("head pod", None)
     region = spec.region or spec.namespace
-    return CloudNodePricing(spec.cloud, str(region), head, (w.name, worker_price), market, nodes,
-                            worker_on_demand_usd=w.on_demand_per_hour)
+    return CloudNodePricing(
+        spec.cloud,
+        str(region),
+        head,
+        (w.name, worker_price),
+        market,
+        nodes,
+        worker_on_demand_usd=w.on_demand_per_hour,
+    )

@@ -285,11 +285,26 @@ def substitute_process_runner(process_runner: Any) -> Iterator[None]:
 
     original = NodeProvider.get_command_runner
 
-    def get_command_runner(self: Any, log_prefix: str, node_id: str, auth_config: dict[str, Any],
-                           cluster_name: str, _process_runner: Any, use_internal_ip: bool,
-                           docker_config: dict[str, Any] | None = None) -> Any:
-        return original(self, log_prefix, node_id, auth_config, cluster_name, process_runner, use_internal_ip,
-                        docker_config)
+    def get_command_runner(
+        self: Any,
+        log_prefix: str,
+        node_id: str,
+        auth_config: dict[str, Any],
+        cluster_name: str,
+        _process_runner: Any,
+        use_internal_ip: bool,
+        docker_config: dict[str, Any] | None = None,
+    ) -> Any:
+        return original(
+            self,
+            log_prefix,
+            node_id,
+            auth_config,
+            cluster_name,
+            process_runner,
+            use_internal_ip,
+            docker_config,
+        )
 
     NodeProvider.get_command_runner = get_command_runner  # type: ignore[method-assign,assignment]
     try:

@@ -125,18 +125,37 @@ def start(name: str, poll_s: float = 1.0) -> Reaper:
     The reaper watches this process. Call :meth:`Reaper.release` once the cluster is torn down.
     """
     lease = lease_path(name)
-    _write_lease(lease, {"name": name, "kernel_pid": os.getpid(), "created_at": time.time(), "status": "watching"})
+    _write_lease(
+        lease, {"name": name, "kernel_pid": os.getpid(), "created_at": time.time(), "status": "watching"}
+    )
     env = dict(os.environ)
     env[CONFIG_DIR_ENV] = str(config_dir())  # the same state folder, whatever the kernel's cwd or HOME does
-    package_root = str(Path(__file__).resolve().parents[2])  # so `-m gpu_notebook...` imports this gpu_notebook
+    package_root = str(
+        Path(__file__).resolve().parents[2]
+    )  # so `-m gpu_notebook...` imports this gpu_notebook
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     log = log_path(name)
     try:
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_notebook.cloud._reaper", "--name", name, "--kernel-pid",
-                 str(os.getpid()), "--lease", str(lease), "--poll", f"{poll_s:g}"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, close_fds=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "gpu_notebook.cloud._reaper",
+                    "--name",
+                    name,
+                    "--kernel-pid",
+                    str(os.getpid()),
+                    "--lease",
+                    str(lease),
+                    "--poll",
+                    f"{poll_s:g}",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                close_fds=True,
                 start_new_session=True,
             )
     except BaseException:
@@ -254,7 +273,9 @@ def reap(name: str, lease: Path) -> int:
         _say(f"{name} is already {state.status}")
         lease.unlink(missing_ok=True)
         return 0
-    _say(f"the kernel did not stop cloud cluster {name} ({state.cloud}, status {state.status}): tearing it down")
+    _say(
+        f"the kernel did not stop cloud cluster {name} ({state.cloud}, status {state.status}): tearing it down"
+    )
     from ._launcher import CloudLauncher
 
     try:
@@ -269,7 +290,10 @@ def reap(name: str, lease: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpu_notebook.cloud._reaper", description="Tear a cloud cluster down when the kernel that launched it dies.")
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_notebook.cloud._reaper",
+        description="Tear a cloud cluster down when the kernel that launched it dies.",
+    )
     parser.add_argument("--name", required=True, help="the cloud cluster's name")
     parser.add_argument("--kernel-pid", type=int, required=True, help="the process that launched it")
     parser.add_argument("--lease", required=True, help="the lease file; its removal means 'released'")

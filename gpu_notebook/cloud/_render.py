@@ -141,7 +141,9 @@ def _gcp_node(
     if gpus:
         node["metadata"] = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
         if machine.startswith("n1-") and gpu:
-            accel = extra.get("accelerator_type") or GCP_ACCELERATORS.get(gpu.upper(), f"nvidia-tesla-{gpu.lower()}")
+            accel = extra.get("accelerator_type") or GCP_ACCELERATORS.get(
+                gpu.upper(), f"nvidia-tesla-{gpu.lower()}"
+            )
             node["guestAccelerators"] = [{"acceleratorType": accel, "acceleratorCount": int(gpus)}]
     # GCE wants `scheduling` as an object (Ray's own examples use a list: ray-project/ray#46248).
     scheduling: dict[str, Any] = {}
@@ -174,7 +176,12 @@ def _azure_node(spec: ClusterSpec, size: str, spot: bool) -> dict[str, Any]:
 
 
 def _node_config(
-    spec: ClusterSpec, instance: str, gpu: str | None, gpus: int, spot: bool, extra: dict[str, Any] | None = None
+    spec: ClusterSpec,
+    instance: str,
+    gpu: str | None,
+    gpus: int,
+    spot: bool,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if spec.cloud == "aws":
         return _aws_node(spec, instance, spot)
@@ -240,21 +247,27 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
             "max_workers": max_workers,
             "priority": 10,
             "resources": {**worker_resources, MARKET_RESOURCE["spot"]: 1},
-            "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, True, worker.extra),
+            "node_config": _node_config(
+                spec, worker.name, worker.gpu, worker.gpus_per_node, True, worker.extra
+            ),
         }
         node_types[WORKER_ONDEMAND_TYPE] = {
             "min_workers": 0,
             "max_workers": max_workers,
             "priority": 0,
             "resources": {**worker_resources, MARKET_RESOURCE["on_demand"]: 1},
-            "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, False, worker.extra),
+            "node_config": _node_config(
+                spec, worker.name, worker.gpu, worker.gpus_per_node, False, worker.extra
+            ),
         }
     else:
         node_types[WORKER_TYPE] = {
             "min_workers": int(spec.workers),
             "max_workers": max_workers,
             "resources": {**worker_resources, MARKET_RESOURCE["spot" if spec.spot else "on_demand"]: 1},
-            "node_config": _node_config(spec, worker.name, worker.gpu, worker.gpus_per_node, spec.spot, worker.extra),
+            "node_config": _node_config(
+                spec, worker.name, worker.gpu, worker.gpus_per_node, spec.spot, worker.extra
+            ),
         }
     return {
         "cluster_name": spec.name,
@@ -299,8 +312,13 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
     init = {
         "name": "install-gpu-notebook",
         "image": image,
-        "command": ["bash", "-lc", "pip install -q --target /opt/gnb-site " + " ".join(shlex.quote(p) for p in pkgs)
-                    + "".join(f" && {c}" for c in spec.setup_commands)],
+        "command": [
+            "bash",
+            "-lc",
+            "pip install -q --target /opt/gnb-site "
+            + " ".join(shlex.quote(p) for p in pkgs)
+            + "".join(f" && {c}" for c in spec.setup_commands),
+        ],
         "volumeMounts": [mount],
     }
     env = [{"name": "PYTHONPATH", "value": "/opt/gnb-site"}]
@@ -317,12 +335,23 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
 
     head_res = {"cpu": "4", "memory": "16Gi"}
     worker_res: dict[str, Any] = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(count)}
-    tolerations: list[dict[str, Any]] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations: list[dict[str, Any]] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     if spec.spot:
         tolerations += [
-            {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"},
-            {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
-             "effect": "NoSchedule"},
+            {
+                "key": "cloud.google.com/gke-spot",
+                "operator": "Equal",
+                "value": "true",
+                "effect": "NoSchedule",
+            },
+            {
+                "key": "kubernetes.azure.com/scalesetpriority",
+                "operator": "Equal",
+                "value": "spot",
+                "effect": "NoSchedule",
+            },
         ]
     worker_start: dict[str, str] = {}
     if gpu:

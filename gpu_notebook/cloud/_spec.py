@@ -106,7 +106,9 @@ def parse_gpu(text: str) -> tuple[str, int]:
     try:
         n = int(count)
     except ValueError:
-        raise CloudRequestError(f"--gpu {text!r}: the count after ':' must be an integer, e.g. A100:8") from None
+        raise CloudRequestError(
+            f"--gpu {text!r}: the count after ':' must be an integer, e.g. A100:8"
+        ) from None
     if n < 1:
         raise CloudRequestError(f"--gpu {text!r}: the GPU count must be at least 1")
     return gpu, n
@@ -351,8 +353,19 @@ def resolve(spec: ClusterSpec, catalog: Any = None) -> Resolved:
     """
     if spec.cloud == "kubernetes":
         gpu, count = parse_gpu(spec.gpu) if spec.gpu else (spec.instance_type or "GPU", 1)
-        worker = InstanceChoice("worker", f"pod:{gpu}x{count}", spec.workers, spec.max_workers or spec.workers,
-                                gpu, count, None, None, None, None, spec.spot)
+        worker = InstanceChoice(
+            "worker",
+            f"pod:{gpu}x{count}",
+            spec.workers,
+            spec.max_workers or spec.workers,
+            gpu,
+            count,
+            None,
+            None,
+            None,
+            None,
+            spec.spot,
+        )
         return Resolved(worker=worker, head=None)
 
     cat = catalog if catalog is not None else _get_catalog()
@@ -387,6 +400,18 @@ def resolve(spec: ClusterSpec, catalog: Any = None) -> Resolved:
             raise CloudRequestError(f"{spec.cloud}: unknown head instance type {head_name}") from None
         # A CPU head the GPU catalog does not list: launch it anyway, price unknown.
         price = HEAD_PRICES.get((spec.cloud, head_name))
-        head = InstanceChoice("head", head_name, 1, 1, None, 0, 4, 16, price, None, False,
-                              source=HEAD_PRICE_SOURCE if price is not None else None)
+        head = InstanceChoice(
+            "head",
+            head_name,
+            1,
+            1,
+            None,
+            0,
+            4,
+            16,
+            price,
+            None,
+            False,
+            source=HEAD_PRICE_SOURCE if price is not None else None,
+        )
     return Resolved(worker=worker, head=head)

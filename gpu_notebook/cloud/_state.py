@@ -133,12 +133,18 @@ class ClusterState:
     def _repr_html_(self) -> str:
         from html import escape
 
-        rows = [("name", self.name), ("cloud", f"{self.cloud} / {self.region}"), ("status", self.status),
-                ("head", self.head_ip or "-"), ("address", self.client_address or self.address or "-"),
-                ("est. $/h", "-" if self.hourly_usd is None else f"{self.hourly_usd:.2f}"),
-                ("created", time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created_at)))]
-        body = "".join(f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>"
-                       for k, v in rows)
+        rows = [
+            ("name", self.name),
+            ("cloud", f"{self.cloud} / {self.region}"),
+            ("status", self.status),
+            ("head", self.head_ip or "-"),
+            ("address", self.client_address or self.address or "-"),
+            ("est. $/h", "-" if self.hourly_usd is None else f"{self.hourly_usd:.2f}"),
+            ("created", time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created_at))),
+        ]
+        body = "".join(
+            f"<tr><th style='text-align:left'>{escape(k)}</th><td>{escape(str(v))}</td></tr>" for k, v in rows
+        )
         return f"<table>{body}</table>"
 
 

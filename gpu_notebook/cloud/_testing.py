@@ -141,8 +141,13 @@ class MotoEC2:
     def start(self) -> MotoEC2:
         from moto.server import ThreadedMotoServer
 
-        for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
-                    "MOTO_IAM_LOAD_MANAGED_POLICIES", *self.env):
+        for key in (
+            "AWS_PROFILE",
+            "AWS_CONFIG_FILE",
+            "AWS_SHARED_CREDENTIALS_FILE",
+            "MOTO_IAM_LOAD_MANAGED_POLICIES",
+            *self.env,
+        ):
             self._saved[key] = os.environ.get(key)
         # Ray's AWS bootstrap attaches AWS-managed IAM policies; moto only knows them with this set.
         os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
@@ -210,8 +215,9 @@ class FakeKube:
         self.calls: list[str] = []
 
     # CustomObjectsApi
-    def create_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
-                                        body: dict[str, Any]) -> dict[str, Any]:
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
         self.calls.append("create")
         if self.fail_create is not None:
             raise FakeApiException(self.fail_create, "refused")
@@ -224,8 +230,9 @@ class FakeKube:
         self.pods[key] = [f"{key[1]}-head"] + [f"{key[1]}-worker-{i}" for i in range(replicas)]
         return self.objects[key]
 
-    def patch_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str,
-                                       body: dict[str, Any]) -> dict[str, Any]:
+    def patch_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
         self.calls.append("patch")
         key = (namespace, name)
         if key not in self.objects:
@@ -233,8 +240,9 @@ class FakeKube:
         self.objects[key]["spec"] = body["spec"]
         return self.objects[key]
 
-    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
-                                     name: str) -> dict[str, Any]:
+    def get_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any]:
         key = (namespace, name)
         if key not in self.objects:
             raise FakeApiException(404, "NotFound")
@@ -243,8 +251,9 @@ class FakeKube:
             self.objects[key]["status"] = {"state": "ready"}
         return self.objects[key]
 
-    def delete_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str,
-                                        name: str) -> dict[str, Any]:
+    def delete_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, Any]:
         self.calls.append("delete")
         key = (namespace, name)
         if key not in self.objects:
@@ -264,5 +273,7 @@ class FakeKube:
                 self.pods.pop(key)
             else:
                 self.linger[key] -= 1
-        items = [types.SimpleNamespace(metadata=types.SimpleNamespace(name=p)) for p in self.pods.get(key, [])]
+        items = [
+            types.SimpleNamespace(metadata=types.SimpleNamespace(name=p)) for p in self.pods.get(key, [])
+        ]
         return types.SimpleNamespace(items=items)

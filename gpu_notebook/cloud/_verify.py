@@ -18,22 +18,32 @@ class VerificationUnavailable(RuntimeError):
     """The cloud's SDK is missing here, so leftovers could not be listed."""
 
 
-def aws_leftovers(name: str, region: str, aws_credentials: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def aws_leftovers(
+    name: str, region: str, aws_credentials: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """EC2 instances (any live state) and unattached EBS volumes tagged ``ray-cluster-name=<name>``."""
     import boto3
 
     ec2 = boto3.client("ec2", region_name=region, **(aws_credentials or {}))
     out: list[dict[str, Any]] = []
     pages = ec2.get_paginator("describe_instances").paginate(
-        Filters=[{"Name": f"tag:{TAG_CLUSTER_NAME}", "Values": [name]},
-                 {"Name": "instance-state-name", "Values": AWS_ALIVE_STATES}]
+        Filters=[
+            {"Name": f"tag:{TAG_CLUSTER_NAME}", "Values": [name]},
+            {"Name": "instance-state-name", "Values": AWS_ALIVE_STATES},
+        ]
     )
     for page in pages:
         for res in page.get("Reservations", []):
             for inst in res.get("Instances", []):
-                out.append({"kind": "instance", "id": inst["InstanceId"], "state": inst["State"]["Name"],
-                            "type": inst.get("InstanceType"),
-                            "spot": inst.get("InstanceLifecycle") == "spot"})
+                out.append(
+                    {
+                        "kind": "instance",
+                        "id": inst["InstanceId"],
+                        "state": inst["State"]["Name"],
+                        "type": inst.get("InstanceType"),
+                        "spot": inst.get("InstanceLifecycle") == "spot",
+                    }
+                )
     vols = ec2.describe_volumes(Filters=[{"Name": f"tag:{TAG_CLUSTER_NAME}", "Values": [name]}])
     for vol in vols.get("Volumes", []):
         if vol.get("State") not in ("deleted", "deleting"):
@@ -59,13 +69,17 @@ def gcp_leftovers(name: str, project: str, zone: str) -> list[dict[str, Any]]:
     return out
 
 
-def azure_leftovers(name: str, resource_group: str, subscription_id: str | None = None) -> list[dict[str, Any]]:
+def azure_leftovers(
+    name: str, resource_group: str, subscription_id: str | None = None
+) -> list[dict[str, Any]]:
     """Azure VMs tagged ``ray-cluster-name=<name>`` in the resource group."""
     try:
         from azure.identity import DefaultAzureCredential
         from azure.mgmt.compute import ComputeManagementClient
     except ImportError:
-        raise VerificationUnavailable("pip install azure-identity azure-mgmt-compute to verify Azure teardown") from None
+        raise VerificationUnavailable(
+            "pip install azure-identity azure-mgmt-compute to verify Azure teardown"
+        ) from None
     import os
 
     sub = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")

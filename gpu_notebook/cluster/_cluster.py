@@ -240,7 +240,9 @@ class Cluster:
 
     def __repr__(self) -> str:
         size = f"{self.world_size} workers" if self.group else f"{self.requested_workers or 'auto'} workers"
-        return f"<Cluster {self.name or '?'!r} {self.kind} {size}, {self.backend or 'no backend'}, {self.state}>"
+        return (
+            f"<Cluster {self.name or '?'!r} {self.kind} {size}, {self.backend or 'no backend'}, {self.state}>"
+        )
 
     def _repr_html_(self) -> str:
         if self.running:
@@ -272,7 +274,9 @@ class Cluster:
                     self.address = _connect.normalise_address(env)
                 except _connect.ConnectError as exc:
                     raise _connect.ConnectError(f"RAY_ADDRESS: {exc}; unset it for a local Ray") from None
-                say(f"RAY_ADDRESS is set: using the Ray cluster at {env} (--address local starts a local Ray instead)")
+                say(
+                    f"RAY_ADDRESS is set: using the Ray cluster at {env} (--address local starts a local Ray instead)"
+                )
         if not self.name and self.options.get("cloud"):
             self.name = self.cloud_spec().name  # a valid cloud name (tags, labels), kept for the launch
         elif not self.name:
@@ -289,7 +293,9 @@ class Cluster:
         connection: _connect.RayConnection | None = None
         try:
             self._price_cloud_nodes(say)
-            connection = self.connection = _connect.connect(self.address, dashboard=self.dashboard, progress=say)
+            connection = self.connection = _connect.connect(
+                self.address, dashboard=self.dashboard, progress=say
+            )
             workers, cpus, gpus = self._size_workers()
             self.group = WorkerGroup(
                 workers,
@@ -390,7 +396,10 @@ class Cluster:
         other cluster uses it."""
         conn = self.connection
         return bool(
-            conn is not None and conn.owned and conn is _connect._CONNECTION and not manager.others_on_connection(self)
+            conn is not None
+            and conn.owned
+            and conn is _connect._CONNECTION
+            and not manager.others_on_connection(self)
         )
 
     # ---- cloud ---------------------------------------------------------------------------------------------
@@ -399,13 +408,27 @@ class Cluster:
         from gpu_notebook.cloud import spec_from_options
 
         o = self.options
-        keys = ("head_instance_type", "image", "disk_gb", "spot_fallback", "max_workers", "project", "namespace",
-                "connect")
+        keys = (
+            "head_instance_type",
+            "image",
+            "disk_gb",
+            "spot_fallback",
+            "max_workers",
+            "project",
+            "namespace",
+            "connect",
+        )
         extra = {k: o[k] for k in keys if o.get(k)}
         return spec_from_options(
-            o["cloud"], region=o.get("region"), gpu=o.get("gpu"), instance_type=o.get("instance_type"),
-            workers=self.requested_workers or 1, spot=bool(o.get("spot")), idle_stop=o.get("idle_stop"),
-            name=self.name or None, **extra,
+            o["cloud"],
+            region=o.get("region"),
+            gpu=o.get("gpu"),
+            instance_type=o.get("instance_type"),
+            workers=self.requested_workers or 1,
+            spot=bool(o.get("spot")),
+            idle_stop=o.get("idle_stop"),
+            name=self.name or None,
+            **extra,
         )
 
     def plan(self) -> Any:
@@ -483,8 +506,10 @@ class Cluster:
         try:
             self._reaper = _reaper.start(name)
         except Exception as exc:  # noqa: BLE001
-            say(f"WARNING: could not start the reaper process ({exc}): if this kernel dies, stop the cluster "
-                f"from another one (%gpu_cluster stop {name})")
+            say(
+                f"WARNING: could not start the reaper process ({exc}): if this kernel dies, stop the cluster "
+                f"from another one (%gpu_cluster stop {name})"
+            )
 
     def _release_reaper(self) -> None:
         reaper = getattr(self, "_reaper", None)
@@ -549,7 +574,9 @@ class Cluster:
 
     def _require_running(self) -> None:
         if not self.running:
-            raise ClusterError(f"cluster {self.name or '?'!r} is not running: start it with %gpu_cluster start")
+            raise ClusterError(
+                f"cluster {self.name or '?'!r} is not running: start it with %gpu_cluster start"
+            )
 
     # ---- status ------------------------------------------------------------------------------------------
     def ray_nodes(self) -> list[dict[str, Any]]:
@@ -610,7 +637,9 @@ class Cluster:
             assert self.group is not None
             self.group.drain()
         known = sorted(set(self.log.ranks()) | set(range(self.world_size)))
-        if rank is not None and rank not in known:  # a rank gone by a scale-down keeps its lines, and is known
+        if (
+            rank is not None and rank not in known
+        ):  # a rank gone by a scale-down keeps its lines, and is known
             raise ValueError(
                 f"cluster {self.name!r} has no rank {rank}: ranks {_fmt_ranks(known) if known else 'none yet'}"
             )
@@ -699,7 +728,11 @@ def _stdout_sink(text: str) -> None:
 
 
 def _fmt_ranks(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) else ", ".join(map(str, ranks))
+    return (
+        f"{ranks[0]}-{ranks[-1]}"
+        if ranks == list(range(ranks[0], ranks[-1] + 1))
+        else ", ".join(map(str, ranks))
+    )
 
 
 def _address_name(address: str) -> str:

@@ -114,8 +114,10 @@ def connect(
         )
     if address is None:
         cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
-        say(f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
-            f"dashboard {'on' if dashboard else 'off'})")
+        say(
+            f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
+            f"dashboard {'on' if dashboard else 'off'})"
+        )
         mem = _total_memory()
         store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
         # Ray warns on every local start that it enabled token authentication (it stays enabled): not news.
@@ -137,7 +139,9 @@ def connect(
         except Exception as exc:
             _abort_local_start(ray, before)
             raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
-        except BaseException:  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+        except (
+            BaseException
+        ):  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
             _abort_local_start(ray, before)
             raise
         finally:
@@ -187,7 +191,7 @@ def _child_pids() -> set[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # the command name may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()  # the command name may hold spaces and parentheses
         if len(fields) > 1 and int(fields[1]) == me:
             pids.add(int(entry))
     return pids
@@ -258,8 +262,11 @@ def probe(address: str, timeout: float | None = None) -> None:
     host, _, port = body.rpartition(":")
     host = host.strip("[]")
     wait = PROBE_TIMEOUT_S if timeout is None else timeout
-    kind = "Ray Client server (ray start --head opens it on port 10001)" if address.startswith("ray://") \
+    kind = (
+        "Ray Client server (ray start --head opens it on port 10001)"
+        if address.startswith("ray://")
         else "Ray head (its GCS port, 6379 unless ray start --head --port says otherwise)"
+    )
     try:
         with socket.create_connection((host, int(port)), timeout=wait):
             pass
@@ -272,7 +279,9 @@ def probe(address: str, timeout: float | None = None) -> None:
             why = f"nothing listens on {host} port {port} (connection refused)"
         else:
             why = f"{host} port {port} cannot be reached ({exc})"
-        raise ConnectError(f"could not connect to Ray at {shown}: {why}; is a {kind} running there?") from None
+        raise ConnectError(
+            f"could not connect to Ray at {shown}: {why}; is a {kind} running there?"
+        ) from None
     if not _speaks_grpc(host, int(port), wait):
         raise ConnectError(
             f"could not connect to Ray at {shown}: something answers on {host} port {port}, but it does not speak "

@@ -32,7 +32,9 @@ class ClusterManager:
     def require_current(self) -> Cluster:
         c = self.current
         if c is None:
-            raise LookupError("no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())")
+            raise LookupError(
+                "no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())"
+            )
         return c
 
     def add(self, cluster: Cluster) -> None:
@@ -80,7 +82,9 @@ class ClusterManager:
     def others_on_connection(self, cluster: Cluster) -> bool:
         """Whether another running cluster shares this cluster's Ray connection."""
         with self._lock:
-            return any(c is not cluster and c.connection is cluster.connection for c in self._clusters.values())
+            return any(
+                c is not cluster and c.connection is cluster.connection for c in self._clusters.values()
+            )
 
     def stop_all(self, reason: str = "kernel exit") -> builtins.list[str]:
         out = []

@@ -72,7 +72,9 @@ def resolve_price(spec: Any, catalog: Any = None) -> NodePrice:
         return spec
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         usd = float(spec)
-        return NodePrice("custom", "custom", "", "on_demand", usd, {m: usd for m in MARKETS}, "user price", "")
+        return NodePrice(
+            "custom", "custom", "", "on_demand", usd, {m: usd for m in MARKETS}, "user price", ""
+        )
     if isinstance(spec, str):
         raise ValueError(f"a node price is 'local' or (cloud, instance_type, region, market), not {spec!r}")
     cloud, instance_type, region, market = spec[:4]
@@ -87,8 +89,16 @@ def resolve_price(spec: Any, catalog: Any = None) -> NodePrice:
     except LookupError:
         if fallback is None:
             raise
-        return NodePrice(cloud, instance_type, region, market, fallback, {market: fallback},
-                         "price given by the caller (not in the GPU catalog)", "")
+        return NodePrice(
+            cloud,
+            instance_type,
+            region,
+            market,
+            fallback,
+            {market: fallback},
+            "price given by the caller (not in the GPU catalog)",
+            "",
+        )
     alts = {}
     for m in MARKETS:
         try:
@@ -112,7 +122,11 @@ class Interval:
         return max(0.0, end - self.start) / 3600.0
 
     def cost(self, now: float, market: str | None = None) -> float:
-        rate = self.price.usd_per_hour if market is None else self.price.alternatives.get(market, self.price.usd_per_hour)
+        rate = (
+            self.price.usd_per_hour
+            if market is None
+            else self.price.alternatives.get(market, self.price.usd_per_hour)
+        )
         return self.hours(now) * rate
 
 
@@ -146,14 +160,18 @@ class CostSnapshot:
         return text
 
     def lines(self) -> list[str]:
-        out = [f"cost now  ${self.usd_per_hour:,.2f}/h on {self.nodes_running} node(s)   "
-               f"so far ${self.spent_usd:,.2f}   next hour ~${self.projected_next_hour_usd:,.2f}"]
+        out = [
+            f"cost now  ${self.usd_per_hour:,.2f}/h on {self.nodes_running} node(s)   "
+            f"so far ${self.spent_usd:,.2f}   next hour ~${self.projected_next_hour_usd:,.2f}"
+        ]
         if self.budget_usd is not None:
             pct = 100.0 * self.spent_usd / self.budget_usd if self.budget_usd else 0.0
             out.append(f"budget    ${self.budget_usd:,.2f} ({pct:.0f}% used)")
         if not self.is_local:
-            out.append("same node-hours: " + ", ".join(
-                f"{m.replace('_', '-')} ${v:,.2f}" for m, v in self.by_market.items()))
+            out.append(
+                "same node-hours: "
+                + ", ".join(f"{m.replace('_', '-')} ${v:,.2f}" for m, v in self.by_market.items())
+            )
         for p in self.policies:
             if p.get("message"):
                 out.append(f"{p['name']}: {p['message']}")
@@ -164,8 +182,10 @@ class CostSnapshot:
         return "\n".join(self.lines())
 
     def __repr__(self) -> str:
-        return (f"CostSnapshot(${self.usd_per_hour:.2f}/h, spent ${self.spent_usd:.2f}, "
-                f"{'local $0' if self.is_local else 'estimate'})")
+        return (
+            f"CostSnapshot(${self.usd_per_hour:.2f}/h, spent ${self.spent_usd:.2f}, "
+            f"{'local $0' if self.is_local else 'estimate'})"
+        )
 
     def _repr_html_(self) -> str:
         return snapshot_html(self)
@@ -176,25 +196,40 @@ def snapshot_html(s: CostSnapshot) -> str:
     e = html.escape
     rows = "".join(
         f"<tr><td>{e(n['node_id'][:12])}</td><td>{e(n['label'])}</td><td>${n['usd_per_hour']:,.2f}/h</td>"
-        f"<td>{n['hours']:.2f} h</td><td>${n['spent_usd']:,.2f}</td></tr>" for n in s.nodes)
+        f"<td>{n['hours']:.2f} h</td><td>${n['spent_usd']:,.2f}</td></tr>"
+        for n in s.nodes
+    )
     budget = ""
     if s.budget_usd is not None:
         pct = min(100.0, 100.0 * s.spent_usd / s.budget_usd) if s.budget_usd else 100.0
         colour = "#c0392b" if pct >= 100 else "#e67e22" if pct >= 80 else "#27ae60"
-        budget = (f"<div>budget ${s.budget_usd:,.2f}: <span style='display:inline-block;width:160px;height:10px;"
-                  f"background:#ddd'><span style='display:inline-block;width:{pct * 1.6:.0f}px;height:10px;"
-                  f"background:{colour}'></span></span> {pct:.0f}%</div>")
-    markets = "" if s.is_local else "<div>same node-hours: " + ", ".join(
-        f"{e(m.replace('_', '-'))} <b>${v:,.2f}</b>" for m, v in s.by_market.items()) + "</div>"
-    pol = "".join(f"<div><b>{e(p['name'])}</b>: {e(p['message'])}</div>" for p in s.policies if p.get("message"))
+        budget = (
+            f"<div>budget ${s.budget_usd:,.2f}: <span style='display:inline-block;width:160px;height:10px;"
+            f"background:#ddd'><span style='display:inline-block;width:{pct * 1.6:.0f}px;height:10px;"
+            f"background:{colour}'></span></span> {pct:.0f}%</div>"
+        )
+    markets = (
+        ""
+        if s.is_local
+        else "<div>same node-hours: "
+        + ", ".join(f"{e(m.replace('_', '-'))} <b>${v:,.2f}</b>" for m, v in s.by_market.items())
+        + "</div>"
+    )
+    pol = "".join(
+        f"<div><b>{e(p['name'])}</b>: {e(p['message'])}</div>" for p in s.policies if p.get("message")
+    )
     return (
         "<div class='gpu-notebook-cost' style='font-family:sans-serif;font-size:13px'>"
         f"<div><b>${s.usd_per_hour:,.2f}/h</b> now on {s.nodes_running} node(s) &middot; "
         f"<b>${s.spent_usd:,.2f}</b> so far &middot; next hour ~<b>${s.projected_next_hour_usd:,.2f}</b></div>"
         f"{budget}{markets}{pol}"
-        + (f"<table><tr><th>node</th><th>price</th><th>rate</th><th>time</th><th>cost</th></tr>{rows}</table>"
-           if rows else "")
-        + f"<div style='color:#777'><i>{e(s.estimate_label)}</i></div></div>")
+        + (
+            f"<table><tr><th>node</th><th>price</th><th>rate</th><th>time</th><th>cost</th></tr>{rows}</table>"
+            if rows
+            else ""
+        )
+        + f"<div style='color:#777'><i>{e(s.estimate_label)}</i></div></div>"
+    )
 
 
 class CostMeter:
@@ -221,8 +256,13 @@ class CostMeter:
     >>> m.snapshot(at=3600.0).spent_usd                                     # doctest: +SKIP
     """
 
-    def __init__(self, cluster: Any = None, node_pricing: NodePricing | None = None,
-                 clock: Callable[[], float] = time.time, catalog: Any = None) -> None:
+    def __init__(
+        self,
+        cluster: Any = None,
+        node_pricing: NodePricing | None = None,
+        clock: Callable[[], float] = time.time,
+        catalog: Any = None,
+    ) -> None:
         self._cluster_ref = weakref.ref(cluster) if cluster is not None else None
         self.clock = clock
         self.catalog = catalog
@@ -368,9 +408,17 @@ class CostMeter:
         with self._lock:
             per_node: dict[str, dict[str, Any]] = {}
             for iv in self._intervals:
-                row = per_node.setdefault(iv.node_id, {"node_id": iv.node_id, "label": iv.price.label,
-                                                       "usd_per_hour": 0.0, "hours": 0.0, "spent_usd": 0.0,
-                                                       "running": False})
+                row = per_node.setdefault(
+                    iv.node_id,
+                    {
+                        "node_id": iv.node_id,
+                        "label": iv.price.label,
+                        "usd_per_hour": 0.0,
+                        "hours": 0.0,
+                        "spent_usd": 0.0,
+                        "running": False,
+                    },
+                )
                 row["hours"] += iv.hours(at)
                 row["spent_usd"] += iv.cost(at)
                 if iv.end is None:
@@ -382,11 +430,21 @@ class CostMeter:
             source = priced[-1].source if priced else "local cluster"
             date = priced[-1].date if priced else ""
             snap = CostSnapshot(
-                at=at, usd_per_hour=rate, spent_usd=spent, projected_next_hour_usd=rate,
-                node_hours=self.node_hours(at), nodes_running=len(self._open), by_market=self.by_market(at),
-                nodes=list(per_node.values()), is_local=self.is_local, source=source, date=date,
+                at=at,
+                usd_per_hour=rate,
+                spent_usd=spent,
+                projected_next_hour_usd=rate,
+                node_hours=self.node_hours(at),
+                nodes_running=len(self._open),
+                by_market=self.by_market(at),
+                nodes=list(per_node.values()),
+                is_local=self.is_local,
+                source=source,
+                date=date,
                 budget_usd=self.budget_usd,
-                policies=[p.status(at) for p in self.policies if hasattr(p, "status")], unknown_prices=unknown)
+                policies=[p.status(at) for p in self.policies if hasattr(p, "status")],
+                unknown_prices=unknown,
+            )
             if not self._history or at > self._history[-1][0]:
                 self._history.append((at, spent, rate))
                 if len(self._history) > 2000:

@@ -204,10 +204,17 @@ class BudgetPolicy:
 
     name = "budget"
 
-    def __init__(self, usd: float, meter: CostMeter, cluster: Any = None, warn_fraction: float = 0.8,
-                 on_budget_checkpoint: Callable[[], Any] | None = None, stop: Callable[[str], Any] | None = None,
-                 notify: Notify | None = None, checkpoint_timeout_s: float | None = DEFAULT_CHECKPOINT_TIMEOUT_S
-                 ) -> None:
+    def __init__(
+        self,
+        usd: float,
+        meter: CostMeter,
+        cluster: Any = None,
+        warn_fraction: float = 0.8,
+        on_budget_checkpoint: Callable[[], Any] | None = None,
+        stop: Callable[[str], Any] | None = None,
+        notify: Notify | None = None,
+        checkpoint_timeout_s: float | None = DEFAULT_CHECKPOINT_TIMEOUT_S,
+    ) -> None:
         if not usd > 0:
             raise ValueError("--budget must be a positive number of US dollars")
         if not 0 < warn_fraction < 1:
@@ -283,8 +290,10 @@ class BudgetPolicy:
         t.join(self.checkpoint_timeout_s)
         if t.is_alive():
             timeout = self.checkpoint_timeout_s or 0.0
-            msg = (f"checkpoint NOT finished after {_fmt(timeout)} (budget_checkpoint_timeout_s): "
-                   "on_budget_checkpoint is still running, e.g. queued behind the training cell; stopping anyway")
+            msg = (
+                f"checkpoint NOT finished after {_fmt(timeout)} (budget_checkpoint_timeout_s): "
+                "on_budget_checkpoint is still running, e.g. queued behind the training cell; stopping anyway"
+            )
             log.warning(msg)
             return msg
         if "error" in outcome:
@@ -325,9 +334,16 @@ class IdleStopPolicy:
 
     name = "idle stop"
 
-    def __init__(self, minutes: float, cluster: Any = None, utilisation: Utilisation | None = None,
-                 threshold: float | None = None, warn_before_s: float | None = None,
-                 stop: Callable[[str], Any] | None = None, notify: Notify | None = None) -> None:
+    def __init__(
+        self,
+        minutes: float,
+        cluster: Any = None,
+        utilisation: Utilisation | None = None,
+        threshold: float | None = None,
+        warn_before_s: float | None = None,
+        stop: Callable[[str], Any] | None = None,
+        notify: Notify | None = None,
+    ) -> None:
         if not minutes > 0:
             raise ValueError("--idle-stop must be a positive number of minutes")
         self.window_s = float(minutes) * 60.0
@@ -393,7 +409,11 @@ class IdleStopPolicy:
         idle_for = at - self.idle_since
         remaining = self.window_s - idle_for
         self.remaining_s = max(0.0, remaining)
-        what = f"{getattr(self.utilisation, 'kind', 'gpu').upper()} {util:.0f}%" if util is not None else "utilisation unknown"
+        what = (
+            f"{getattr(self.utilisation, 'kind', 'gpu').upper()} {util:.0f}%"
+            if util is not None
+            else "utilisation unknown"
+        )
         if busy:
             self.state, self.message = "active", "a %%distributed cell is running"
             return None
@@ -402,8 +422,10 @@ class IdleStopPolicy:
         if remaining <= self.warn_before_s:
             was = self.state
             self.state = "countdown"
-            self.message = (f"idle for {_fmt(idle_for)} ({what}): stopping the workers in {_fmt(remaining)} "
-                            "unless a cell runs")
+            self.message = (
+                f"idle for {_fmt(idle_for)} ({what}): stopping the workers in {_fmt(remaining)} "
+                "unless a cell runs"
+            )
             if was != "countdown":
                 self.notify(self.message)
                 return self.message
@@ -417,16 +439,24 @@ class IdleStopPolicy:
         return None
 
     def _trigger(self, idle_for: float) -> str:
-        reason = (f"idle for {_fmt(idle_for)} (no cell running, utilisation under {self.threshold:g}%): "
-                  f"--idle-stop {self.window_s / 60:g} min")
+        reason = (
+            f"idle for {_fmt(idle_for)} (no cell running, utilisation under {self.threshold:g}%): "
+            f"--idle-stop {self.window_s / 60:g} min"
+        )
         self.state = "stopped"
         self.remaining_s = 0.0
         parts = [reason]
         return _stop_and_report(self, reason, parts)
 
     def status(self, at: float | None = None) -> dict[str, Any]:
-        return {"name": self.name, "state": self.state, "message": self.message,
-                "remaining_s": self.remaining_s, "window_s": self.window_s, "utilisation": self.last_utilisation}
+        return {
+            "name": self.name,
+            "state": self.state,
+            "message": self.message,
+            "remaining_s": self.remaining_s,
+            "window_s": self.window_s,
+            "utilisation": self.last_utilisation,
+        }
 
     def __repr__(self) -> str:
         return f"<IdleStopPolicy {self.window_s / 60:g} min {self.state}>"
@@ -439,8 +469,13 @@ class PolicyWatcher:
     ``tick(at)`` does one round (tests call it with a simulated clock instead of starting the thread).
     """
 
-    def __init__(self, meter: CostMeter, policies: list[Any], interval_s: float = 10.0,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        meter: CostMeter,
+        policies: list[Any],
+        interval_s: float = 10.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         self.meter = meter
         self.policies = list(policies)
         self.interval_s = float(interval_s)
@@ -545,12 +580,21 @@ def _hook_ipython_cells(watcher: PolicyWatcher) -> Callable[[], None] | None:
     return unhook
 
 
-def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget_usd: float | None = None, *,
-                    node_pricing: Any = None, utilisation: Utilisation | None = None,
-                    on_budget_checkpoint: Callable[[], Any] | None = None, idle_threshold: float | None = None,
-                    interval_s: float = 10.0, clock: Callable[[], float] | None = None, start: bool = True,
-                    notify: Notify | None = None, budget_checkpoint_timeout_s: Any = _DEFAULT
-                    ) -> PolicyWatcher:
+def attach_policies(
+    cluster: Any,
+    idle_stop_minutes: float | None = None,
+    budget_usd: float | None = None,
+    *,
+    node_pricing: Any = None,
+    utilisation: Utilisation | None = None,
+    on_budget_checkpoint: Callable[[], Any] | None = None,
+    idle_threshold: float | None = None,
+    interval_s: float = 10.0,
+    clock: Callable[[], float] | None = None,
+    start: bool = True,
+    notify: Notify | None = None,
+    budget_checkpoint_timeout_s: Any = _DEFAULT,
+) -> PolicyWatcher:
     """Attach a cost meter, a budget cap and/or an idle stop to ``cluster``; returns the running watcher.
 
     This is what ``%gpu_cluster start --idle-stop MINUTES --budget USD`` calls. Attaching again replaces the
@@ -581,11 +625,22 @@ def attach_policies(cluster: Any, idle_stop_minutes: float | None = None, budget
         budget_checkpoint_timeout_s = opts.get("budget_checkpoint_timeout_s", DEFAULT_CHECKPOINT_TIMEOUT_S)
     policies: list[Any] = []
     if budget_usd is not None:
-        policies.append(BudgetPolicy(budget_usd, meter, cluster, on_budget_checkpoint=on_budget_checkpoint,
-                                     notify=notify, checkpoint_timeout_s=budget_checkpoint_timeout_s))
+        policies.append(
+            BudgetPolicy(
+                budget_usd,
+                meter,
+                cluster,
+                on_budget_checkpoint=on_budget_checkpoint,
+                notify=notify,
+                checkpoint_timeout_s=budget_checkpoint_timeout_s,
+            )
+        )
     if idle_stop_minutes is not None:
-        policies.append(IdleStopPolicy(idle_stop_minutes, cluster, utilisation=utilisation,
-                                       threshold=idle_threshold, notify=notify))
+        policies.append(
+            IdleStopPolicy(
+                idle_stop_minutes, cluster, utilisation=utilisation, threshold=idle_threshold, notify=notify
+            )
+        )
     old = _WATCHERS.get(cluster)
     if old is not None:
         old.stop()
@@ -633,5 +688,9 @@ def describe(watcher: PolicyWatcher | None) -> str:
         if isinstance(p, BudgetPolicy):
             parts.append(f"budget ${p.usd:,.2f} (warns at {p.warn_fraction:.0%}, then checkpoint and stop)")
         elif isinstance(p, IdleStopPolicy):
-            parts.append(f"idle stop after {p.window_s / 60:g} min without cells or {p.threshold:g}% utilisation")
-    return "; ".join(parts) + ("; cost is a list-price estimate" if not watcher.meter.is_local else "; local cluster: $0")
+            parts.append(
+                f"idle stop after {p.window_s / 60:g} min without cells or {p.threshold:g}% utilisation"
+            )
+    return "; ".join(parts) + (
+        "; cost is a list-price estimate" if not watcher.meter.is_local else "; local cluster: $0"
+    )

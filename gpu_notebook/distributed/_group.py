@@ -103,7 +103,9 @@ class WorkerGroup:
         self.master: tuple[str, int] | None = None
         self._pg: Any = None
         self._dead: set[int] = set()
-        self._seqs: dict[int, int] = {}  # rank -> collectives issued on the default group, after its last cell
+        self._seqs: dict[
+            int, int
+        ] = {}  # rank -> collectives issued on the default group, after its last cell
         self.started_at: float | None = None
         self.busy = False
         self._stopping: str | None = None  # set by stop(): why the group is going away (a running cell ends)
@@ -387,7 +389,9 @@ class WorkerGroup:
             try:
                 cloudpickle.dumps(value)
             except Exception as exc:  # noqa: BLE001
-                raise TypeError(f"cannot send variable {name!r} to the workers: it cannot be pickled ({exc})") from None
+                raise TypeError(
+                    f"cannot send variable {name!r} to the workers: it cannot be pickled ({exc})"
+                ) from None
         selected = parse_ranks(ranks, self.size)
         ref = ray.put(values)
         ray.get([self.actors[r].push.remote(ref) for r in selected], timeout=300)
@@ -500,8 +504,10 @@ class WorkerGroup:
                     interrupt_reason = "interrupted"
                     interrupted_at = time.monotonic()
                     self._interrupt(list(pending.values()), actors)
-            if stopped is None and self._stopping is not None and any(
-                f.kind == "died" for f in failures.values()
+            if (
+                stopped is None
+                and self._stopping is not None
+                and any(f.kind == "died" for f in failures.values())
             ):
                 stopped = self._stopping  # the workers died because the group was being stopped
             # ranks that never came back

@@ -34,7 +34,9 @@ class RankResults:
         try:
             return self._by_rank[rank]
         except KeyError:
-            raise IndexError(f"no result for rank {rank}; ranks that ran: {format_ranks(self.ranks)}") from None
+            raise IndexError(
+                f"no result for rank {rank}; ranks that ran: {format_ranks(self.ranks)}"
+            ) from None
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._by_rank.values())
@@ -80,7 +82,9 @@ class DistributedError(Exception):
     IPython shows :meth:`_render_traceback_` instead of a traceback of gpu_notebook's own code.
     """
 
-    def __init__(self, failures: Sequence[RankFailure], note: str = "", world_size: int | None = None) -> None:
+    def __init__(
+        self, failures: Sequence[RankFailure], note: str = "", world_size: int | None = None
+    ) -> None:
         self.failures = sorted(failures, key=lambda f: f.rank)
         self.note = note
         self.world_size = world_size

@@ -202,7 +202,9 @@ _PROBE_CODE = (
 )
 
 
-def _kernel_probe_subprocess(device: int, errors: dict[str, str], timeout: float = 120.0) -> dict[str, Any] | None:
+def _kernel_probe_subprocess(
+    device: int, errors: dict[str, str], timeout: float = 120.0
+) -> dict[str, Any] | None:
     """:func:`_kernel_probe` in a short-lived Python process (same interpreter and environment), so no CUDA
     context stays behind here. None (recorded in ``errors``) when the process itself could not report."""
     import json
@@ -210,7 +212,10 @@ def _kernel_probe_subprocess(device: int, errors: dict[str, str], timeout: float
     try:
         out = subprocess.run(
             [sys.executable, "-c", _PROBE_CODE, str(device)],
-            capture_output=True, text=True, timeout=timeout, env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ),
         )
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if out.returncode == 0 and lines:

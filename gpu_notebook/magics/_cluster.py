@@ -13,9 +13,26 @@ COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart"
 #: the options each subcommand takes (argparse dests); any other option given is a usage error, never ignored
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
 _START_OPTS = {
-    "name", "workers", "cpus_per_worker", "gpus_per_worker", "address", "dashboard", "backend", "gpu_visibility",
-    "cloud", "region", "gpu", "instance_type", "spot", "dry_run", "max_workers", "project", "namespace",
-    "no_tunnel", "idle_stop", "budget",
+    "name",
+    "workers",
+    "cpus_per_worker",
+    "gpus_per_worker",
+    "address",
+    "dashboard",
+    "backend",
+    "gpu_visibility",
+    "cloud",
+    "region",
+    "gpu",
+    "instance_type",
+    "spot",
+    "dry_run",
+    "max_workers",
+    "project",
+    "namespace",
+    "no_tunnel",
+    "idle_stop",
+    "budget",
 }
 OPTIONS: dict[str, set[str]] = {
     "start": _START_OPTS,
@@ -37,38 +54,71 @@ class ClusterMagics(Magics):
 
     @magic_arguments()
     @argument("command", choices=COMMANDS, help="what to do")
-    @argument("args", nargs="*", help="scale: N; use: NAME; bench: allreduce or scaling; "
-              "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)")
+    @argument(
+        "args",
+        nargs="*",
+        help="scale: N; use: NAME; bench: allreduce or scaling; "
+        "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)",
+    )
     @argument("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
     @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
     @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
     @argument("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)")
-    @argument("--address", help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
-              "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)")
+    @argument(
+        "--address",
+        help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
+        "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)",
+    )
     @argument("--dashboard", action="store_true", help="start: also start Ray's dashboard (local cluster)")
-    @argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend")
+    @argument(
+        "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend"
+    )
     @argument(
         "--gpu-visibility",
         choices=["own", "node"],
         default="own",
         help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
     )
-    @argument("--cloud", choices=["aws", "gcp", "azure", "kubernetes"], help="start: launch cloud GPUs (Ray's cluster launcher)")
+    @argument(
+        "--cloud",
+        choices=["aws", "gcp", "azure", "kubernetes"],
+        help="start: launch cloud GPUs (Ray's cluster launcher)",
+    )
     @argument("--region", help="start --cloud: region, e.g. us-east-1")
     @argument("--gpu", help="start --cloud: GPU type and count per node, e.g. A100:8")
-    @argument("--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge")
-    @argument("--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)")
-    @argument("--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing")
+    @argument(
+        "--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge"
+    )
+    @argument(
+        "--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)"
+    )
+    @argument(
+        "--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing"
+    )
     @argument("--max-workers", type=int, help="start --cloud: autoscaling limit of worker nodes")
     @argument("--project", help="start --cloud gcp: the GCP project")
     @argument("--namespace", help="start --cloud kubernetes: the namespace")
-    @argument("--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH")
-    @argument("--idle-stop", type=float, metavar="MINUTES", help="start: stop the cluster after this many idle minutes")
-    @argument("--budget", type=float, metavar="USD", help="start: warn at 80%%, checkpoint and stop at 100%% of this")
+    @argument(
+        "--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH"
+    )
+    @argument(
+        "--idle-stop",
+        type=float,
+        metavar="MINUTES",
+        help="start: stop the cluster after this many idle minutes",
+    )
+    @argument(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="start: warn at 80%%, checkpoint and stop at 100%% of this",
+    )
     @argument("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)")
     @argument("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)")
     @argument("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)")
-    @argument("--local", action="store_true", help="doctor: only this machine and process (no cluster needed)")
+    @argument(
+        "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
+    )
     @argument("--rank", type=int, help="logs: only this rank")
     @argument("--tail", type=int, default=50, help="logs: lines per rank (default 50)")
     @argument("--all", action="store_true", help="stop: every cluster of this kernel")
@@ -107,8 +157,10 @@ class ClusterMagics(Magics):
             if args.command != "start":
                 raise
             # Cluster.start undid what it had started (local Ray, workers, cloud instances): say so, not Ray's frames
-            error("interrupted: the cluster was not started, and what had started was shut down. "
-                  "Run %gpu_cluster start again when ready.")
+            error(
+                "interrupted: the cluster was not started, and what had started was shut down. "
+                "Run %gpu_cluster start again when ready."
+            )
             return None
 
     # ---- subcommands ------------------------------------------------------------------------------------------
@@ -132,7 +184,9 @@ class ClusterMagics(Magics):
         # NAME positionally or as --name (as for start): the same thing, said once
         if args.command != "start" and args.name is not None:
             if args.args and args.args[0] != args.name:
-                self._usage(f"{args.command}: the cluster named twice ({args.args[0]!r} and --name {args.name!r})")
+                self._usage(
+                    f"{args.command}: the cluster named twice ({args.args[0]!r} and --name {args.name!r})"
+                )
             if not args.args:
                 args.args = [args.name]
 
@@ -148,17 +202,38 @@ class ClusterMagics(Magics):
             self._usage("--budget must be a positive amount of US dollars")
         if args.idle_stop is not None and args.idle_stop <= 0:
             self._usage("--idle-stop must be a positive number of minutes")
-        cloud_only = [o for o in ("region", "gpu", "instance_type", "spot", "dry_run", "max_workers", "project",
-                                  "namespace", "no_tunnel") if getattr(args, o)]
+        cloud_only = [
+            o
+            for o in (
+                "region",
+                "gpu",
+                "instance_type",
+                "spot",
+                "dry_run",
+                "max_workers",
+                "project",
+                "namespace",
+                "no_tunnel",
+            )
+            if getattr(args, o)
+        ]
         if cloud_only and not args.cloud:
             self._usage(f"--{cloud_only[0].replace('_', '-')} needs --cloud aws|gcp|azure|kubernetes")
         options = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
         if args.cloud:
             if args.address:
                 self._usage("--cloud launches a new cluster; --address connects to an existing one: pick one")
-            options.update(cloud=args.cloud, region=args.region, gpu=args.gpu, instance_type=args.instance_type,
-                           spot=args.spot, max_workers=args.max_workers, project=args.project,
-                           namespace=args.namespace, connect="direct" if args.no_tunnel else None)
+            options.update(
+                cloud=args.cloud,
+                region=args.region,
+                gpu=args.gpu,
+                instance_type=args.instance_type,
+                spot=args.spot,
+                max_workers=args.max_workers,
+                project=args.project,
+                namespace=args.namespace,
+                connect="direct" if args.no_tunnel else None,
+            )
         cluster = Cluster(
             name=args.name,
             workers=args.workers,
@@ -202,7 +277,9 @@ class ClusterMagics(Magics):
             info = CloudLauncher().status(args.args[0])
             show(info["state"])
             nodes = info.get("nodes")
-            print(f"cloud API: {len(nodes) if nodes is not None else 'unknown'} instance(s) tagged with this cluster")
+            print(
+                f"cloud API: {len(nodes) if nodes is not None else 'unknown'} instance(s) tagged with this cluster"
+            )
             return
         cluster = self._pick(args)
         show(cluster.status())
@@ -223,12 +300,16 @@ class ClusterMagics(Magics):
         print(self._pick(args).stop())
         current = get_manager().current
         if current is not None:  # the next %%distributed runs there, not nowhere
-            print(f"current cluster is now {current.name!r} ({current.world_size} workers); "
-                  f"%gpu_cluster stop --all stops every cluster")
+            print(
+                f"current cluster is now {current.name!r} ({current.world_size} workers); "
+                f"%gpu_cluster stop --all stops every cluster"
+            )
 
     def _cmd_scale(self, args: Any) -> None:
         if len(args.args) != 1 or not args.args[0].isdigit() or int(args.args[0]) < 1:
-            self._usage("scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4")
+            self._usage(
+                "scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4"
+            )
         from gpu_notebook.cluster import get_manager
 
         print(get_manager().require_current().scale(int(args.args[0]), progress=progress_printer()))
@@ -246,7 +327,9 @@ class ClusterMagics(Magics):
             self._usage("bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce")
         kind = args.args[0]
         # the arguments are checked before any cluster is needed; an option of the other benchmark is an error
-        self._refuse_options(args, {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind], f"bench {kind}")
+        self._refuse_options(
+            args, {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind], f"bench {kind}"
+        )
         max_bytes = 0
         if kind == "allreduce":
             from gpu_notebook.doctor._bench import parse_size
@@ -284,8 +367,10 @@ class ClusterMagics(Magics):
         ours = {c.name for c in clusters}
         others = [st for st in _saved_cloud_states() if st.name not in ours]
         for st in others:
-            print(f"  {st.name:<16} cloud:{st.cloud:<6} {st.region or '-':<12} {st.status}  "
-                  f"(started by an earlier kernel; %gpu_cluster stop {st.name} tears it down)")
+            print(
+                f"  {st.name:<16} cloud:{st.cloud:<6} {st.region or '-':<12} {st.status}  "
+                f"(started by an earlier kernel; %gpu_cluster stop {st.name} tears it down)"
+            )
         if not clusters and not others:
             print("no clusters in this kernel; start one with %gpu_cluster start")
 

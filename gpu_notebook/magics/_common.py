@@ -22,7 +22,10 @@ def parse(magic_func: Callable[..., Any], line: str) -> Any:
     except (UsageError, SystemExit) as exc:
         parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
         msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
-        print(f"UsageError: {msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.", file=sys.stderr)
+        print(
+            f"UsageError: {msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.",
+            file=sys.stderr,
+        )
         raise BadArguments(msg) from None
 
 
@@ -32,7 +35,11 @@ def help_name(magic_func: Callable[..., Any]) -> str:
     name = magic_func.parser.prog  # type: ignore[attr-defined]  # set by @magic_arguments
     owner = getattr(magic_func, "__self__", None)
     cell_magics = getattr(owner, "magics", {}).get("cell", {})
-    return f"%%{name}" if name in cell_magics and name not in getattr(owner, "magics", {}).get("line", {}) else f"%{name}"
+    return (
+        f"%%{name}"
+        if name in cell_magics and name not in getattr(owner, "magics", {}).get("line", {})
+        else f"%{name}"
+    )
 
 
 def progress_printer() -> Callable[[str], None]:

@@ -25,8 +25,12 @@ class CostMagics(Magics):
 
     @magic_arguments()
     @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
-    @argument("--budget", type=float, metavar="USD", help="policies: stop the workers when the estimate reaches USD")
-    @argument("--idle-stop", type=float, metavar="MINUTES", help="policies: stop the workers after MINUTES idle")
+    @argument(
+        "--budget", type=float, metavar="USD", help="policies: stop the workers when the estimate reaches USD"
+    )
+    @argument(
+        "--idle-stop", type=float, metavar="MINUTES", help="policies: stop the workers after MINUTES idle"
+    )
     @argument("--refresh", type=float, default=2.0, help="show: seconds between updates (default 2)")
     @argument("--text", action="store_true", help="show: print the numbers once instead of a live view")
     @argument("--cloud", help="catalog/refresh: aws, gcp or azure")
@@ -91,8 +95,11 @@ class CostMagics(Magics):
             raise RuntimeError("no cluster: start one with %gpu_cluster start")
         if args.budget is None and args.idle_stop is None:
             w = watcher_for(cluster)
-            print("\n".join(f"{s['name']}: {s['state']} {s['message']}" for s in w.status()) if w and w.policies
-                  else "No cost policies; add them with %gpu_cost policies --budget USD --idle-stop MINUTES")
+            print(
+                "\n".join(f"{s['name']}: {s['state']} {s['message']}" for s in w.status())
+                if w and w.policies
+                else "No cost policies; add them with %gpu_cost policies --budget USD --idle-stop MINUTES"
+            )
             return
         w = attach_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
         print(f"cluster {cluster.name!r}: {describe(w)}")
@@ -105,13 +112,35 @@ class CostMagics(Magics):
         if not rows:
             print("No instance types match.")
             return
-        cols = ["cloud", "instance_type", "gpu", "vcpus", "memory_gb", "region", "on_demand", "spot", "reserved_1y"]
+        cols = [
+            "cloud",
+            "instance_type",
+            "gpu",
+            "vcpus",
+            "memory_gb",
+            "region",
+            "on_demand",
+            "spot",
+            "reserved_1y",
+        ]
         head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(
-            f"<td>{r.get(c, ''):.3f}</td>" if isinstance(r.get(c), float) and c in cols[6:] else
-            f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>" for r in rows)
-        display(HTML(f"<div><b>USD per hour, estimates</b> &mdash; {html.escape(cat.source)}, as of "
-                     f"{html.escape(cat.date)}<table><tr>{head}</tr>{body}</table></div>"))
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{r.get(c, ''):.3f}</td>"
+                if isinstance(r.get(c), float) and c in cols[6:]
+                else f"<td>{html.escape(str(r.get(c, '')))}</td>"
+                for c in cols
+            )
+            + "</tr>"
+            for r in rows
+        )
+        display(
+            HTML(
+                f"<div><b>USD per hour, estimates</b> &mdash; {html.escape(cat.source)}, as of "
+                f"{html.escape(cat.date)}<table><tr>{head}</tr>{body}</table></div>"
+            )
+        )
 
     def _cmd_refresh(self, args: Any) -> None:
         from gpu_notebook.catalog import get_catalog

@@ -35,7 +35,14 @@ def _ends_with_semicolon(cell: str) -> bool:
     import io
     import tokenize
 
-    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    skip = (
+        tokenize.ENDMARKER,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.COMMENT,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+    )
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(cell).readline))
     except (tokenize.TokenError, SyntaxError):
@@ -58,9 +65,11 @@ def _push_hint(failures: Any, ns: dict[str, Any]) -> str:
     if not names:
         return ""
     which = ", ".join(repr(n) for n in names)
-    return (f"{which} {'is' if len(names) == 1 else 'are'} defined in the notebook, not on the workers (each "
-            f"worker has its own namespace): send {'it' if len(names) == 1 else 'them'} first with "
-            f"%gpu_push {' '.join(names)}")
+    return (
+        f"{which} {'is' if len(names) == 1 else 'are'} defined in the notebook, not on the workers (each "
+        f"worker has its own namespace): send {'it' if len(names) == 1 else 'them'} first with "
+        f"%gpu_push {' '.join(names)}"
+    )
 
 
 def _result_size(text: str) -> int:
@@ -84,11 +93,17 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @argument("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)")
     @argument("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted")
-    @argument("-o", "--out", help="store the per-rank values of the last expression in this notebook variable")
+    @argument(
+        "-o", "--out", help="store the per-rank values of the last expression in this notebook variable"
+    )
     @argument("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank")
     @argument("--cluster", help="run on this cluster instead of the current one")
-    @argument("--max-result", type=_result_size, metavar="SIZE",
-              help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)")
+    @argument(
+        "--max-result",
+        type=_result_size,
+        metavar="SIZE",
+        help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)",
+    )
     @no_var_expand
     @cell_magic
     def distributed(self, line: str, cell: str) -> None:
@@ -134,8 +149,11 @@ class DistributedMagics(Magics):
                 max_result_bytes=args.max_result,
             )
         except ValueError as exc:  # a bad --workers selection
-            print(f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}"
-                  f"Try {help_name(self.distributed)}? for help.", file=sys.stderr)
+            print(
+                f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}"
+                f"Try {help_name(self.distributed)}? for help.",
+                file=sys.stderr,
+            )
             return None
         except RuntimeError as exc:
             error(str(exc))
@@ -190,7 +208,9 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @argument("name", help="the worker variable to bring back")
     @argument("--rank", "-r", type=int, default=0, help="from this rank (default 0)")
-    @argument("--as", dest="as_name", help="store it in the notebook under this name (default: the same name)")
+    @argument(
+        "--as", dest="as_name", help="store it in the notebook under this name (default: the same name)"
+    )
     @line_magic
     def gpu_pull(self, line: str) -> None:
         """Bring a variable back from one worker into the notebook's namespace.

@@ -32,7 +32,9 @@ def _checked(cast: Any, ok: Any, bad_value: str, not_a: str = "not a number") ->
 
 
 #: a finite number of seconds > 0; a percentage from 0 to 100; a TCP port, 0 (any free one) to 65535
-positive_seconds = _checked(float, lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds")
+positive_seconds = _checked(
+    float, lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds"
+)
 percent = _checked(float, lambda v: 0 <= v <= 100, "must be a percentage from 0 to 100")
 tcp_port = _checked(int, lambda v: 0 <= v <= 65535, "a TCP port is 0 to 65535", "not a port number")
 
@@ -44,7 +46,9 @@ class MonitorMagics(Magics):
     interval = Float(0.5, config=True, help="Seconds between samples on each node (fast tier).")
     refresh = Float(1.0, config=True, help="Seconds between dashboard refreshes.")
     window = Float(300.0, config=True, help="Seconds of history on the dashboard charts.")
-    advice_window = Float(300.0, config=True, help="Seconds a GPU must stay under the threshold to be flagged.")
+    advice_window = Float(
+        300.0, config=True, help="Seconds a GPU must stay under the threshold to be flagged."
+    )
     threshold = Float(70.0, config=True, help="Utilisation percent below which a GPU counts as under-used.")
     max_msgs_per_s = Float(5.0, config=True, help="Cap on dashboard widget messages per second (at least 5).")
 
@@ -58,7 +62,11 @@ class MonitorMagics(Magics):
     @argument("--interval", type=positive_seconds, help="sampling period on each node, seconds (default 0.5)")
     @argument("--refresh", type=positive_seconds, help="show: dashboard refresh period, seconds (default 1)")
     @argument("--window", type=positive_seconds, help="show: seconds of history on the charts (default 300)")
-    @argument("--advice-window", type=positive_seconds, help="seconds a GPU must stay under the threshold (default 300)")
+    @argument(
+        "--advice-window",
+        type=positive_seconds,
+        help="seconds a GPU must stay under the threshold (default 300)",
+    )
     @argument("--threshold", type=percent, help="utilisation %% below which a GPU is under-used (default 70)")
     @argument("--port", type=tcp_port, default=0, help="prometheus: TCP port (default: a free one)")
     @argument("--host", default="127.0.0.1", help="prometheus: address to bind (default 127.0.0.1)")
@@ -93,12 +101,17 @@ class MonitorMagics(Magics):
     def _monitor(args: Any) -> Any:
         from gpu_notebook.monitor import monitor_for
 
-        return monitor_for(local=args.local, interval=args.interval, advice_window=args.advice_window,
-                           advice_threshold=args.threshold)
+        return monitor_for(
+            local=args.local,
+            interval=args.interval,
+            advice_window=args.advice_window,
+            advice_threshold=args.threshold,
+        )
 
     def _cmd_show(self, args: Any) -> Any:
-        w = self._monitor(args).widget(interval=args.refresh, window_s=args.window,
-                                       max_msgs_per_s=self.max_msgs_per_s)
+        w = self._monitor(args).widget(
+            interval=args.refresh, window_s=args.window, max_msgs_per_s=self.max_msgs_per_s
+        )
         self._widgets.append(w)
         w.show()
         return None
@@ -128,8 +141,11 @@ class MonitorMagics(Magics):
 
     def _cmd_advice(self, args: Any) -> None:
         items = self._monitor(args).advice(args.advice_window, args.threshold)
-        print("\n".join(a.message for a in items) if items else
-              "No under-used GPU (or not enough history yet for the advice window).")
+        print(
+            "\n".join(a.message for a in items)
+            if items
+            else "No under-used GPU (or not enough history yet for the advice window)."
+        )
 
     def _cmd_csv(self, args: Any) -> None:
         text = self._monitor(args).to_csv(args.path)

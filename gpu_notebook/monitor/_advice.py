@@ -48,17 +48,26 @@ class Advice:
         minutes = self.window_s / 60
         span = f"{minutes:.0f} min" if minutes >= 1 else f"{self.window_s:.0f} s"
         if self.idle:
-            return (f"{where} has been idle (mean {self.mean_util:.0f}%) for the last {span}: nothing is using "
-                    "it; put work on it or scale down.")
-        return (f"{where} stayed under {self.threshold:.0f}% for the last {span} (mean {self.mean_util:.0f}%, "
-                f"p95 {self.p95_util:.0f}%). Try " + ", ".join(REMEDIES[:-1]) + f" or {REMEDIES[-1]}.")
+            return (
+                f"{where} has been idle (mean {self.mean_util:.0f}%) for the last {span}: nothing is using "
+                "it; put work on it or scale down."
+            )
+        return (
+            f"{where} stayed under {self.threshold:.0f}% for the last {span} (mean {self.mean_util:.0f}%, "
+            f"p95 {self.p95_util:.0f}%). Try " + ", ".join(REMEDIES[:-1]) + f" or {REMEDIES[-1]}."
+        )
 
     def __str__(self) -> str:
         return self.message
 
 
-def advise(agg: Aggregator, window_s: float = 300.0, threshold: float = 70.0, now: float | None = None,
-           idle_below: float = 1.0) -> list[Advice]:
+def advise(
+    agg: Aggregator,
+    window_s: float = 300.0,
+    threshold: float = 70.0,
+    now: float | None = None,
+    idle_below: float = 1.0,
+) -> list[Advice]:
     """Advice for every GPU whose p95 utilisation stayed under ``threshold`` for the whole last ``window_s``.
 
     A GPU is only judged once its history covers the window (so a freshly started monitor says nothing).
@@ -79,8 +88,18 @@ def advise(agg: Aggregator, window_s: float = 300.0, threshold: float = 70.0, no
             continue
         st = window_stats(y)
         if st["p95"] < threshold:
-            out.append(Advice(s["node"], int(s["index"]), str(s["name"]), st["mean"], st["p95"], float(window_s),
-                              float(threshold), idle=st["max"] < idle_below))
+            out.append(
+                Advice(
+                    s["node"],
+                    int(s["index"]),
+                    str(s["name"]),
+                    st["mean"],
+                    st["p95"],
+                    float(window_s),
+                    float(threshold),
+                    idle=st["max"] < idle_below,
+                )
+            )
     return out
 
 

@@ -193,8 +193,10 @@ class Aggregator:
             state = self._reshape(state, info)
         t, data = reply["t"], reply["data"]
         if len(t) and data.shape[1] != len(state.buffer.columns):
-            raise ValueError(f"node {state.node} sent {data.shape[1]} columns, expected {len(state.buffer.columns)}"
-                             " (its sampler restarted with other GPUs and sent no description)")
+            raise ValueError(
+                f"node {state.node} sent {data.shape[1]} columns, expected {len(state.buffer.columns)}"
+                " (its sampler restarted with other GPUs and sent no description)"
+            )
         if len(t):
             state.buffer.append_many(t, data)
         state.seq = int(reply["seq"])
@@ -279,8 +281,16 @@ class Aggregator:
                 continue
             t, data = s.buffer.window(since_t)
             for g, c in zip(s.gpus, s.gpu_cols(metric), strict=True):
-                out.append({"node": node, "index": g["index"], "name": g["name"], "uuid": g["uuid"],
-                            "t": t, "y": data[:, c]})
+                out.append(
+                    {
+                        "node": node,
+                        "index": g["index"],
+                        "name": g["name"],
+                        "uuid": g["uuid"],
+                        "t": t,
+                        "y": data[:, c],
+                    }
+                )
         return out
 
     def host_series(self, metric: str, since_t: float) -> list[dict[str, Any]]:
@@ -305,8 +315,14 @@ class Aggregator:
                 continue
             t, row = last
             for g in s.gpus:
-                d: dict[str, Any] = {"node": node, "index": g["index"], "name": g["name"], "uuid": g["uuid"],
-                                     "t": t, "up": s.up}
+                d: dict[str, Any] = {
+                    "node": node,
+                    "index": g["index"],
+                    "name": g["name"],
+                    "uuid": g["uuid"],
+                    "t": t,
+                    "up": s.up,
+                }
                 for m in GPU_METRICS:
                     d[m] = float(row[s.col[f"gpu{g['index']}.{m}"]])
                 gpus.append(d)
@@ -334,5 +350,11 @@ def window_stats(values: np.ndarray) -> dict[str, float]:
     v = values[np.isfinite(values)]
     if v.size == 0:
         return {"mean": math.nan, "min": math.nan, "max": math.nan, "p95": math.nan, "p5": math.nan, "n": 0}
-    return {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max()),
-            "p95": float(np.percentile(v, 95)), "p5": float(np.percentile(v, 5)), "n": int(v.size)}
+    return {
+        "mean": float(v.mean()),
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "p95": float(np.percentile(v, 95)),
+        "p5": float(np.percentile(v, 5)),
+        "n": int(v.size),
+    }

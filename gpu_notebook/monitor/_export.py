@@ -24,27 +24,53 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # (metric column, exposition name, type, help, scale)
 _GPU_EXPORTS: list[tuple[str, str, str, str, float]] = [
-    ("util_gpu", "gpu_notebook_gpu_utilization_percent", "gauge",
-     "Percent of time a kernel was running on the GPU (NVML utilization.gpu).", 1.0),
-    ("util_mem", "gpu_notebook_gpu_memory_utilization_percent", "gauge",
-     "Percent of time device memory was being read or written.", 1.0),
+    (
+        "util_gpu",
+        "gpu_notebook_gpu_utilization_percent",
+        "gauge",
+        "Percent of time a kernel was running on the GPU (NVML utilization.gpu).",
+        1.0,
+    ),
+    (
+        "util_mem",
+        "gpu_notebook_gpu_memory_utilization_percent",
+        "gauge",
+        "Percent of time device memory was being read or written.",
+        1.0,
+    ),
     ("mem_used_mib", "gpu_notebook_gpu_memory_used_bytes", "gauge", "GPU memory used.", 2.0**20),
     ("mem_total_mib", "gpu_notebook_gpu_memory_total_bytes", "gauge", "GPU memory total.", 2.0**20),
     ("power_w", "gpu_notebook_gpu_power_watts", "gauge", "Power draw.", 1.0),
     ("power_limit_w", "gpu_notebook_gpu_power_limit_watts", "gauge", "Enforced power limit.", 1.0),
     ("temp_c", "gpu_notebook_gpu_temperature_celsius", "gauge", "GPU temperature.", 1.0),
     ("sm_clock_mhz", "gpu_notebook_gpu_sm_clock_hertz", "gauge", "SM clock.", 1e6),
-    ("throttle", "gpu_notebook_gpu_clocks_throttle_reasons", "gauge",
-     "Bitmask of NVML clocks throttle reasons (0 = not throttled).", 1.0),
+    (
+        "throttle",
+        "gpu_notebook_gpu_clocks_throttle_reasons",
+        "gauge",
+        "Bitmask of NVML clocks throttle reasons (0 = not throttled).",
+        1.0,
+    ),
     ("energy_j", "gpu_notebook_gpu_energy_joules", "counter", "Energy used since the driver loaded.", 1.0),
-    ("sm_active", "gpu_notebook_gpu_sm_active_ratio", "gauge",
-     "Fraction of SM cycles with work (NVML GPM, Hopper and newer).", 1.0),
+    (
+        "sm_active",
+        "gpu_notebook_gpu_sm_active_ratio",
+        "gauge",
+        "Fraction of SM cycles with work (NVML GPM, Hopper and newer).",
+        1.0,
+    ),
 ]
 _HOST_EXPORTS: list[tuple[str, str, str, str, float]] = [
     ("cpu_percent", "gpu_notebook_host_cpu_percent", "gauge", "Host CPU utilisation.", 1.0),
     ("mem_used_mib", "gpu_notebook_host_memory_used_bytes", "gauge", "Host memory used.", 2.0**20),
     ("mem_total_mib", "gpu_notebook_host_memory_total_bytes", "gauge", "Host memory total.", 2.0**20),
-    ("net_rx_Bps", "gpu_notebook_host_network_receive_bytes_per_second", "gauge", "Network receive rate.", 1.0),
+    (
+        "net_rx_Bps",
+        "gpu_notebook_host_network_receive_bytes_per_second",
+        "gauge",
+        "Network receive rate.",
+        1.0,
+    ),
     ("net_tx_Bps", "gpu_notebook_host_network_transmit_bytes_per_second", "gauge", "Network send rate.", 1.0),
     ("load1", "gpu_notebook_host_load1", "gauge", "1-minute load average.", 1.0),
 ]
@@ -78,8 +104,10 @@ def prometheus_text(agg: Aggregator, down: Iterable[str] = ()) -> str:
         sample = name + "_total" if typ == "counter" else name
         lines += [f"# HELP {sample} {help_}", f"# TYPE {sample} {typ}"]
         for r in rows:
-            labels = (f'node="{_label(r["node"])}",gpu="{r["index"]}",uuid="{_label(r["uuid"])}",'
-                      f'name="{_label(r["name"])}"')
+            labels = (
+                f'node="{_label(r["node"])}",gpu="{r["index"]}",uuid="{_label(r["uuid"])}",'
+                f'name="{_label(r["name"])}"'
+            )
             lines.append(f"{sample}{{{labels}}} {_num(r[col] * scale)}")
     for col, name, typ, help_, scale in _HOST_EXPORTS:
         rows = [r for r in latest["hosts"] if not math.isnan(r[col])]
@@ -88,8 +116,10 @@ def prometheus_text(agg: Aggregator, down: Iterable[str] = ()) -> str:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
         for r in rows:
             lines.append(f'{name}{{node="{_label(r["node"])}"}} {_num(r[col] * scale)}')
-    lines += ["# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
-              "# TYPE gpu_notebook_node_up gauge"]
+    lines += [
+        "# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
+        "# TYPE gpu_notebook_node_up gauge",
+    ]
     seen = set()
     for node, s in agg.states():
         seen.add(node)
@@ -125,7 +155,9 @@ def nvidia_smi_csv(agg: Aggregator, since_t: float = 0.0, *, node_column: bool =
                 us = "[N/A]" if math.isnan(u) else f"{int(round(u))} %"
                 ms = "[N/A]" if math.isnan(m) else f"{int(round(m))} MiB"
                 row = f"{_smi_time(float(t[k]))}, {g['name']}, {us}, {ms}"
-                records.append((float(t[k]), row + (f", {node}" if node_column else ""), node_i, str(g["index"])))
+                records.append(
+                    (float(t[k]), row + (f", {node}" if node_column else ""), node_i, str(g["index"]))
+                )
     records.sort(key=lambda r: (r[0], r[2], int(r[3])))
     lines += [r[1] for r in records]
     return "\n".join(lines) + "\n"
@@ -146,8 +178,14 @@ class PrometheusServer:
         Address to bind; ``127.0.0.1`` by default (use ``0.0.0.0`` for a Prometheus on another machine).
     """
 
-    def __init__(self, render: Callable[[], str], csv: Callable[[], str] | None = None, *, port: int = 0,
-                 host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        render: Callable[[], str],
+        csv: Callable[[], str] | None = None,
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+    ) -> None:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -177,8 +215,9 @@ class PrometheusServer:
         self._server.daemon_threads = True
         self.host = host
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="gpu_notebook-prometheus")
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, daemon=True, name="gpu_notebook-prometheus"
+        )
         self._thread.start()
 
     @property

@@ -487,8 +487,14 @@ class FakeNVML:
         gpu = self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         assert gpu is not None
         return [
-            nvmlFriendlyObject({"pid": pid, "usedGpuMemory": mib * 2**20, "gpuInstanceId": 0xFFFFFFFF,
-                                "computeInstanceId": 0xFFFFFFFF})
+            nvmlFriendlyObject(
+                {
+                    "pid": pid,
+                    "usedGpuMemory": mib * 2**20,
+                    "gpuInstanceId": 0xFFFFFFFF,
+                    "computeInstanceId": 0xFFFFFFFF,
+                }
+            )
             for pid, mib in gpu.processes
         ]
 

@@ -136,8 +136,13 @@ class Monitor:
             for s in self._given:
                 self.aggregator.add(_handle_for(s))
         elif self.cluster is None:
-            s = NodeSampler(nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
-                            history_s=self.history_s, clock=self.clock if self.clock is not time.time else None)
+            s = NodeSampler(
+                nvml=self.nvml,
+                interval=self.interval,
+                slow_interval=self.slow_interval,
+                history_s=self.history_s,
+                clock=self.clock if self.clock is not time.time else None,
+            )
             s.tick()  # a first sample right away, so a dashboard shown now is not empty
             s.start()
             self._own_local.append(s)
@@ -200,17 +205,27 @@ class Monitor:
 
         attempts = failure.attempts if failure is not None else 0
         try:
-            actor = sampler_actor_class().options(
-                num_cpus=self.sampler_cpus,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-            ).remote(node_id=node_id, nvml=self.nvml, interval=self.interval, slow_interval=self.slow_interval,
-                     history_s=self.history_s, labels={"ip": ip})
+            actor = (
+                sampler_actor_class()
+                .options(
+                    num_cpus=self.sampler_cpus,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+                )
+                .remote(
+                    node_id=node_id,
+                    nvml=self.nvml,
+                    interval=self.interval,
+                    slow_interval=self.slow_interval,
+                    history_s=self.history_s,
+                    labels={"ip": ip},
+                )
+            )
             ref = actor.info.remote()
         except Exception as exc:
             self._fail(node_id, ip, f"{type(exc).__name__}: {exc}")
             return
         # a retry after repeated failures gets longer to start (a slow node is not killed over and over)
-        limit = self.node_timeout * min(2 ** attempts, 8)
+        limit = self.node_timeout * min(2**attempts, 8)
         self._starting[node_id] = _Starting(actor, ref, ip, time.monotonic() + limit, limit)
 
     def _settle(self, wait: float) -> list[str]:
@@ -244,8 +259,12 @@ class Monitor:
             if now + 0.1 >= st.deadline:  # (ray.wait may return a hair early)
                 del self._starting[node]
                 self._kill(st.actor)
-                self._fail(node, st.ip, f"sampler did not start within {st.limit:g} s (node full, busy or "
-                                        "unreachable; Ray keeps it pending)")
+                self._fail(
+                    node,
+                    st.ip,
+                    f"sampler did not start within {st.limit:g} s (node full, busy or "
+                    "unreachable; Ray keeps it pending)",
+                )
         return added
 
     def _fail(self, node_id: str, ip: str, reason: str) -> None:
@@ -372,8 +391,12 @@ class Monitor:
 
     def advice(self, window_s: float | None = None, threshold: float | None = None) -> list[Advice]:
         """GPUs that stayed under ``threshold`` % utilisation for the whole window, with remedies."""
-        return advise(self.aggregator, self.advice_window if window_s is None else window_s,
-                      self.advice_threshold if threshold is None else threshold, now=self.clock())
+        return advise(
+            self.aggregator,
+            self.advice_window if window_s is None else window_s,
+            self.advice_threshold if threshold is None else threshold,
+            now=self.clock(),
+        )
 
     def slow(self) -> dict[str, dict[str, Any]]:
         """Latest slow-tier data per node (GPU processes, PCIe throughput)."""
@@ -396,8 +419,15 @@ class Monitor:
         for node, st in self.aggregator.states():
             for g in st.slow.get("gpus", []):
                 for p in g.get("processes", []):
-                    rows.append({"node": node, "gpu": int(g["index"]), "pid": int(p["pid"]),
-                                 "used_mib": float(p["used_mib"]), "rank": ranks.get((node, int(p["pid"])))})
+                    rows.append(
+                        {
+                            "node": node,
+                            "gpu": int(g["index"]),
+                            "pid": int(p["pid"]),
+                            "used_mib": float(p["used_mib"]),
+                            "rank": ranks.get((node, int(p["pid"]))),
+                        }
+                    )
         return rows
 
     # -- exports --------------------------------------------------------------------------------------------------
@@ -405,7 +435,9 @@ class Monitor:
         """Newest samples in Prometheus text exposition format."""
         return prometheus_text(self.aggregator, down=self.failed_nodes)
 
-    def to_csv(self, path: str | None = None, window_s: float | None = None, node_column: bool = False) -> str:
+    def to_csv(
+        self, path: str | None = None, window_s: float | None = None, node_column: bool = False
+    ) -> str:
         """History in ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv`` shape.
 
         Writes it to ``path`` when given; always returns the text.
@@ -419,7 +451,9 @@ class Monitor:
 
     def serve_prometheus(self, port: int = 0, host: str = "127.0.0.1") -> PrometheusServer:
         """Serve ``/metrics`` (and ``/csv``) over HTTP on ``port`` (0 = a free port) until :meth:`stop`."""
-        srv = PrometheusServer(self.prometheus_text, lambda: self.to_csv(node_column=True), port=port, host=host)
+        srv = PrometheusServer(
+            self.prometheus_text, lambda: self.to_csv(node_column=True), port=port, host=host
+        )
         self._servers.append(srv)
         return srv
 
@@ -432,8 +466,10 @@ class Monitor:
 
     def __repr__(self) -> str:
         state = "running" if self.started else "stopped"
-        return (f"Monitor({self.kind}, {len(self.nodes)} nodes, {self.gpu_count} GPUs, "
-                f"every {self.interval:g}s, {state})")
+        return (
+            f"Monitor({self.kind}, {len(self.nodes)} nodes, {self.gpu_count} GPUs, "
+            f"every {self.interval:g}s, {state})"
+        )
 
     def snapshot_html(self) -> str:
         """A static HTML table of the newest reading (what a saved notebook shows)."""
@@ -481,27 +517,35 @@ def snapshot_table_html(mon: Monitor) -> str:
     """Plain HTML (no scripts, no images) of the newest reading and the current advice."""
     latest = mon.latest()
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mon.clock()))
-    head = (f"<div class='gpu-notebook-monitor-snapshot'><b>GPU monitor</b> snapshot {html.escape(when)} · "
-            f"{len(mon.nodes)} node(s), {mon.gpu_count} GPU(s)")
+    head = (
+        f"<div class='gpu-notebook-monitor-snapshot'><b>GPU monitor</b> snapshot {html.escape(when)} · "
+        f"{len(mon.nodes)} node(s), {mon.gpu_count} GPU(s)"
+    )
     rows = []
     if latest["gpus"]:
-        rows.append("<tr><th>node</th><th>GPU</th><th>name</th><th>util %</th><th>memory MiB</th>"
-                    "<th>power W</th><th>temp °C</th><th>SM active</th></tr>")
+        rows.append(
+            "<tr><th>node</th><th>GPU</th><th>name</th><th>util %</th><th>memory MiB</th>"
+            "<th>power W</th><th>temp °C</th><th>SM active</th></tr>"
+        )
         for r in latest["gpus"]:
             rows.append(
                 f"<tr><td>{html.escape(r['node'][:12])}</td><td>{r['index']}</td><td>{html.escape(r['name'])}</td>"
                 f"<td>{_fmt(r['util_gpu'])}</td><td>{_fmt(r['mem_used_mib'])} / {_fmt(r['mem_total_mib'])}</td>"
                 f"<td>{_fmt(r['power_w'])} / {_fmt(r['power_limit_w'])}</td><td>{_fmt(r['temp_c'])}</td>"
-                f"<td>{_fmt(r['sm_active'], '.2f')}</td></tr>")
+                f"<td>{_fmt(r['sm_active'], '.2f')}</td></tr>"
+            )
     if latest["hosts"]:
-        rows.append("<tr><th>node</th><th colspan=2>host</th><th>CPU %</th><th>memory MiB</th>"
-                    "<th colspan=3>network rx / tx kB/s</th></tr>")
+        rows.append(
+            "<tr><th>node</th><th colspan=2>host</th><th>CPU %</th><th>memory MiB</th>"
+            "<th colspan=3>network rx / tx kB/s</th></tr>"
+        )
         for h in latest["hosts"]:
             rows.append(
                 f"<tr><td>{html.escape(h['node'][:12])}</td><td colspan=2>{'GPU node' if h['has_gpu'] else 'CPU only'}"
                 f"</td><td>{_fmt(h['cpu_percent'])}</td><td>{_fmt(h['mem_used_mib'])} / {_fmt(h['mem_total_mib'])}"
                 f"</td><td colspan=3>{_fmt(h['net_rx_Bps'] / 1e3, '.1f')} / {_fmt(h['net_tx_Bps'] / 1e3, '.1f')}"
-                "</td></tr>")
+                "</td></tr>"
+            )
     table = f"<table>{''.join(rows)}</table>" if rows else "<p>no samples yet</p>"
     adv = "".join(f"<li>{html.escape(a.message)}</li>" for a in mon.advice())
     return head + table + down_nodes_html(mon) + (f"<ul>{adv}</ul>" if adv else "") + "</div>"

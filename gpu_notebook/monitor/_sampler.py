@@ -50,7 +50,14 @@ GPU_METRICS: tuple[str, ...] = (
     "energy_j",  # energy counter since driver load
     "sm_active",  # GPM SM activity, 0..1 (NaN when GPM is unavailable)
 )
-HOST_METRICS: tuple[str, ...] = ("cpu_percent", "mem_used_mib", "mem_total_mib", "net_rx_Bps", "net_tx_Bps", "load1")
+HOST_METRICS: tuple[str, ...] = (
+    "cpu_percent",
+    "mem_used_mib",
+    "mem_total_mib",
+    "net_rx_Bps",
+    "net_tx_Bps",
+    "load1",
+)
 
 MIN_INTERVAL_S = 0.1
 MIN_SLOW_INTERVAL_S = 10.0
@@ -255,8 +262,11 @@ class HostSource:
 
     def __init__(self) -> None:
         self._proc = os.path.exists("/proc/stat") and os.path.exists("/proc/meminfo")
-        self._stat, self._meminfo, self._netdev = _ProcFile("/proc/stat"), _ProcFile("/proc/meminfo"), _ProcFile(
-            "/proc/net/dev")
+        self._stat, self._meminfo, self._netdev = (
+            _ProcFile("/proc/stat"),
+            _ProcFile("/proc/meminfo"),
+            _ProcFile("/proc/net/dev"),
+        )
         self._psutil: Any = None
         if not self._proc:
             try:
@@ -411,7 +421,9 @@ class NodeSampler:
             except Exception:
                 self.gpu = None
         self.host = HostSource() if host else None
-        self.nvml_kind = "none" if self.gpu is None else ("fake" if type(nv).__name__ == "FakeNVML" else "nvml")
+        self.nvml_kind = (
+            "none" if self.gpu is None else ("fake" if type(nv).__name__ == "FakeNVML" else "nvml")
+        )
         columns: list[str] = []
         for i in range(self.gpu.count if self.gpu else 0):
             columns += [f"gpu{i}.{m}" for m in GPU_METRICS]
@@ -517,10 +529,18 @@ class NodeSampler:
             return self
         self._stop.clear()
         self._threads = [
-            threading.Thread(target=self._loop, args=(self.interval, self.tick), daemon=True,
-                             name=f"gpu_notebook-sampler-{self.node_id[:8]}"),
-            threading.Thread(target=self._loop, args=(self.slow_interval, self.slow_tick), daemon=True,
-                             name=f"gpu_notebook-sampler-slow-{self.node_id[:8]}"),
+            threading.Thread(
+                target=self._loop,
+                args=(self.interval, self.tick),
+                daemon=True,
+                name=f"gpu_notebook-sampler-{self.node_id[:8]}",
+            ),
+            threading.Thread(
+                target=self._loop,
+                args=(self.slow_interval, self.slow_tick),
+                daemon=True,
+                name=f"gpu_notebook-sampler-slow-{self.node_id[:8]}",
+            ),
         ]
         for t in self._threads:
             t.start()

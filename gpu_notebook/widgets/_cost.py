@@ -37,12 +37,18 @@ def header_html(snap: Any) -> str:
     parts = [snapshot_html(snap)]
     for p in snap.policies:
         if p.get("name") == "idle stop" and p.get("state") == "countdown":
-            parts.insert(0, "<div style='background:#fdebd0;padding:4px;border-left:4px solid #e67e22'>"
-                            f"<b>Idle stop in {_fmt_s(p.get('remaining_s'))}</b>: run any cell to keep the "
-                            "workers</div>")
+            parts.insert(
+                0,
+                "<div style='background:#fdebd0;padding:4px;border-left:4px solid #e67e22'>"
+                f"<b>Idle stop in {_fmt_s(p.get('remaining_s'))}</b>: run any cell to keep the "
+                "workers</div>",
+            )
         if p.get("state") == "stopped":
-            parts.insert(0, "<div style='background:#fadbd8;padding:4px;border-left:4px solid #c0392b'>"
-                            f"<b>Workers stopped</b>: {html.escape(str(p.get('message', '')))}</div>")
+            parts.insert(
+                0,
+                "<div style='background:#fadbd8;padding:4px;border-left:4px solid #c0392b'>"
+                f"<b>Workers stopped</b>: {html.escape(str(p.get('message', '')))}</div>",
+            )
     return "".join(parts)
 
 
@@ -70,8 +76,16 @@ class CostWidget:
     In [2]: CostWidget(cost_meter_for(cluster)).show()
     """
 
-    def __init__(self, meter: Any, *, interval: float = 2.0, max_points: int = 300, max_msgs_per_s: float = 5.0,
-                 autostart: bool = True, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        meter: Any,
+        *,
+        interval: float = 2.0,
+        max_points: int = 300,
+        max_msgs_per_s: float = 5.0,
+        autostart: bool = True,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         import ipywidgets as W
         import plotly.graph_objects as go
 
@@ -91,14 +105,26 @@ class CostWidget:
         self._last: tuple[Any, ...] | None = None
         snap = meter.snapshot(self.clock())
         self.header = W.HTML(value=header_html(snap))
-        fig = go.FigureWidget(layout=dict(
-            height=260, margin=dict(l=50, r=10, t=30, b=30), showlegend=False,
-            xaxis=dict(domain=[0, 0.62], title=None), yaxis=dict(title="USD so far", rangemode="tozero"),
-            xaxis2=dict(domain=[0.72, 1.0]), yaxis2=dict(anchor="x2", title="same node-hours, USD", rangemode="tozero"),
-            title=dict(text="cost (estimate)", font=dict(size=12))))
+        fig = go.FigureWidget(
+            layout=dict(
+                height=260,
+                margin=dict(l=50, r=10, t=30, b=30),
+                showlegend=False,
+                xaxis=dict(domain=[0, 0.62], title=None),
+                yaxis=dict(title="USD so far", rangemode="tozero"),
+                xaxis2=dict(domain=[0.72, 1.0]),
+                yaxis2=dict(anchor="x2", title="same node-hours, USD", rangemode="tozero"),
+                title=dict(text="cost (estimate)", font=dict(size=12)),
+            )
+        )
         fig.add_scatter(x=[], y=[], mode="lines", name="USD so far", line=dict(shape="hv"))
-        fig.add_bar(x=[_MARKET_LABELS[m] for m in ("on_demand", "spot", "reserved_1y")], y=[0, 0, 0],
-                    xaxis="x2", yaxis="y2", name="markets")
+        fig.add_bar(
+            x=[_MARKET_LABELS[m] for m in ("on_demand", "spot", "reserved_1y")],
+            y=[0, 0, 0],
+            xaxis="x2",
+            yaxis="y2",
+            name="markets",
+        )
         self.fig = fig
         self.box = W.VBox([self.header, self.fig])
         self.box.add_class("gpu-notebook-cost")
@@ -137,13 +163,20 @@ class CostWidget:
                 return False
             now = self.clock()
             try:
-                self.meter.poll(now)  # nodes that joined or left since the last look (no policy watcher polls)
+                self.meter.poll(
+                    now
+                )  # nodes that joined or left since the last look (no policy watcher polls)
             except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
                 pass
             snap = self.meter.snapshot(now)
-            hist = self.meter.history[-self.max_points:]
-            key = (round(snap.spent_usd, 2), round(snap.usd_per_hour, 2), snap.nodes_running,
-                   tuple((p.get("state"), p.get("message")) for p in snap.policies), len(hist))
+            hist = self.meter.history[-self.max_points :]
+            key = (
+                round(snap.spent_usd, 2),
+                round(snap.usd_per_hour, 2),
+                snap.nodes_running,
+                tuple((p.get("state"), p.get("message")) for p in snap.policies),
+                len(hist),
+            )
             if key == self._last and not force:
                 return False
             self._last = key
@@ -154,16 +187,23 @@ class CostWidget:
             with self.fig.batch_update():
                 self.fig.data[0].x = xs
                 self.fig.data[0].y = [round(s, 4) for _t, s, _r in hist]
-                self.fig.data[1].y = [round(snap.by_market[m], 4) for m in ("on_demand", "spot", "reserved_1y")]
-                self.fig.layout.title.text = ("local cluster: $0" if snap.is_local else
-                                              f"${snap.spent_usd:,.2f} so far (estimate"
-                                              + (f", prices as of {snap.date})" if snap.date else ")"))
+                self.fig.data[1].y = [
+                    round(snap.by_market[m], 4) for m in ("on_demand", "spot", "reserved_1y")
+                ]
+                self.fig.layout.title.text = (
+                    "local cluster: $0"
+                    if snap.is_local
+                    else f"${snap.spent_usd:,.2f} so far (estimate"
+                    + (f", prices as of {snap.date})" if snap.date else ")")
+                )
             self.refreshes += 1
             return True
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            if getattr(self.box, "comm", True) is None:  # closed (close(), Widget.close_all()): nothing to update
+            if (
+                getattr(self.box, "comm", True) is None
+            ):  # closed (close(), Widget.close_all()): nothing to update
                 break
             try:
                 self.refresh()

@@ -64,8 +64,9 @@ def _decimate(t: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray
     return t[-1::-step][::-1], y[-1::-step][::-1]
 
 
-def _binned(parts: list[tuple[np.ndarray, np.ndarray]], since: float, now: float, nbins: int,
-            how: str) -> tuple[np.ndarray, np.ndarray]:
+def _binned(
+    parts: list[tuple[np.ndarray, np.ndarray]], since: float, now: float, nbins: int, how: str
+) -> tuple[np.ndarray, np.ndarray]:
     """Combine many series onto a common time grid: mean/min/max of all values in each bin."""
     if not parts:
         return np.zeros(0), np.zeros(0)
@@ -273,8 +274,11 @@ class MonitorWidget:
             heat = len(gpus) >= self.heatmap_min_gpus
         else:
             mode = "host"
-            keys = (tuple(("node", n, "host") for n in nodes) if len(nodes) <= self.max_traces
-                    else (("all", "mean", None), ("all", "min", None), ("all", "max", None)))
+            keys = (
+                tuple(("node", n, "host") for n in nodes)
+                if len(nodes) <= self.max_traces
+                else (("all", "mean", None), ("all", "min", None), ("all", "max", None))
+            )
             heat = False
         return (mode, keys, heat)
 
@@ -290,13 +294,19 @@ class MonitorWidget:
     def _rows(self, plan: tuple[Any, ...]) -> list[tuple[str, str]]:
         mode, _, heat = plan
         if mode == "gpu":
-            rows = [("util_gpu", "GPU utilisation %"), ("mem_used_mib", "GPU memory used GiB"),
-                    ("power_w", "power W")]
+            rows = [
+                ("util_gpu", "GPU utilisation %"),
+                ("mem_used_mib", "GPU memory used GiB"),
+                ("power_w", "power W"),
+            ]
             if heat:
                 rows.append(("heat", "utilisation now: node x GPU"))
             return rows
-        return [("cpu_percent", "host CPU %"), ("mem_used_mib", "host memory used GiB"),
-                ("net_rx_Bps", "network receive MB/s")]
+        return [
+            ("cpu_percent", "host CPU %"),
+            ("mem_used_mib", "host memory used GiB"),
+            ("net_rx_Bps", "network receive MB/s"),
+        ]
 
     def _build_figure(self) -> Any:
         import plotly.graph_objects as go
@@ -304,23 +314,52 @@ class MonitorWidget:
 
         plan = self._plan()
         rows = self._rows(plan)
-        fig = make_subplots(rows=len(rows), cols=1, subplot_titles=[r[1] for r in rows],
-                            vertical_spacing=0.22 / len(rows) + 0.03)
+        fig = make_subplots(
+            rows=len(rows),
+            cols=1,
+            subplot_titles=[r[1] for r in rows],
+            vertical_spacing=0.22 / len(rows) + 0.03,
+        )
         self._traces = []
         _, keys, _ = plan
         for r, (metric, _title) in enumerate(rows, start=1):
             if metric == "heat":
-                fig.add_trace(go.Heatmap(z=[[0.0]], zmin=0, zmax=100, colorscale="Viridis", showscale=True,
-                                         colorbar={"len": 1.0 / len(rows), "y": 0.5 / len(rows)}), row=r, col=1)
+                fig.add_trace(
+                    go.Heatmap(
+                        z=[[0.0]],
+                        zmin=0,
+                        zmax=100,
+                        colorscale="Viridis",
+                        showscale=True,
+                        colorbar={"len": 1.0 / len(rows), "y": 0.5 / len(rows)},
+                    ),
+                    row=r,
+                    col=1,
+                )
                 self._traces.append(("heat", "", None))
                 continue
             for i, key in enumerate(keys):
-                fig.add_trace(go.Scatter(x=[], y=[], mode="lines", name=self._label(key), legendgroup=str(i),
-                                         showlegend=(r == 1), line={"width": 1.5}), row=r, col=1)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[],
+                        y=[],
+                        mode="lines",
+                        name=self._label(key),
+                        legendgroup=str(i),
+                        showlegend=(r == 1),
+                        line={"width": 1.5},
+                    ),
+                    row=r,
+                    col=1,
+                )
                 self._traces.append((metric, "series", key))
-        fig.update_layout(height=self.height or 210 * len(rows) + 40, margin={"l": 50, "r": 20, "t": 30, "b": 20},
-                          uirevision="gpu-notebook-monitor", template="plotly_white",
-                          legend={"orientation": "h", "y": -0.05})
+        fig.update_layout(
+            height=self.height or 210 * len(rows) + 40,
+            margin={"l": 50, "r": 20, "t": 30, "b": 20},
+            uirevision="gpu-notebook-monitor",
+            template="plotly_white",
+            legend={"orientation": "h", "y": -0.05},
+        )
         fig.update_yaxes(rangemode="tozero")
         # x arrives as local-time epoch milliseconds (binary float64), shown as dates
         self._date_axes = {}
@@ -335,8 +374,14 @@ class MonitorWidget:
         return go.FigureWidget(fig)
 
     # -- data -----------------------------------------------------------------------------------------------------
-    def _series(self, metric: str, key: tuple[str, str, Any], since: float, now: float,
-                cache: dict[str, list[dict[str, Any]]]) -> tuple[np.ndarray, np.ndarray]:
+    def _series(
+        self,
+        metric: str,
+        key: tuple[str, str, Any],
+        since: float,
+        now: float,
+        cache: dict[str, list[dict[str, Any]]],
+    ) -> tuple[np.ndarray, np.ndarray]:
         mode = self._structure[0] if self._structure else "gpu"
         if metric not in cache:
             agg = self.monitor.aggregator
@@ -383,6 +428,7 @@ class MonitorWidget:
         cells: list[tuple[str, str]] = [("nodes", f"{up}/{len(states) + len(failed)}")]
         g = latest["gpus"]
         if g:
+
             def mean(k: str) -> float:
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(np.mean(v)) if v else math.nan
@@ -391,10 +437,16 @@ class MonitorWidget:
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(sum(v)) if v else math.nan
 
-            cells += [("GPUs", str(len(g))), ("mean util", _num(mean("util_gpu"), ".0f", "%")),
-                      ("memory", f"{_num(total('mem_used_mib') / 1024, '.1f')}/"
-                                 f"{_num(total('mem_total_mib') / 1024, '.0f')} GiB"),
-                      ("power", _num(total("power_w"), ".0f", " W"))]
+            cells += [
+                ("GPUs", str(len(g))),
+                ("mean util", _num(mean("util_gpu"), ".0f", "%")),
+                (
+                    "memory",
+                    f"{_num(total('mem_used_mib') / 1024, '.1f')}/"
+                    f"{_num(total('mem_total_mib') / 1024, '.0f')} GiB",
+                ),
+                ("power", _num(total("power_w"), ".0f", " W")),
+            ]
             sm = mean("sm_active")
             if not math.isnan(sm):
                 cells.append(("SM active", f"{sm:.2f}"))
@@ -405,12 +457,16 @@ class MonitorWidget:
             h = latest["hosts"]
             cpu = [r["cpu_percent"] for r in h if not math.isnan(r["cpu_percent"])]
             mems = [r["mem_used_mib"] for r in h if not math.isnan(r["mem_used_mib"])]
-            cells += [("GPUs", "none (host metrics)"), ("mean CPU", f"{np.mean(cpu):.0f}%" if cpu else "–"),
-                      ("memory", _num(sum(mems) / 1024 if mems else math.nan, ".1f", " GiB"))]
+            cells += [
+                ("GPUs", "none (host metrics)"),
+                ("mean CPU", f"{np.mean(cpu):.0f}%" if cpu else "–"),
+                ("memory", _num(sum(mems) / 1024 if mems else math.nan, ".1f", " GiB")),
+            ]
         body = "".join(
             f"<div style='display:inline-block;margin-right:1.6em'><div style='font-size:0.8em;color:#666'>"
             f"{html.escape(k)}</div><div style='font-size:1.3em;font-weight:600'>{html.escape(v)}</div></div>"
-            for k, v in cells)
+            for k, v in cells
+        )
         down = ""
         if failed:
             from gpu_notebook.monitor._monitor import down_nodes_html
@@ -440,7 +496,8 @@ class MonitorWidget:
             gpu_names = sorted({a.name for a in low})
             parts.append(
                 f"<div><b>Under {a0.threshold:.0f}% for the last {span}</b> ({html.escape(', '.join(gpu_names))}): "
-                f"{html.escape(names(low))}. Try " + html.escape(", ".join(REMEDIES)) + ".</div>")
+                f"{html.escape(names(low))}. Try " + html.escape(", ".join(REMEDIES)) + ".</div>"
+            )
         if idle:
             parts.append(f"<div><b>Idle for the last {span}</b>: {html.escape(names(idle))}.</div>")
         return f"<div class='gpu-notebook-monitor-advice' style='color:#8a5a00;margin-top:4px'>{''.join(parts)}</div>"
@@ -457,7 +514,9 @@ class MonitorWidget:
         fig = self.fig
         perform = getattr(fig, "_perform_plotly_restyle", None)
         send = getattr(fig, "_send_update_msg", None)
-        if perform is None or send is None:  # pragma: no cover - a plotly without them: public API, numeric axes
+        if (
+            perform is None or send is None
+        ):  # pragma: no cover - a plotly without them: public API, numeric axes
             fig.plotly_restyle(restyle, idx)
             return
         changes = perform(restyle, idx)
@@ -548,7 +607,9 @@ class MonitorWidget:
         while not self._stop.wait(self.interval):
             if self._closed():
                 break
-            if not getattr(self.monitor, "started", True):  # monitor stopped (cluster stop): show the end, quit
+            if not getattr(
+                self.monitor, "started", True
+            ):  # monitor stopped (cluster stop): show the end, quit
                 try:
                     self.refresh(force=True)
                 except Exception:
@@ -611,5 +672,7 @@ class MonitorWidget:
 
     def __repr__(self) -> str:
         state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
-        return (f"MonitorWidget({len(self.monitor.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
-                f"every {self.interval:g}s, {state})")
+        return (
+            f"MonitorWidget({len(self.monitor.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
+            f"every {self.interval:g}s, {state})"
+        )
