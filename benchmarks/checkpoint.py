@@ -249,7 +249,7 @@ class S3Bench:
     """A moto S3 server on loopback (in a child process, so that it does not share our GIL)."""
 
     def __init__(self) -> None:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "checkpoint"))
         from _s3server import S3Server, fake_credentials
 
         for k, v in fake_credentials().items():

@@ -2,7 +2,7 @@
 
 Ray's cluster launcher SDK (``ray.autoscaler.sdk``) is a ``DeveloperAPI`` ("experimental, not stable") and the
 config validation that ``ray up`` runs lives in ``ray.autoscaler._private``. Every use of those names is kept
-here, behind small functions, so a Ray upgrade breaks exactly one file, and ``tests/test_cloud_ray_compat.py``
+here, behind small functions, so a Ray upgrade breaks exactly one file, and ``tests/cloud/test_cloud_ray_compat.py``
 (the contract tests) says which name moved.
 
 Nothing here imports Ray at module import time.

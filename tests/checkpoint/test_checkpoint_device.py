@@ -18,7 +18,7 @@ from gpu_notebook.checkpoint import Checkpointer
 from gpu_notebook.checkpoint._tree import flatten, wait_for_copies
 
 pytestmark = pytest.mark.timeout(180)
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check_checkpoint.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_checkpoint.py"
 
 
 def test_pinned_request_without_cuda_gives_ordinary_recyclable_memory(tmp_path: pathlib.Path) -> None:

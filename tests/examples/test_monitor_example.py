@@ -9,7 +9,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "monitoring_and_cost.ipynb"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "monitoring_and_cost.ipynb"
 
 # Until the lead registers MonitorMagics in gpu_notebook.magics.MAGICS, register it here (no-op afterwards).
 _ENSURE_MAGIC = """

@@ -81,7 +81,7 @@ def jupyter_lab(tmp_path: pathlib.Path):
             "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
             "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
             "PYTHONPATH": os.pathsep.join(
-                [str(pathlib.Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+                [str(pathlib.Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
             ),
         }
     )

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.timeout(600)
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "checkpoint.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "checkpoint.py"
 
 
 def test_quick_run_prints_both_tables(tmp_path: pathlib.Path) -> None:

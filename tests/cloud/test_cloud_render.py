@@ -1,6 +1,6 @@
 """Rendered cluster configs: Ray's own validation (what ``ray up`` runs), spot markers per cloud, golden files.
 
-Regenerate the golden files after an intended change with ``GNB_UPDATE_GOLDEN=1 pytest tests/test_cloud_render.py``.
+Regenerate the golden files after an intended change with ``GNB_UPDATE_GOLDEN=1 pytest tests/cloud/test_cloud_render.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpu_notebook.cloud._render import (
 pytest.importorskip("ray")
 yaml = pytest.importorskip("yaml")
 
-GOLDEN = Path(__file__).parent / "data" / "cloud"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "cloud"
 PINNED = dict(image="rayproject/ray:2.60.0-py311-gpu", pip_packages=["gpu_notebook==0.1.0", "torch==2.13.0"])
 
 # name -> typical request

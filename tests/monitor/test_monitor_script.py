@@ -6,7 +6,7 @@ import pathlib
 import subprocess
 import sys
 
-SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "gpu_check_monitor.py"
+SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_monitor.py"
 
 
 def test_gpu_check_script_with_fake_nvml() -> None:

@@ -22,7 +22,7 @@ from gpu_notebook.catalog._refresh import (
     refresh_catalog,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _load(name: str) -> dict:

@@ -11,7 +11,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "checkpoint_resume.ipynb"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "checkpoint_resume.ipynb"
 
 
 def _text(cell: dict) -> str:

@@ -1,5 +1,5 @@
 """The reaper process on its own (no cloud): a release ends it quietly, a SIGTERM hands over at once, and a
-cluster it did not launch is left alone. ``tests/test_cloud_lifecycle.py`` has the real teardown after SIGKILL.
+cluster it did not launch is left alone. ``tests/cloud/test_cloud_lifecycle.py`` has the real teardown after SIGKILL.
 
 Each "kernel" is a subprocess, so the SIGTERM handler and the reaper's parent are its own."""
 
