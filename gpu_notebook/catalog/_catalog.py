@@ -19,6 +19,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpu_notebook.errors import GpuNotebookError
+
 if TYPE_CHECKING:
     from ._refresh import RefreshReport
 
@@ -48,7 +50,7 @@ _MARKET_ALIASES = {
 }
 
 
-class CatalogError(LookupError):
+class CatalogError(GpuNotebookError, LookupError):
     """An instance type, region, GPU or price the catalog does not have; the message names alternatives."""
 
 

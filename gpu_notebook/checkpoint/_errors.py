@@ -5,6 +5,8 @@ Every error names what it is about (checkpoint id, tensor, chunk, object key) so
 
 from __future__ import annotations
 
+from gpu_notebook.errors import GpuNotebookError
+
 __all__ = [
     "CheckpointError",
     "StoreError",
@@ -18,7 +20,7 @@ __all__ = [
 ]
 
 
-class CheckpointError(Exception):
+class CheckpointError(GpuNotebookError, Exception):
     """Base class of every checkpoint error."""
 
 

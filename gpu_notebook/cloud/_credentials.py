@@ -10,8 +10,10 @@ import os
 import shutil
 from dataclasses import dataclass
 
+from gpu_notebook.errors import GpuNotebookError
 
-class CredentialsError(RuntimeError):
+
+class CredentialsError(GpuNotebookError, RuntimeError):
     """Missing, expired or unusable cloud credentials (the message says how to fix it)."""
 
 

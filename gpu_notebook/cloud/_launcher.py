@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from gpu_notebook.errors import GpuNotebookError
+
 from . import _kube, _ray_compat
 from ._credentials import CredentialsInfo, check_credentials
 from ._render import RAY_CLIENT_PORT, render_kuberay_manifest, render_ray_config, to_yaml
@@ -81,7 +83,7 @@ def aws_vcpu_quota(region: str, instance_type: str, spot: bool) -> tuple[str, st
         return None  # no permission, not supported (e.g. an emulator), offline: launch and let EC2 decide
 
 
-class LaunchError(RuntimeError):
+class LaunchError(GpuNotebookError, RuntimeError):
     """A launch that failed; the message says why, what was cleaned up, and what to try instead."""
 
     def __init__(self, message: str, teardown: TeardownReport | None = None) -> None:

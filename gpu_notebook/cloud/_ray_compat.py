@@ -16,6 +16,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpu_notebook.errors import GpuNotebookError
+
 #: Ray versions this module was written and contract-tested against: ``[MIN, MAX)``.
 RAY_MIN_VERSION = (2, 50)
 RAY_MAX_VERSION = (2, 70)
@@ -28,7 +30,7 @@ TAG_NODE_KIND = "ray-node-type"
 TAG_NODE_STATUS = "ray-node-status"
 
 
-class RayVersionError(RuntimeError):
+class RayVersionError(GpuNotebookError, RuntimeError):
     """The installed Ray is outside the range the cloud launcher supports."""
 
 

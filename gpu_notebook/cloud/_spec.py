@@ -16,6 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpu_notebook.errors import GpuNotebookError
+
 CLOUDS = ("aws", "gcp", "azure", "kubernetes")
 
 #: A small CPU instance for the head node per cloud: the GPUs live on the workers.
@@ -44,7 +46,7 @@ DEFAULT_VM_IMAGES: dict[str, str | None] = {
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
 
 
-class CloudRequestError(ValueError):
+class CloudRequestError(GpuNotebookError, ValueError):
     """A ``--cloud`` request that cannot be met (unknown GPU, region without it, quota, bad option)."""
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_notebook.errors import GpuNotebookError
+
 from ._ray_compat import TAG_CLUSTER_NAME
 
 #: EC2 states that still exist (``shutting-down`` is on its way out but is reported too).
 AWS_ALIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
-class VerificationUnavailable(RuntimeError):
+class VerificationUnavailable(GpuNotebookError, RuntimeError):
     """The cloud's SDK is missing here, so leftovers could not be listed."""
 
 

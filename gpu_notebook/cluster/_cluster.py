@@ -13,11 +13,12 @@ from typing import Any
 
 from gpu_notebook.cluster import _connect
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
+from gpu_notebook.errors import GpuNotebookError
 
 Progress = Callable[[str], None]
 
 
-class ClusterError(RuntimeError):
+class ClusterError(GpuNotebookError, RuntimeError):
     """A cluster operation could not be done (the message says why and what to do)."""
 
 

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpu_notebook.errors import GpuNotebookError
+
 Progress = Callable[[str], None]
 
 
-class ConnectError(RuntimeError):
+class ConnectError(GpuNotebookError, RuntimeError):
     """Ray could not be started or reached (the message says what to do)."""
 
 

@@ -21,11 +21,12 @@ from typing import Any
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._ranks import RankPlan, explain_backend, format_ranks, parse_ranks, plan_ranks
 from gpu_notebook.distributed._results import CellResult, RankFailure, RankResults
+from gpu_notebook.errors import GpuNotebookError
 
 Progress = Callable[[str], None]
 
 
-class GroupError(RuntimeError):
+class GroupError(GpuNotebookError, RuntimeError):
     """The worker group could not be started or rebuilt (the message says why and what to do)."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook.distributed._ranks import format_ranks
+from gpu_notebook.errors import GpuNotebookError
 
 
 class RankResults:
@@ -76,7 +77,7 @@ class RankFailure:
     cell_lines: list[int] = field(default_factory=list)
 
 
-class DistributedError(Exception):
+class DistributedError(GpuNotebookError, Exception):
     """One error for a distributed cell: each distinct traceback once, with the ranks that raised it.
 
     IPython shows :meth:`_render_traceback_` instead of a traceback of gpu_notebook's own code.
