@@ -1,0 +1,121 @@
+"""The house rules of the code base (docs/architecture.md), checked on the source tree.
+
+Each rule here was broken once and cost a refactor to repair: modules that grew into god files, errors with no
+common root (so the magics caught builtin errors and hid bugs), and import cycles between the feature packages
+(dodged by imports inside functions). These tests keep them from coming back.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpu_notebook
+from gpu_notebook.errors import GpuNotebookError
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpu_notebook"
+MAX_LINES = 650
+
+# Subpackages that make up the library; each is a layer of the import-linter contracts in pyproject.toml.
+FEATURES = ("catalog", "checkpoint", "cloud", "cluster", "cost", "distributed", "doctor", "monitor")
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_module_is_a_god_file() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n for p in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+def _our_modules() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(gpu_notebook.__path__, "gpu_notebook."):
+        # the magics and widgets need IPython/ipywidgets; the testing fakes mirror third-party errors
+        if info.name.startswith(("gpu_notebook.testing", "gpu_notebook.magics", "gpu_notebook.widgets")):
+            continue
+        names.append(info.name)
+    return names
+
+
+def test_every_error_of_ours_derives_from_the_root() -> None:
+    """Magics catch GpuNotebookError and show one line; an error outside the root would show a traceback."""
+    orphans = []
+    for name in _our_modules():
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:  # an optional dependency (boto3, kubernetes...) is missing here
+            pytest.fail(f"{name} does not import in the dev environment: {exc}")
+        for cls_name, cls in vars(module).items():
+            if (
+                inspect.isclass(cls)
+                and issubclass(cls, BaseException)
+                and cls.__module__ == name
+                and not cls_name.startswith("_")
+                and not issubclass(cls, GpuNotebookError | Warning)
+            ):
+                orphans.append(f"{name}.{cls_name}")
+    assert not orphans, f"exception classes outside GpuNotebookError: {orphans}"
+
+
+def _function_level_imports_of_ours(path: Path) -> list[str]:
+    """``import gpu_notebook...`` / ``from . import ...`` inside a function body of ``path``."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and (
+                inner.level > 0 or (inner.module or "").startswith("gpu_notebook")
+            ):
+                found.append(
+                    f"{path.relative_to(ROOT)}:{inner.lineno} from {'.' * inner.level}{inner.module}"
+                )
+            elif isinstance(inner, ast.Import) and any(
+                a.name.startswith("gpu_notebook") for a in inner.names
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{inner.lineno} import {inner.names[0].name}")
+    return found
+
+
+# Imports of our own modules inside functions that are allowed, with the reason. Everything else in the library
+# imports at module level: an import inside a function to dodge a cycle hides the cycle from import-linter.
+ALLOWED_LAZY = {
+    # dask's Cluster._widget: the one upward edge, from the monitor to the UI layer
+    "gpu_notebook/monitor/_monitor.py": ("gpu_notebook.widgets",),
+}
+
+
+def test_the_library_imports_its_own_modules_at_module_level() -> None:
+    offenders = []
+    for path in _sources():
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith(("gpu_notebook/magics/", "gpu_notebook/widgets/", "gpu_notebook/testing/")):
+            continue
+        if rel == "gpu_notebook/__init__.py":  # load_ipython_extension imports the magics when called
+            continue
+        allowed = ALLOWED_LAZY.get(rel, ())
+        offenders += [f for f in _function_level_imports_of_ours(path) if not any(a in f for a in allowed)]
+    assert not offenders, "imports of our own modules inside functions:\n" + "\n".join(offenders)
+
+
+def test_import_linter_contracts_hold() -> None:
+    """The layers of pyproject.toml's [tool.importlinter]: a cycle or an upward import fails the build."""
+    exe = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert exe, "import-linter is a dev dependency: scripts/setup_env.sh dev installs it"
+    proc = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "broken" in proc.stdout and "0 broken" in proc.stdout, proc.stdout[-2000:]
