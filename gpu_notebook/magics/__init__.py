@@ -1,32 +1,97 @@
 """The IPython layer: thin magics over the library (``%gpu_cluster``, ``%%distributed``, ...).
 
 ``%load_ext gpu_notebook`` calls :func:`register`; ``%unload_ext gpu_notebook`` calls :func:`unregister`.
+Every magic always exists once the extension is loaded: a magics module that cannot be imported (a package it
+needs is missing) is replaced by a stand-in whose magics say what failed and which extra to install, so a
+notebook never meets ``UsageError: Line magic function `%gpu_monitor` not found``.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from dataclasses import dataclass
 from typing import Any
 
-# (module, class) of every magics class; a part whose optional dependencies are missing is skipped with a note.
-MAGICS = [
-    ("gpu_notebook.magics._cluster", "ClusterMagics"),
-    ("gpu_notebook.magics._distributed", "DistributedMagics"),
-    ("gpu_notebook.magics._checkpoint", "CheckpointMagics"),
-    ("gpu_notebook.magics._monitor", "MonitorMagics"),
-    ("gpu_notebook.magics._cost", "CostMagics"),
-]
+from IPython.core.magic import Magics, magics_class
+
+from gpu_notebook.magics._common import error
+
+
+@dataclass(frozen=True)
+class MagicsPart:
+    """One magics class, and what a stand-in needs to know without importing its module."""
+
+    module: str  # where the class lives
+    cls: str  # its name (also its key in IPython's registry of magics)
+    extra: str  # the gpu_notebook extra that installs what its magics need
+    line: tuple[str, ...] = ()  # its line magics
+    cell: tuple[str, ...] = ()  # its cell magics
+
+    @property
+    def names(self) -> list[str]:
+        """``%name`` for each line magic, ``%%name`` for each cell magic."""
+        return [f"%{n}" for n in self.line] + [f"%%{n}" for n in self.cell]
+
+
+MAGICS = (
+    MagicsPart("gpu_notebook.magics._cluster", "ClusterMagics", "ray", line=("gpu_cluster",)),
+    MagicsPart(
+        "gpu_notebook.magics._distributed",
+        "DistributedMagics",
+        "ray",
+        line=("gpu_push", "gpu_pull"),
+        cell=("distributed",),
+    ),
+    MagicsPart("gpu_notebook.magics._checkpoint", "CheckpointMagics", "checkpoint", line=("gpu_checkpoint",)),
+    MagicsPart("gpu_notebook.magics._monitor", "MonitorMagics", "monitor", line=("gpu_monitor",)),
+    MagicsPart("gpu_notebook.magics._cost", "CostMagics", "widgets", line=("gpu_cost",)),
+)
+
+
+class UnavailableMagics(Magics):
+    """Stands in for a magics class whose module could not be imported: each magic says why, and what to
+    install, instead of not existing."""
+
+    part: MagicsPart
+    reason: str
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        for name in self.part.line:
+            self.magics["line"][name] = self._say
+        for name in self.part.cell:
+            self.magics["cell"][name] = self._say
+
+    def _say(self, line: str = "", cell: str | None = None) -> None:
+        error(
+            f"{' and '.join(self.part.names)} could not be loaded ({self.reason}): "
+            f"pip install 'gpu_notebook[{self.part.extra}]', then restart the kernel"
+        )
+
+
+def _stand_in(part: MagicsPart, exc: ImportError) -> type[Magics]:
+    """A :class:`UnavailableMagics` class named as ``part``'s (so :func:`unregister` finds it)."""
+    cls = type(part.cls, (UnavailableMagics,), {"part": part, "reason": str(exc)})
+    return magics_class(cls)
 
 
 def register(ipython: Any) -> None:
-    """Register every gpu_notebook magics class with ``ipython``."""
-    for module, name in MAGICS:
+    """Register every gpu_notebook magics class with ``ipython`` (a stand-in where its module fails to import)."""
+    for part in MAGICS:
         try:
-            cls = getattr(importlib.import_module(module), name)
+            cls = getattr(importlib.import_module(part.module), part.cls)
         except ImportError as exc:
-            print(f"gpu_notebook: {module} not loaded ({exc}); install gpu_notebook[all] for it")
-            continue
+            cls = _stand_in(part, exc)
         ipython.register_magics(cls)
+
+
+def _ours(part: MagicsPart, instance: Any) -> bool:
+    if isinstance(instance, UnavailableMagics):
+        return instance.part == part
+    mod = sys.modules.get(part.module)
+    cls = getattr(mod, part.cls, None) if mod is not None else None
+    return cls is not None and isinstance(instance, cls)
 
 
 def unregister(ipython: Any) -> list[str]:
@@ -34,17 +99,13 @@ def unregister(ipython: Any) -> list[str]:
 
     Only what :func:`register` put there goes: a magic of the same name someone registered since stays.
     """
-    import sys
-
     manager = ipython.magics_manager
     removed: list[str] = []
-    for module, name in MAGICS:
-        mod = sys.modules.get(module)
-        cls = getattr(mod, name, None) if mod is not None else None
-        instance = manager.registry.get(name)
-        if cls is None or not isinstance(instance, cls):
+    for part in MAGICS:
+        instance = manager.registry.get(part.cls)
+        if instance is None or not _ours(part, instance):
             continue
-        del manager.registry[name]
+        del manager.registry[part.cls]
         for kind, table in manager.magics.items():
             for magic_name, func in instance.magics.get(kind, {}).items():
                 if table.get(magic_name) == func:
@@ -53,4 +114,4 @@ def unregister(ipython: Any) -> list[str]:
     return removed
 
 
-__all__ = ["MAGICS", "register", "unregister"]
+__all__ = ["MAGICS", "MagicsPart", "UnavailableMagics", "register", "unregister"]

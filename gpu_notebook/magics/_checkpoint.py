@@ -9,7 +9,8 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from gpu_notebook.magics._common import BadArguments, error, parse
+from gpu_notebook.errors import GpuNotebookError
+from gpu_notebook.magics._common import BadArguments, MagicError, error, parse, reported
 
 COMMANDS = ["list", "show", "restore", "diff", "gc", "use"]
 #: how many positional ids each command takes (min, max)
@@ -22,6 +23,25 @@ _IDS_HINT = {
     "gc": "gc takes no checkpoint id (how many to keep: --keep N)",
     "use": "use takes one store: %gpu_checkpoint use /path/or/s3://bucket/prefix",
 }
+
+
+def _refused_value(args: Any) -> str | None:
+    """What is wrong with a value given (the Checkpointer's own checks, made before a store is opened)."""
+    if args.command == "restore" and args.ids and args.ids[0] != "latest" and args.step is not None:
+        return f"give a checkpoint id or a step, not both (id {args.ids[0]!r}, step {args.step})"
+    if args.command == "gc" and args.keep < 1:
+        return "keep must be >= 1"
+    return None
+
+
+def _checkpointer(checkpoint: Any, store: Any, **options: Any) -> Any:
+    """``Checkpointer(store, ...)``; a store URL it cannot parse (``s3://``) is an error of the magic's."""
+    try:
+        return checkpoint.Checkpointer(store, **options)
+    except GpuNotebookError:
+        raise
+    except ValueError as exc:  # the store's URL: "bad S3 URL 's3://': expected s3://bucket/prefix"
+        raise MagicError(str(exc)) from None
 
 
 @magics_class
@@ -93,13 +113,18 @@ class CheckpointMagics(Magics):
                 f"Try %gpu_checkpoint? for help."
             )
             return None
+        refused = _refused_value(args)
+        if refused:
+            error(refused)
+            return None
         from gpu_notebook import checkpoint
 
-        try:
-            return getattr(self, f"_cmd_{args.command}")(args, checkpoint)
-        except (checkpoint.CheckpointError, LookupError, ValueError, OSError, ImportError) as exc:
-            error(str(exc))
-            return None
+        with reported(self.gpu_checkpoint):
+            try:
+                return getattr(self, f"_cmd_{args.command}")(args, checkpoint)
+            except OSError as exc:  # the store's own files, disk or network (permissions, a full disk)
+                raise MagicError(str(exc)) from None
+        return None
 
     # ------------------------------------------------------------------ helpers
     def _open(self, checkpoint: Any, store: Any, endpoint_url: str | None, write: bool) -> Any:
@@ -109,7 +134,7 @@ class CheckpointMagics(Magics):
         ck = self._opened.get(key)
         if ck is None:
             opts = {"endpoint_url": endpoint_url} if endpoint_url and isinstance(store, str) else {}
-            ck = checkpoint.Checkpointer(store, read_only=not write, current=False, preemption=None, **opts)
+            ck = _checkpointer(checkpoint, store, read_only=not write, current=False, preemption=None, **opts)
             self._opened[key] = ck
         return ck
 
@@ -118,7 +143,7 @@ class CheckpointMagics(Magics):
             return self._open(checkpoint, args.store, args.endpoint_url, write)
         cur = checkpoint.current() or self._used
         if cur is None:
-            raise LookupError("no current checkpoint store: use %gpu_checkpoint use STORE, or --store STORE")
+            raise MagicError("no current checkpoint store: use %gpu_checkpoint use STORE, or --store STORE")
         if write and cur.read_only:  # the store set by ``use`` is opened read-only: gc needs one that writes
             return self._open(checkpoint, cur.store, getattr(cur.store, "endpoint_url", None), True)
         return cur
@@ -131,7 +156,7 @@ class CheckpointMagics(Magics):
     def _cmd_use(self, args: Any, checkpoint: Any) -> None:
         opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
         # read-only: a mistyped path is an error (not a new, empty store) and nothing is written
-        ck = checkpoint.Checkpointer(args.ids[0], read_only=True, preemption=None, **opts)
+        ck = _checkpointer(checkpoint, args.ids[0], read_only=True, preemption=None, **opts)
         if self._used is not None and self._used is not ck:
             self._used.close(wait=False)
         self._used = ck
@@ -148,7 +173,7 @@ class CheckpointMagics(Magics):
         if args.step is not None and cid is None:
             found = [c.id for c in ck.list() if c.step == args.step]
             if not found:
-                raise LookupError(f"no checkpoint at step {args.step}")
+                raise MagicError(f"no checkpoint at step {args.step}")
             cid = found[-1]
         print(repr(ck.show(cid)))
 
@@ -162,7 +187,7 @@ class CheckpointMagics(Magics):
                 key, _, var = part.strip().partition("=")
                 var = var or key
                 if var not in ns:
-                    raise LookupError(f"--into: no variable {var!r} in the notebook")
+                    raise MagicError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
         state = ck.restore(
             self._one_id(args),

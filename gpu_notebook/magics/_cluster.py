@@ -4,48 +4,134 @@ from __future__ import annotations
 
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.magics._common import BadArguments, error, parse, progress_printer, show
+from gpu_notebook.magics._common import (
+    BadArguments,
+    MagicError,
+    Option,
+    cluster_named,
+    current_cluster,
+    error,
+    option,
+    options,
+    parse,
+    progress_printer,
+    reported,
+    show,
+    usage_errors,
+)
 
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench"]
-#: the options each subcommand takes (argparse dests); any other option given is a usage error, never ignored
+
+NAME = option("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
+#: what a new cluster looks like (local, or connected to an existing Ray at --address)
+START_ARGS = (
+    option("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)"),
+    option("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)"),
+    option("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)"),
+    option(
+        "--address",
+        help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
+        "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)",
+    ),
+    option("--dashboard", action="store_true", help="start: also start Ray's dashboard (local cluster)"),
+    option(
+        "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend"
+    ),
+    option(
+        "--gpu-visibility",
+        choices=["own", "node"],
+        default="own",
+        help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
+    ),
+)
+#: a cluster launched on cloud GPUs (each needs --cloud)
+CLOUD_ARGS = (
+    option(
+        "--cloud",
+        choices=["aws", "gcp", "azure", "kubernetes"],
+        help="start: launch cloud GPUs (Ray's cluster launcher)",
+    ),
+    option("--region", help="start --cloud: region, e.g. us-east-1"),
+    option("--gpu", help="start --cloud: GPU type and count per node, e.g. A100:8"),
+    option(
+        "--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge"
+    ),
+    option(
+        "--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)"
+    ),
+    option("--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing"),
+    option("--max-workers", type=int, help="start --cloud: autoscaling limit of worker nodes"),
+    option("--project", help="start --cloud gcp: the GCP project"),
+    option("--namespace", help="start --cloud kubernetes: the namespace"),
+    option(
+        "--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH"
+    ),
+)
+#: the cost policies a new cluster starts with
+POLICY_ARGS = (
+    option(
+        "--idle-stop",
+        type=float,
+        metavar="MINUTES",
+        help="start: stop the cluster after this many idle minutes",
+    ),
+    option(
+        "--budget",
+        type=float,
+        metavar="USD",
+        help="start: warn at 80%%, checkpoint and stop at 100%% of this",
+    ),
+)
+ALLREDUCE_ARGS = (
+    option("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)"),
+    option("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)"),
+)
+SCALING_ARGS = (
+    option("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)"),
+)
+LOCAL = option(
+    "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
+)
+LOGS_ARGS = (
+    option("--rank", type=int, help="logs: only this rank"),
+    option("--tail", type=int, default=50, help="logs: lines per rank (default 50)"),
+)
+ALL = option("--all", action="store_true", help="stop: every cluster of this kernel")
+
+#: the options each subcommand takes; any other option given is a usage error, never ignored
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
-_START_OPTS = {
-    "name",
-    "workers",
-    "cpus_per_worker",
-    "gpus_per_worker",
-    "address",
-    "dashboard",
-    "backend",
-    "gpu_visibility",
-    "cloud",
-    "region",
-    "gpu",
-    "instance_type",
-    "spot",
-    "dry_run",
-    "max_workers",
-    "project",
-    "namespace",
-    "no_tunnel",
-    "idle_stop",
-    "budget",
+OPTIONS: dict[str, tuple[Option, ...]] = {
+    "start": (NAME, *START_ARGS, *CLOUD_ARGS, *POLICY_ARGS),
+    "status": (NAME,),
+    "stop": (NAME, ALL),
+    "scale": (),
+    "list": (),
+    "use": (NAME,),
+    "logs": (NAME, *LOGS_ARGS),
+    "restart": (NAME,),
+    "doctor": (NAME, LOCAL),
+    "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
 }
-OPTIONS: dict[str, set[str]] = {
-    "start": _START_OPTS,
-    "status": {"name"},
-    "stop": {"name", "all"},
-    "scale": set(),
-    "list": set(),
-    "use": {"name"},
-    "logs": {"name", "rank", "tail"},
-    "restart": {"name"},
-    "doctor": {"name", "local"},
-    "bench": {"max_bytes", "iters", "steps"},
-}
+EVERY_OPTION = (
+    NAME,
+    *START_ARGS,
+    *CLOUD_ARGS,
+    *POLICY_ARGS,
+    *ALLREDUCE_ARGS,
+    *SCALING_ARGS,
+    LOCAL,
+    *LOGS_ARGS,
+    ALL,
+)
+
+
+def _given(args: Any, opts: tuple[Option, ...]) -> list[Option]:
+    """The options among ``opts`` that are not at their default."""
+    return [o for o in opts if getattr(args, o.dest, None) != o.default]
 
 
 @magics_class
@@ -60,68 +146,7 @@ class ClusterMagics(Magics):
         help="scale: N; use: NAME; bench: allreduce or scaling; "
         "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)",
     )
-    @argument("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
-    @argument("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)")
-    @argument("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)")
-    @argument("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)")
-    @argument(
-        "--address",
-        help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
-        "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)",
-    )
-    @argument("--dashboard", action="store_true", help="start: also start Ray's dashboard (local cluster)")
-    @argument(
-        "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="start: torch.distributed backend"
-    )
-    @argument(
-        "--gpu-visibility",
-        choices=["own", "node"],
-        default="own",
-        help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
-    )
-    @argument(
-        "--cloud",
-        choices=["aws", "gcp", "azure", "kubernetes"],
-        help="start: launch cloud GPUs (Ray's cluster launcher)",
-    )
-    @argument("--region", help="start --cloud: region, e.g. us-east-1")
-    @argument("--gpu", help="start --cloud: GPU type and count per node, e.g. A100:8")
-    @argument(
-        "--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge"
-    )
-    @argument(
-        "--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)"
-    )
-    @argument(
-        "--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing"
-    )
-    @argument("--max-workers", type=int, help="start --cloud: autoscaling limit of worker nodes")
-    @argument("--project", help="start --cloud gcp: the GCP project")
-    @argument("--namespace", help="start --cloud kubernetes: the namespace")
-    @argument(
-        "--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH"
-    )
-    @argument(
-        "--idle-stop",
-        type=float,
-        metavar="MINUTES",
-        help="start: stop the cluster after this many idle minutes",
-    )
-    @argument(
-        "--budget",
-        type=float,
-        metavar="USD",
-        help="start: warn at 80%%, checkpoint and stop at 100%% of this",
-    )
-    @argument("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)")
-    @argument("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)")
-    @argument("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)")
-    @argument(
-        "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
-    )
-    @argument("--rank", type=int, help="logs: only this rank")
-    @argument("--tail", type=int, default=50, help="logs: lines per rank (default 50)")
-    @argument("--all", action="store_true", help="stop: every cluster of this kernel")
+    @options(*EVERY_OPTION)
     @line_magic
     def gpu_cluster(self, line: str) -> Any:
         """Start, inspect, resize and stop the Ray cluster that runs %%distributed cells.
@@ -146,13 +171,9 @@ class ClusterMagics(Magics):
             return None
         handler = getattr(self, f"_cmd_{args.command}")
         try:
-            self._check_options(args)
-            return handler(args)
-        except BadArguments:
-            return None
-        except (LookupError, ValueError, RuntimeError, TimeoutError) as exc:
-            error(str(exc).strip("'\""))
-            return None
+            with reported(self.gpu_cluster, strip_quotes=True):
+                self._check_options(args)
+                return handler(args)
         except KeyboardInterrupt:
             if args.command != "start":
                 raise
@@ -161,30 +182,21 @@ class ClusterMagics(Magics):
                 "interrupted: the cluster was not started, and what had started was shut down. "
                 "Run %gpu_cluster start again when ready."
             )
-            return None
+        return None
 
     # ---- subcommands ------------------------------------------------------------------------------------------
-    def _usage(self, msg: str) -> None:
-        parser = self.gpu_cluster.parser
-        import sys
-
-        print(f"UsageError: {msg}\n\n{parser.format_usage()}Try %gpu_cluster? for help.", file=sys.stderr)
-        raise BadArguments(msg)
-
-    def _refuse_options(self, args: Any, given: Any, what: str) -> None:
-        """Usage error for the first option among ``given`` (argparse dests) that is not at its default."""
-        for action in self.gpu_cluster.parser._actions:
-            if action.dest in given and getattr(args, action.dest, None) != action.default:
-                self._usage(f"{max(action.option_strings, key=len)} does not apply to {what}")
+    def _refuse_options(self, args: Any, opts: tuple[Option, ...], what: str) -> None:
+        """Usage error for the first option among ``opts`` that is not at its default."""
+        for opt in _given(args, opts):
+            raise UsageError(f"{opt.flag} does not apply to {what}")
 
     def _check_options(self, args: Any) -> None:
-        allowed = OPTIONS[args.command] | {"help", "command", "args"}
-        others = {a.dest for a in self.gpu_cluster.parser._actions} - allowed
-        self._refuse_options(args, others, args.command)
+        allowed = {o.dest for o in OPTIONS[args.command]}
+        self._refuse_options(args, tuple(o for o in EVERY_OPTION if o.dest not in allowed), args.command)
         # NAME positionally or as --name (as for start): the same thing, said once
         if args.command != "start" and args.name is not None:
             if args.args and args.args[0] != args.name:
-                self._usage(
+                raise UsageError(
                     f"{args.command}: the cluster named twice ({args.args[0]!r} and --name {args.name!r})"
                 )
             if not args.args:
@@ -192,38 +204,26 @@ class ClusterMagics(Magics):
 
     def _no_extra(self, args: Any) -> None:
         if args.args:
-            self._usage(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
+            raise UsageError(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
 
     def _cmd_start(self, args: Any) -> None:
         from gpu_notebook.cluster import Cluster
 
         self._no_extra(args)
         if args.budget is not None and args.budget <= 0:
-            self._usage("--budget must be a positive amount of US dollars")
+            raise UsageError("--budget must be a positive amount of US dollars")
         if args.idle_stop is not None and args.idle_stop <= 0:
-            self._usage("--idle-stop must be a positive number of minutes")
-        cloud_only = [
-            o
-            for o in (
-                "region",
-                "gpu",
-                "instance_type",
-                "spot",
-                "dry_run",
-                "max_workers",
-                "project",
-                "namespace",
-                "no_tunnel",
-            )
-            if getattr(args, o)
-        ]
+            raise UsageError("--idle-stop must be a positive number of minutes")
+        cloud_only = [o for o in CLOUD_ARGS if o.dest != "cloud" and getattr(args, o.dest)]
         if cloud_only and not args.cloud:
-            self._usage(f"--{cloud_only[0].replace('_', '-')} needs --cloud aws|gcp|azure|kubernetes")
-        options = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
+            raise UsageError(f"{cloud_only[0].flag} needs --cloud aws|gcp|azure|kubernetes")
+        extra = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
         if args.cloud:
             if args.address:
-                self._usage("--cloud launches a new cluster; --address connects to an existing one: pick one")
-            options.update(
+                raise UsageError(
+                    "--cloud launches a new cluster; --address connects to an existing one: pick one"
+                )
+            extra.update(
                 cloud=args.cloud,
                 region=args.region,
                 gpu=args.gpu,
@@ -234,17 +234,18 @@ class ClusterMagics(Magics):
                 namespace=args.namespace,
                 connect="direct" if args.no_tunnel else None,
             )
-        cluster = Cluster(
-            name=args.name,
-            workers=args.workers,
-            cpus_per_worker=args.cpus_per_worker,
-            gpus_per_worker=args.gpus_per_worker,
-            address=args.address,
-            dashboard=args.dashboard,
-            backend=args.backend,
-            gpu_visibility=args.gpu_visibility,
-            **options,
-        )
+        with usage_errors(ValueError):  # Cluster's own checks: --workers 0, --cpus-per-worker -1
+            cluster = Cluster(
+                name=args.name,
+                workers=args.workers,
+                cpus_per_worker=args.cpus_per_worker,
+                gpus_per_worker=args.gpus_per_worker,
+                address=args.address,
+                dashboard=args.dashboard,
+                backend=args.backend,
+                gpu_visibility=args.gpu_visibility,
+                **extra,
+            )
         if args.dry_run:
             show(cluster.plan())
             return
@@ -261,7 +262,7 @@ class ClusterMagics(Magics):
         if not running:
             return
         c = manager.current if manager.current in running else running[-1]
-        raise RuntimeError(
+        raise MagicError(
             f"cluster {c.name!r} is already running ({c.world_size} workers, {c.backend}); nothing was started. "
             f"Use it as it is, resize it with %gpu_cluster scale N, get fresh workers with %gpu_cluster restart, "
             f"or stop it first (%gpu_cluster stop). To run a second cluster next to it, give it a name: "
@@ -307,12 +308,10 @@ class ClusterMagics(Magics):
 
     def _cmd_scale(self, args: Any) -> None:
         if len(args.args) != 1 or not args.args[0].isdigit() or int(args.args[0]) < 1:
-            self._usage(
+            raise UsageError(
                 "scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4"
             )
-        from gpu_notebook.cluster import get_manager
-
-        print(get_manager().require_current().scale(int(args.args[0]), progress=progress_printer()))
+        print(current_cluster().scale(int(args.args[0]), progress=progress_printer()))
 
     def _cmd_restart(self, args: Any) -> None:
         print(self._pick(args).restart(progress=progress_printer()))
@@ -324,11 +323,13 @@ class ClusterMagics(Magics):
 
     def _cmd_bench(self, args: Any) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
-            self._usage("bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce")
+            raise UsageError(
+                "bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce"
+            )
         kind = args.args[0]
         # the arguments are checked before any cluster is needed; an option of the other benchmark is an error
         self._refuse_options(
-            args, {"allreduce": ("steps",), "scaling": ("max_bytes", "iters")}[kind], f"bench {kind}"
+            args, {"allreduce": SCALING_ARGS, "scaling": ALLREDUCE_ARGS}[kind], f"bench {kind}"
         )
         max_bytes = 0
         if kind == "allreduce":
@@ -337,14 +338,12 @@ class ClusterMagics(Magics):
             try:
                 max_bytes = parse_size(args.max_bytes)
             except ValueError as exc:
-                self._usage(f"--max-bytes: {exc}")
+                raise UsageError(f"--max-bytes: {exc}") from None
             if args.iters < 1:
-                self._usage("--iters must be at least 1")
+                raise UsageError("--iters must be at least 1")
         elif args.steps < 1:
-            self._usage("--steps must be at least 1")
-        from gpu_notebook.cluster import get_manager
-
-        cluster = get_manager().require_current()
+            raise UsageError("--steps must be at least 1")
+        cluster = current_cluster()
         if kind == "allreduce":
             from gpu_notebook.doctor import bench_allreduce
 
@@ -376,15 +375,16 @@ class ClusterMagics(Magics):
 
     def _cmd_use(self, args: Any) -> None:
         if len(args.args) != 1:
-            self._usage("use takes one argument: the cluster's name (see %gpu_cluster list)")
+            raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
         from gpu_notebook.cluster import get_manager
 
-        c = get_manager().use(args.args[0])
+        c = get_manager().use(cluster_named(args.args[0]).name)
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
 
     def _cmd_logs(self, args: Any) -> None:
         cluster = self._pick(args)
-        logs = cluster.logs(rank=args.rank, tail=args.tail)
+        with usage_errors(ValueError):  # logs' own checks: --rank 99 of a 2-rank cluster, --tail 0
+            logs = cluster.logs(rank=args.rank, tail=args.tail)
         if not any(logs.values()):
             print("no output recorded yet")
         for rank, lines in logs.items():
@@ -392,14 +392,11 @@ class ClusterMagics(Magics):
                 print(f"[rank {rank}] {line}")
 
     def _pick(self, args: Any) -> Any:
-        from gpu_notebook.cluster import get_manager
-
-        manager = get_manager()
         if args.args:
             if len(args.args) > 1:
-                self._usage(f"{args.command} takes at most one cluster name")
-            return manager.get(args.args[0])
-        return manager.require_current()
+                raise UsageError(f"{args.command} takes at most one cluster name")
+            return cluster_named(args.args[0])
+        return current_cluster()
 
 
 def _saved_cloud_states() -> list[Any]:

@@ -1,18 +1,57 @@
-"""Helpers shared by the magics: argument parsing that prints usage instead of a traceback, progress lines."""
+"""Helpers shared by the magics: argument parsing, how failures are shown, the current cluster, progress lines.
+
+A magic reports three kinds of failure, each as one short message on stderr and never with our internals'
+traceback: a usage mistake (:class:`~IPython.core.error.UsageError`: the message, the usage, where the help
+is), one of our errors (:class:`~gpu_notebook.errors.GpuNotebookError`: ``Error: <message>``), and an
+optional dependency that is not installed (``Error: ...: pip install 'gpu_notebook[EXTRA]'``). Anything else is
+a bug and keeps its traceback. :class:`reported` does that around a magic's body.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import parse_argstring
+from IPython.core.magic_arguments import argument, parse_argstring
+
+from gpu_notebook.errors import GpuNotebookError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.cluster import Cluster
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the top-level module an ImportError names -> the extra of gpu_notebook that installs it
+EXTRAS = {
+    "ray": "ray",
+    "torch": "torch",
+    "boto3": "aws",
+    "botocore": "aws",
+    "zstandard": "checkpoint",
+    "blake3": "checkpoint",
+    "pynvml": "monitor",
+    "prometheus_client": "monitor",
+    "ipywidgets": "widgets",
+    "plotly": "widgets",
+    "anywidget": "widgets",
+    "googleapiclient": "gcp",
+    "azure": "azure",
+    "kubernetes": "kubernetes",
+}
 
 
-class BadArguments(Exception):
-    """Raised after the usage has been printed; the magic returns quietly."""
+class BadArguments(UsageError):
+    """A usage error whose message and usage have already been printed; the magic returns quietly."""
+
+
+class MagicError(GpuNotebookError):
+    """A failure a magic found itself (no such cluster, a name not defined in the notebook)."""
 
 
 def parse(magic_func: Callable[..., Any], line: str) -> Any:
@@ -20,13 +59,18 @@ def parse(magic_func: Callable[..., Any], line: str) -> Any:
     try:
         return parse_argstring(magic_func, line)
     except (UsageError, SystemExit) as exc:
-        parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
         msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
-        print(
-            f"UsageError: {msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.",
-            file=sys.stderr,
-        )
+        print_usage(magic_func, msg)
         raise BadArguments(msg) from None
+
+
+def print_usage(magic_func: Callable[..., Any], msg: str) -> None:
+    """``UsageError: msg``, the magic's usage line and where its help is, on stderr."""
+    parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
+    print(
+        f"UsageError: {msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.",
+        file=sys.stderr,
+    )
 
 
 def help_name(magic_func: Callable[..., Any]) -> str:
@@ -42,6 +86,137 @@ def help_name(magic_func: Callable[..., Any]) -> str:
     )
 
 
+def missing_extra(exc: ImportError) -> str | None:
+    """The message for an optional dependency that is not installed; ``None`` when ``exc`` is not one (a bug).
+
+    An ImportError without a module name is one the library raised on purpose; its message says what to install.
+    """
+    if exc.name is None:
+        return str(exc)
+    extra = EXTRAS.get(exc.name.partition(".")[0])
+    if extra is None:
+        return None
+    msg = str(exc)
+    return msg if "pip install" in msg else f"{msg}: pip install 'gpu_notebook[{extra}]'"
+
+
+class reported:
+    """Around a magic's body: show our failures as one message (see the module docstring), let bugs through.
+
+    Used as ``with reported(self.gpu_cost): return self._cmd_show(args)``; a failure shown here makes the
+    magic return ``None``.
+
+    Parameters
+    ----------
+    magic_func
+        The magic, for its usage line.
+    strip_quotes
+        Strip quotes around the message (a ``KeyError``'s text is quoted).
+    """
+
+    def __init__(self, magic_func: Callable[..., Any], strip_quotes: bool = False) -> None:
+        self.magic_func = magic_func
+        self.strip_quotes = strip_quotes
+
+    def __enter__(self) -> reported:
+        return self
+
+    def __exit__(
+        self, etype: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None or isinstance(exc, BadArguments):
+            return exc is not None
+        if isinstance(exc, UsageError):
+            print_usage(self.magic_func, str(exc))
+            return True
+        if isinstance(exc, GpuNotebookError):
+            msg = str(exc)
+            error(msg.strip("'\"") if self.strip_quotes else msg)
+            return True
+        if isinstance(exc, ImportError):
+            missing = missing_extra(exc)
+            if missing is not None:
+                error(missing)
+                return True
+        return False
+
+
+def current_cluster() -> Cluster:
+    """The current cluster, or a :class:`MagicError` that says how to start one."""
+    from gpu_notebook.cluster import get_manager
+
+    try:
+        return get_manager().require_current()
+    except LookupError as exc:  # require_current's "no cluster is running: start one with ..."
+        raise MagicError(str(exc)) from None
+
+
+def cluster_named(name: str) -> Cluster:
+    """The cluster called ``name``, or a :class:`MagicError` that lists the clusters there are."""
+    from gpu_notebook.cluster import get_manager
+
+    try:
+        cluster: Cluster = get_manager().get(name)
+    except KeyError as exc:  # get's "no cluster named 'x'; clusters: ..."
+        raise MagicError(str(exc.args[0]) if exc.args else str(exc)) from None
+    return cluster
+
+
+@contextmanager
+def usage_errors(*types: type[Exception]) -> Iterator[None]:
+    """Inside, one of ``types`` (not one of ours) means a value the user typed is wrong: a UsageError.
+
+    For the one library call whose documented ``ValueError`` is about its arguments (``Cluster(workers=0)``).
+    """
+    try:
+        yield
+    except GpuNotebookError:
+        raise
+    except types as exc:
+        raise UsageError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class Option:
+    """One magic option: what ``@argument`` takes, kept so the magic knows each option's default and name."""
+
+    flags: tuple[str, ...]  # "--workers", "-n"
+    kwargs: dict[str, Any] = field(default_factory=dict)  # argparse's keywords (type, default, help, ...)
+
+    @property
+    def dest(self) -> str:
+        """The attribute of the parsed arguments."""
+        return str(self.kwargs.get("dest") or self.flag.lstrip("-").replace("-", "_"))
+
+    @property
+    def flag(self) -> str:
+        """The long form, as the usage says it."""
+        return max(self.flags, key=len)
+
+    @property
+    def default(self) -> Any:
+        """The value when the option is not given."""
+        if "default" in self.kwargs:
+            return self.kwargs["default"]
+        return False if self.kwargs.get("action") == "store_true" else None
+
+
+def option(*flags: str, **kwargs: Any) -> Option:
+    """An :class:`Option`: ``option("--workers", "-n", type=int, help=...)``, as ``@argument`` is called."""
+    return Option(tuple(flags), dict(kwargs))
+
+
+def options(*opts: Option) -> Callable[[F], F]:
+    """A decorator that adds a group of options to a magic (in this order in its help), as ``@argument`` each."""
+
+    def add(func: F) -> F:
+        for opt in reversed(opts):  # @argument decorators apply bottom-up and are listed top-down
+            func = argument(*opt.flags, **opt.kwargs)(func)
+        return func
+
+    return add
+
+
 def progress_printer() -> Callable[[str], None]:
     """A progress callback that prints each stage with the elapsed time."""
     t0 = time.monotonic()
@@ -53,6 +228,7 @@ def progress_printer() -> Callable[[str], None]:
 
 
 def error(msg: str) -> None:
+    """``Error: msg`` on stderr."""
     print(f"Error: {msg}", file=sys.stderr)
 
 
@@ -69,3 +245,24 @@ def show(obj: Any) -> None:
         if html:
             bundle["text/html"] = html
     display(bundle, raw=True)
+
+
+__all__ = [
+    "EXTRAS",
+    "BadArguments",
+    "MagicError",
+    "Option",
+    "cluster_named",
+    "current_cluster",
+    "error",
+    "help_name",
+    "missing_extra",
+    "option",
+    "options",
+    "parse",
+    "print_usage",
+    "progress_printer",
+    "reported",
+    "show",
+    "usage_errors",
+]

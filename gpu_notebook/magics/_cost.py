@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 
-from gpu_notebook.magics._common import BadArguments, error, parse
+from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported, usage_errors
 
 COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
 
@@ -55,17 +55,22 @@ class CostMagics(Magics):
             args = parse(self.gpu_cost, line)
         except BadArguments:
             return None
-        try:
-            return getattr(self, f"_cmd_{args.command}")(args)
-        except (LookupError, ValueError, RuntimeError, OSError) as exc:
-            error(str(exc))
-            return None
+        with reported(self.gpu_cost):
+            try:
+                return getattr(self, f"_cmd_{args.command}")(args)
+            except OSError as exc:  # refresh: the price APIs' network, the catalog cache's files
+                raise MagicError(str(exc)) from None
+        return None
 
     @staticmethod
     def _meter() -> Any:
+        from gpu_notebook.cluster import get_manager
         from gpu_notebook.cost import cost_meter_for
 
-        meter = cost_meter_for()
+        cluster = get_manager().current
+        if cluster is None:
+            raise MagicError("no cluster: start one with %gpu_cluster start")
+        meter = cost_meter_for(cluster)
         meter.poll()  # the nodes as they are now (one may have left or joined since the meter last looked)
         return meter
 
@@ -92,7 +97,7 @@ class CostMagics(Magics):
 
         cluster = get_manager().current
         if cluster is None:
-            raise RuntimeError("no cluster: start one with %gpu_cluster start")
+            raise MagicError("no cluster: start one with %gpu_cluster start")
         if args.budget is None and args.idle_stop is None:
             w = watcher_for(cluster)
             print(
@@ -101,7 +106,8 @@ class CostMagics(Magics):
                 else "No cost policies; add them with %gpu_cost policies --budget USD --idle-stop MINUTES"
             )
             return
-        w = attach_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
+        with usage_errors(ValueError):  # the policies' own checks: --budget 0, --idle-stop -5
+            w = attach_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
         print(f"cluster {cluster.name!r}: {describe(w)}")
 
     def _cmd_catalog(self, args: Any) -> None:

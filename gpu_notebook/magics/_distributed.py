@@ -5,23 +5,32 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.magics._common import BadArguments, error, help_name, parse, progress_printer
+from gpu_notebook.distributed import CellResult, format_ranks, parse_ranks
+from gpu_notebook.magics._common import (
+    BadArguments,
+    MagicError,
+    cluster_named,
+    current_cluster,
+    parse,
+    progress_printer,
+    reported,
+    usage_errors,
+)
 
 
 def _show_values(values: Any) -> None:
     """Print each rank's value like ``%px`` does; identical values from several ranks are shown once."""
-    from gpu_notebook.distributed import format_ranks
-
     groups: dict[str, list[int]] = {}
     for rank, value in values.items():
         if value is None:
             continue
         try:
             text = repr(value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a user object's __repr__ may raise anything; show the others
             text = f"<repr failed: {exc}>"
         groups.setdefault(text, []).append(rank)
     for text, ranks in groups.items():
@@ -128,16 +137,20 @@ class DistributedMagics(Magics):
             args = parse(self.distributed, line)
         except BadArguments:
             return None
-        from gpu_notebook.cluster import get_manager
+        failed: tuple[CellResult, int] | None = None
+        with reported(self.distributed):
+            failed = self._run(args, line, cell)
+        if failed is not None:  # the cell fails, with each rank's error (DistributedError's own display)
+            result, world_size = failed
+            result.raise_for_failures(world_size)
+        return None
 
-        manager = get_manager()
-        try:
-            cluster = manager.get(args.cluster) if args.cluster else manager.require_current()
-        except LookupError as exc:
-            error(str(exc).strip("'\""))
-            return None
+    def _run(self, args: Any, line: str, cell: str) -> tuple[CellResult, int] | None:
+        """Run the cell and show its output and values; when a rank failed, the result and the world size."""
+        cluster = cluster_named(args.cluster) if args.cluster else current_cluster()
         count = getattr(self.shell, "execution_count", None)
-        try:
+        # run's own ValueError is about its arguments: a bad --workers selection
+        with usage_errors(ValueError):
             result = cluster.run(
                 cell,
                 ranks=args.workers,
@@ -148,16 +161,6 @@ class DistributedMagics(Magics):
                 header=f"%%distributed {line}".rstrip(),
                 max_result_bytes=args.max_result,
             )
-        except ValueError as exc:  # a bad --workers selection
-            print(
-                f"UsageError: {exc}\n\n{self.distributed.parser.format_usage()}"
-                f"Try {help_name(self.distributed)}? for help.",
-                file=sys.stderr,
-            )
-            return None
-        except RuntimeError as exc:
-            error(str(exc))
-            return None
         if args.no_stream:
             for rank in sorted(result.outputs):
                 for out_line in result.outputs[rank]:
@@ -170,8 +173,8 @@ class DistributedMagics(Magics):
             hint = _push_hint(result.failures, self._ns)
             if hint:
                 result.note = f"{result.note}\n{hint}" if result.note else hint
-            result.raise_for_failures(cluster.world_size)
-        elif result.note:
+            return result, cluster.world_size
+        if result.note:
             print(result.note, file=sys.stderr)
         return None
 
@@ -191,19 +194,20 @@ class DistributedMagics(Magics):
             args = parse(self.gpu_push, line)
         except BadArguments:
             return None
-        from gpu_notebook.cluster import get_manager
-
-        missing = [n for n in args.names if n not in self._ns]
-        if missing:
-            error(f"not defined in the notebook: {', '.join(missing)}")
-            return None
-        try:
-            cluster = get_manager().require_current()
-            cluster.push(ranks=args.workers, **{n: self._ns[n] for n in args.names})
-        except (LookupError, TypeError, ValueError, RuntimeError) as exc:
-            error(str(exc).strip("'\""))
-            return None
-        print(f"pushed {', '.join(args.names)} to ranks {args.workers}")
+        with reported(self.gpu_push, strip_quotes=True):
+            missing = [n for n in args.names if n not in self._ns]
+            if missing:
+                raise MagicError(f"not defined in the notebook: {', '.join(missing)}")
+            cluster = current_cluster()
+            if cluster.running:  # (a stopped one says so in push)
+                with usage_errors(ValueError):  # a bad --workers selection
+                    parse_ranks(args.workers, cluster.world_size)
+            try:
+                cluster.push(ranks=args.workers, **{n: self._ns[n] for n in args.names})
+            except TypeError as exc:  # WorkerGroup.push: "cannot send variable 'x' ...: it cannot be pickled"
+                raise MagicError(str(exc)) from None
+            print(f"pushed {', '.join(args.names)} to ranks {args.workers}")
+        return None
 
     @magic_arguments()
     @argument("name", help="the worker variable to bring back")
@@ -224,13 +228,17 @@ class DistributedMagics(Magics):
             args = parse(self.gpu_pull, line)
         except BadArguments:
             return None
-        from gpu_notebook.cluster import get_manager
-
-        try:
-            value = get_manager().require_current().pull(args.name, rank=args.rank)
-        except (LookupError, NameError, TypeError, ValueError, RuntimeError) as exc:
-            error(str(exc).strip("'\""))
-            return None
-        target = args.as_name or args.name
-        self._ns[target] = value
-        print(f"pulled {args.name!r} from rank {args.rank} into {target!r} ({type(value).__name__})")
+        with reported(self.gpu_pull, strip_quotes=True):
+            cluster = current_cluster()
+            if cluster.running and not 0 <= args.rank < cluster.world_size:
+                raise UsageError(
+                    f"rank {args.rank} out of range: this cluster has ranks 0-{cluster.world_size - 1}"
+                )
+            try:
+                value = cluster.pull(args.name, rank=args.rank)
+            except (NameError, TypeError) as exc:  # WorkerGroup.pull: not defined on the rank; not picklable
+                raise MagicError(str(exc)) from None
+            target = args.as_name or args.name
+            self._ns[target] = value
+            print(f"pulled {args.name!r} from rank {args.rank} into {target!r} ({type(value).__name__})")
+        return None

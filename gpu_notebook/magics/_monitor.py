@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 from traitlets import Float
 
-from gpu_notebook.magics._common import BadArguments, error, parse
+from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
@@ -91,11 +91,12 @@ class MonitorMagics(Magics):
         for name in ("interval", "refresh", "window", "advice_window", "threshold"):
             if getattr(args, name) is None:
                 setattr(args, name, getattr(self, name))
-        try:
-            return getattr(self, f"_cmd_{args.command}")(args)
-        except (LookupError, ValueError, RuntimeError, TimeoutError, OSError) as exc:
-            error(str(exc))
-            return None
+        with reported(self.gpu_monitor):
+            try:
+                return getattr(self, f"_cmd_{args.command}")(args)
+            except OSError as exc:  # csv --path unwritable, prometheus --port taken: the machine's, not ours
+                raise MagicError(str(exc)) from None
+        return None
 
     @staticmethod
     def _monitor(args: Any) -> Any:

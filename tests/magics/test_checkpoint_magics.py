@@ -11,18 +11,6 @@ import torch
 from gpu_notebook.checkpoint import Checkpointer
 
 
-@pytest.fixture(scope="module")
-def ip() -> Any:
-    from IPython.core.interactiveshell import InteractiveShell
-    from IPython.testing.globalipapp import start_ipython
-
-    from gpu_notebook.magics._checkpoint import CheckpointMagics
-
-    shell = start_ipython() or InteractiveShell.instance()
-    shell.register_magics(CheckpointMagics)
-    return shell
-
-
 @pytest.fixture()
 def store(tmp_path: Path) -> tuple[Checkpointer, list[str]]:
     ck = Checkpointer(tmp_path / "run", full_every=2)
@@ -153,7 +141,7 @@ def test_store_checkpointers_are_reused_and_never_become_current(
 
 
 def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_notebook.checkpoint import _checkpointer
+    from gpu_notebook.checkpoint import checkpointer as _checkpointer
 
     ck, ids = store
     _checkpointer._current = None  # no training checkpointer in this kernel: the magic's store decides

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-from gpu_notebook.magics._monitor import MonitorMagics
 from gpu_notebook.monitor import _monitor as monitor_mod
 
 pytest.importorskip("plotly")
 
 
 @pytest.fixture
-def ip(monkeypatch: pytest.MonkeyPatch):
-    shell = InteractiveShell.instance()
-    shell.register_magics(MonitorMagics)
-    local = monitor_mod._LOCAL.get("local")
+def started(ip, monkeypatch: pytest.MonkeyPatch):
+    """Every Monitor started during the test (on conftest's ``ip`` shell, ``%load_ext gpu_notebook`` done)."""
+    local = monitor_mod.running_monitor(local=True)
     if local is not None:
         local.stop()
     started: list[object] = []
@@ -27,8 +24,7 @@ def ip(monkeypatch: pytest.MonkeyPatch):
         return real_start(self)
 
     monkeypatch.setattr(monitor_mod.Monitor, "start", start)
-    shell.started_monitors = started
-    yield shell
+    yield started
     for m in started:
         m.stop()
 
@@ -51,7 +47,7 @@ def run(ip, line: str):
         "advice --local --threshold 150",
     ],
 )
-def test_out_of_range_values_print_usage_not_a_traceback(ip, line: str) -> None:
+def test_out_of_range_values_print_usage_not_a_traceback(ip, started, line: str) -> None:
     result, cap = run(ip, line)
     assert result is None
     assert (
@@ -59,18 +55,18 @@ def test_out_of_range_values_print_usage_not_a_traceback(ip, line: str) -> None:
         and "%gpu_monitor" in cap.stderr
         and "Traceback" not in cap.stderr + cap.stdout
     )
-    assert ip.started_monitors == []
+    assert started == []
 
 
-def test_stop_and_status_do_not_start_a_monitor(ip) -> None:
+def test_stop_and_status_do_not_start_a_monitor(ip, started) -> None:
     _, cap = run(ip, "stop --local")
     assert "No GPU monitor is running." in cap.stdout
     _, cap = run(ip, "status --local")
     assert "No GPU monitor is running" in cap.stdout
-    assert ip.started_monitors == []  # no samplers (actors on every node) started to be stopped
+    assert started == []  # no samplers (actors on every node) started to be stopped
     run(ip, "snapshot --local")
-    assert len(ip.started_monitors) == 1
+    assert len(started) == 1
     _, cap = run(ip, "status --local")
     assert cap.stdout.startswith("Monitor(local, 1 nodes") and "running" in cap.stdout
     _, cap = run(ip, "stop --local")
-    assert "GPU monitor stopped." in cap.stdout and not ip.started_monitors[0].started
+    assert "GPU monitor stopped." in cap.stdout and not started[0].started
