@@ -93,9 +93,6 @@ def test_cost_view_falls_back_to_static_snapshot(monkeypatch) -> None:
 # -- %gpu_cost in a real shell ------------------------------------------------------------------------------------
 @pytest.fixture
 def shell(ip):
-    from gpu_notebook.magics._cost import CostMagics
-
-    ip.register_magics(CostMagics)
     active = ip.display_formatter.active_types
     ip.display_formatter.active_types = list(ip.display_formatter.format_types)  # like a notebook: HTML too
     yield ip
