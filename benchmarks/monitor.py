@@ -74,7 +74,8 @@ def _cpu_per_call(fn: Any, n: int) -> float:
 def bench_sampler(ticks: int) -> list[tuple[str, str, str]]:
     import psutil
 
-    from gpu_notebook.monitor import FakeNVML, NodeSampler
+    from gpu_notebook.monitor import NodeSampler
+    from gpu_notebook.testing.nvml import FakeNVML
 
     rows = []
     costs = {}
@@ -185,7 +186,8 @@ def _bench_real_tools(n: int) -> list[tuple[str, str, str]]:
 
 
 def _fake_cluster(clock: Clock, nodes: int = 64, gpus: int = 8) -> tuple[Any, list[Any]]:
-    from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+    from gpu_notebook.monitor import Monitor, NodeSampler
+    from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
     samplers = [
         NodeSampler(
@@ -305,7 +307,8 @@ def _monitor_threads_cpu() -> float:
 _KERNEL_SETUP = r"""
 import functools, json, statistics, time
 import torch
-from gpu_notebook.monitor import FakeNVML, Monitor
+from gpu_notebook.monitor import Monitor
+from gpu_notebook.testing.nvml import FakeNVML
 
 def _sched():
     # (run, run-queue wait) seconds of this thread so far, from /proc/thread-self/schedstat (Linux)
@@ -509,7 +512,8 @@ def bench_threads(seconds: float) -> list[tuple[str, str, str]]:
     """CPU used by the monitor's own threads (sampler, pull, dashboard) over a few idle seconds."""
     import comm
 
-    from gpu_notebook.monitor import FakeNVML, Monitor
+    from gpu_notebook.monitor import Monitor
+    from gpu_notebook.testing.nvml import FakeNVML
 
     orig = comm.create_comm
     comm.create_comm = lambda *a, **k: comm.DummyComm(*a, **k)
@@ -564,7 +568,8 @@ def bench_kernel(n: int) -> list[tuple[str, str, str]]:
         run("1+1")
         off = latencies(n // 2)  # off / on / off, so a drift in machine load does not land on one side
         run(
-            "from gpu_notebook.monitor import FakeNVML, Monitor\n"
+            "from gpu_notebook.monitor import Monitor\n"
+            "from gpu_notebook.testing.nvml import FakeNVML\n"
             "mon = Monitor.local(nvml=lambda: FakeNVML(8), interval=0.5).start()\n"
             "w = mon.widget(interval=1.0); w.show()"
         )

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
 
-    from gpu_notebook.monitor import GPU_METRICS, FakeGPU, FakeNVML, Monitor, NodeSampler
+    from gpu_notebook.monitor import GPU_METRICS, Monitor, NodeSampler
+    from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
     nvml = (
         "auto"

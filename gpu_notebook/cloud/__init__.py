@@ -14,7 +14,8 @@ Nothing here imports Ray, boto3 or kubernetes at import time.
 """
 
 from ._credentials import CredentialsError, CredentialsInfo, check_credentials
-from ._launcher import CloudLauncher, LaunchError, Plan, TeardownReport, plan_cluster, spec_from_options
+from ._launcher import CloudLauncher, LaunchError, plan_cluster, spec_from_options
+from ._plan import Plan
 from ._pricing import CloudNodePricing, node_pricing_for
 from ._ray_compat import RayVersionError, check_ray_version
 from ._render import render_kuberay_manifest, render_ray_config, to_yaml
@@ -28,6 +29,7 @@ from ._state import (
     list_states,
     load_state,
 )
+from ._teardown import TeardownReport
 
 __all__ = [
     "CloudLauncher",

@@ -116,9 +116,14 @@ def check_azure() -> CredentialsInfo:
             "Azure: Ray's launcher needs azure-identity and the azure-mgmt packages: pip install azure-cli "
             "azure-identity azure-mgmt-compute azure-mgmt-network azure-mgmt-resource"
         ) from None
+    from azure.core.exceptions import AzureError
+
     try:
         DefaultAzureCredential().get_token("https://management.azure.com/.default")
-    except Exception as exc:
+    except (
+        AzureError,
+        ValueError,
+    ) as exc:  # CredentialUnavailableError, ClientAuthenticationError, bad settings
         raise CredentialsError(
             f"Azure: no usable credentials ({type(exc).__name__}); run `az login` or set AZURE_CLIENT_ID, "
             "AZURE_TENANT_ID and AZURE_CLIENT_SECRET."

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import _ray_compat
+
 
 @dataclass
 class IdleTracker:
@@ -62,8 +64,9 @@ def run(
         polls += 1
         try:
             is_busy = busy()
-        except Exception:
-            is_busy = True  # can't tell: never stop a cluster on an error
+        # can't tell (Ray restarting, GCS busy, anything): never stop a cluster on an error
+        except Exception:  # noqa: BLE001
+            is_busy = True
         if tracker.update(is_busy, clock()):
             print(f"idle for {minutes:g} min: tearing the cluster down", flush=True)
             teardown(config_path)
@@ -76,8 +79,6 @@ def _teardown(config_path: str) -> None:
     import os
 
     import yaml
-
-    from gpu_notebook.cloud import _ray_compat
 
     with open(os.path.expanduser(config_path)) as f:
         config = yaml.safe_load(f)

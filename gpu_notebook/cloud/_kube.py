@@ -24,7 +24,7 @@ def make_clients() -> tuple[Any, Any]:
         ) from None
     try:
         config.load_kube_config()
-    except Exception:
+    except (config.ConfigException, OSError):  # no kube config file: try the pod's service account
         config.load_incluster_config()
     return client.CustomObjectsApi(), client.CoreV1Api()
 
@@ -39,7 +39,8 @@ def apply_raycluster(manifest: dict[str, Any], api: Any) -> str:
     try:
         api.create_namespaced_custom_object(GROUP, VERSION, meta["namespace"], PLURAL, manifest)
         return "created"
-    except Exception as exc:
+    # the client's ApiException (or a stand-in) carries the HTTP status; every other error is re-raised
+    except Exception as exc:  # noqa: BLE001
         if _status_code(exc) != 409:
             raise
     api.patch_namespaced_custom_object(
@@ -52,7 +53,8 @@ def get_raycluster(name: str, namespace: str, api: Any) -> dict[str, Any] | None
     """The RayCluster object, or None when it does not exist."""
     try:
         return dict(api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
-    except Exception as exc:
+    # the client's ApiException (or a stand-in) carries the HTTP status; every other error is re-raised
+    except Exception as exc:  # noqa: BLE001
         if _status_code(exc) == 404:
             return None
         raise
@@ -97,7 +99,8 @@ def delete_raycluster(name: str, namespace: str, api: Any) -> bool:
     try:
         api.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         return True
-    except Exception as exc:
+    # the client's ApiException (or a stand-in) carries the HTTP status; every other error is re-raised
+    except Exception as exc:  # noqa: BLE001
         if _status_code(exc) == 404:
             return False
         raise

@@ -19,11 +19,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._render import MARKET_RESOURCE
+from ._spec import ClusterSpec, resolve
+
 #: The resource Ray gives the head node only.
 HEAD_RESOURCE = "node:__internal_head__"
-#: The custom resources that tell a worker's market (kept equal to ``_render.MARKET_RESOURCE``; not imported from
-#: there to keep this module light).
-MARKET_OF_RESOURCE = {"gpu_notebook_spot": "spot", "gpu_notebook_on_demand": "on_demand"}
+#: The custom resources that tell a worker's market: ``_render.MARKET_RESOURCE`` read backwards.
+MARKET_OF_RESOURCE = {resource: market for market, resource in MARKET_RESOURCE.items()}
 
 PriceSpec = tuple[str, str, str, str, "float | None"]
 
@@ -126,8 +128,6 @@ def node_pricing_for(
     state: Any, nodes: Callable[[], list[dict[str, Any]]] | None = None, catalog: Any = None
 ) -> CloudNodePricing:
     """The :class:`CloudNodePricing` of a launched cluster (a :class:`~gpu_notebook.cloud.ClusterState`)."""
-    from ._spec import ClusterSpec, resolve
-
     spec = ClusterSpec.from_dict(dict(state.spec))
     resolved = resolve(spec, catalog)
     w = resolved.worker

@@ -272,7 +272,7 @@ def launcher_events(listener: Callable[[str, dict[str, Any]], None]) -> Iterator
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Test seams (used by tests and by gpu_notebook.cloud._testing; never by a real launch)
+# Test seams (used by tests and by gpu_notebook.testing.cloud; never by a real launch)
 # ---------------------------------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ The reaper polls every second:
 A saved state older than the lease belongs to another kernel's cluster of the same name and is left alone.
 The reaper uses the kernel's environment (the cloud's standard credential chain); it never logs credentials.
 
-Importing this module is cheap (standard library only); the launcher is imported only to tear down.
+Importing this module imports no cloud SDK and no Ray (the launcher loads them only when it tears down).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._state import CONFIG_DIR_ENV, clusters_dir, config_dir
+from ._launcher import CloudLauncher
+from ._state import CONFIG_DIR_ENV, clusters_dir, config_dir, load_state
 
 LEASE_SUFFIX = ".reaper"
 LOG_SUFFIX = ".reaper.log"
@@ -256,8 +257,6 @@ def reap(name: str, lease: Path) -> int:
     if data is None:
         _say("released just before the kernel ended; nothing to do")
         return 0
-    from ._state import load_state
-
     try:
         state = load_state(name)
     except KeyError:
@@ -276,8 +275,6 @@ def reap(name: str, lease: Path) -> int:
     _say(
         f"the kernel did not stop cloud cluster {name} ({state.cloud}, status {state.status}): tearing it down"
     )
-    from ._launcher import CloudLauncher
-
     try:
         report = CloudLauncher(check_tools=False, verify_credentials=False).teardown(state, progress=_say)
     except Exception as exc:  # noqa: BLE001 - say so; the state file stays for `%gpu_cluster list` / `stop NAME`

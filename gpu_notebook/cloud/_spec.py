@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpu_notebook.catalog import CatalogError, get_catalog
 from gpu_notebook.errors import GpuNotebookError
 
 CLOUDS = ("aws", "gcp", "azure", "kubernetes")
@@ -301,27 +302,10 @@ class Resolved:
     alternatives: list[str] = field(default_factory=list)
 
 
-def _get_catalog() -> Any:
-    try:
-        from gpu_notebook.catalog import get_catalog
-    except ImportError as exc:  # pragma: no cover - the catalog ships with the package
-        raise CloudRequestError("the instance catalog (gpu_notebook.catalog) is not available") from exc
-    return get_catalog()
-
-
-def _catalog_error() -> type[Exception]:
-    try:
-        from gpu_notebook.catalog import CatalogError
-
-        return CatalogError  # type: ignore[no-any-return]
-    except ImportError:  # pragma: no cover
-        return LookupError
-
-
 def _price(it: Any, region: str, market: str) -> float | None:
     try:
         value = it.price(region, market=market)
-    except Exception:
+    except LookupError:  # CatalogError: no price in that market there
         return None
     return None if value is None else float(value)
 
@@ -370,8 +354,8 @@ def resolve(spec: ClusterSpec, catalog: Any = None) -> Resolved:
         )
         return Resolved(worker=worker, head=None)
 
-    cat = catalog if catalog is not None else _get_catalog()
-    catalog_error = _catalog_error()
+    cat = catalog if catalog is not None else get_catalog()
+    catalog_error = CatalogError
     region = spec.region or DEFAULT_REGIONS[spec.cloud]
     max_workers = spec.max_workers or spec.workers
     try:

@@ -1,7 +1,7 @@
 """The AWS path against moto's EC2 server on loopback: Ray's real node provider, launcher and teardown.
 
-Nothing here reaches AWS: :class:`~gpu_notebook.cloud._testing.MotoEC2` serves EC2/IAM/STS on 127.0.0.1 and
-SSH/rsync/docker commands go to a :class:`~gpu_notebook.cloud._testing.RecordingProcessRunner`.
+Nothing here reaches AWS: :class:`~gpu_notebook.testing.cloud.MotoEC2` serves EC2/IAM/STS on 127.0.0.1 and
+SSH/rsync/docker commands go to a :class:`~gpu_notebook.testing.cloud.RecordingProcessRunner`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from gpu_notebook.cloud import (  # noqa: E402
 )
 from gpu_notebook.cloud import _ray_compat as rc  # noqa: E402
 from gpu_notebook.cloud._render import OWNER_TAG, WORKER_ONDEMAND_TYPE, WORKER_SPOT_TYPE  # noqa: E402
-from gpu_notebook.cloud._testing import MotoEC2, RecordingProcessRunner  # noqa: E402
 from gpu_notebook.cloud._verify import aws_leftovers  # noqa: E402
+from gpu_notebook.testing.cloud import MotoEC2, RecordingProcessRunner  # noqa: E402
 
 REGION = "us-east-1"
 
@@ -137,13 +137,13 @@ def test_node_provider_spot_and_on_demand_create_list_terminate(aws):
     assert len(provider.non_terminated_nodes({"ray-user-node-type": WORKER_SPOT_TYPE})) == 2
 
     # "workers joining" counts workers the head's autoscaler marked up-to-date
-    from gpu_notebook.cloud._launcher import _Stages
+    from gpu_notebook.cloud._progress import Stages
 
     ec2.create_tags(Resources=listed[:2], Tags=[{"Key": "ray-node-status", "Value": "up-to-date"}])
     seen = []
-    assert CloudLauncher()._wait_workers(config, 2, 5.0, 0.0, _Stages(seen.append)) == 2
+    assert CloudLauncher()._wait_workers(config, 2, 5.0, 0.0, Stages(seen.append)) == 2
     assert seen[-1].endswith("workers joining: 2/2 up")
-    assert CloudLauncher()._wait_workers(config, 4, 0.01, 0.0, _Stages(seen.append)) == 2
+    assert CloudLauncher()._wait_workers(config, 4, 0.01, 0.0, Stages(seen.append)) == 2
     assert "only 2/4 up" in seen[-1] and "monitor" in seen[-1]
 
     provider.terminate_nodes(listed)
@@ -166,7 +166,7 @@ def test_cache_stopped_nodes_false_terminates_instead_of_stopping(aws):
 
 
 def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path):
-    from gpu_notebook.cloud._testing import write_fake_ssh
+    from gpu_notebook.testing.cloud import write_fake_ssh
 
     rec = RecordingProcessRunner()
     ssh_log = tmp_path / "tunnel_args"

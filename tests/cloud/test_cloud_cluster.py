@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     from ray.cluster_utils import Cluster as RayTestCluster
     from gpu_notebook.cloud import CloudLauncher, list_states
     from gpu_notebook.cloud import _ray_compat as rc
-    from gpu_notebook.cloud._testing import MotoEC2, RecordingProcessRunner
+    from gpu_notebook.testing.cloud import MotoEC2, RecordingProcessRunner
     from gpu_notebook.cloud._verify import aws_leftovers
 
     fake = RayTestCluster(initialize_head=True, head_node_args={

@@ -14,7 +14,7 @@ from gpu_notebook.cloud import (
     load_state,
 )
 from gpu_notebook.cloud._credentials import check_kubernetes
-from gpu_notebook.cloud._testing import FakeApiException, FakeKube
+from gpu_notebook.testing.cloud import FakeApiException, FakeKube
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_port_forward_with_kubectl_and_stop_ends_it(cfg_dir, tmp_path):
     import os
     import time
 
-    from gpu_notebook.cloud._testing import write_fake_ssh
+    from gpu_notebook.testing.cloud import write_fake_ssh
 
     log = tmp_path / "kubectl_args"
     kubectl = write_fake_ssh(tmp_path / "kubectl", log)

@@ -24,8 +24,8 @@ pytest.importorskip("boto3")
 
 from gpu_notebook.cloud import CloudLauncher, list_states  # noqa: E402
 from gpu_notebook.cloud import _ray_compat as rc  # noqa: E402
-from gpu_notebook.cloud._testing import MotoEC2, RecordingProcessRunner  # noqa: E402
 from gpu_notebook.cloud._verify import aws_leftovers  # noqa: E402
+from gpu_notebook.testing.cloud import MotoEC2, RecordingProcessRunner  # noqa: E402
 
 pytestmark = pytest.mark.timeout(150)
 REGION = "us-east-1"
@@ -35,7 +35,7 @@ KERNEL = textwrap.dedent(
     import json, sys, time
     from gpu_notebook.cloud import CloudLauncher
     from gpu_notebook.cloud import _ray_compat as rc
-    from gpu_notebook.cloud._testing import RecordingProcessRunner
+    from gpu_notebook.testing.cloud import RecordingProcessRunner
     from gpu_notebook.cluster import _connect
 
     scenario, name = sys.argv[1], sys.argv[2]

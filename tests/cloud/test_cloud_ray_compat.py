@@ -145,7 +145,7 @@ def test_fast_launcher_restores_everything():
 def test_substitute_process_runner_uses_rays_real_command_runner():
     from ray.autoscaler.node_provider import NodeProvider
 
-    from gpu_notebook.cloud._testing import RecordingProcessRunner
+    from gpu_notebook.testing.cloud import RecordingProcessRunner
 
     class _Provider(NodeProvider):
         def external_ip(self, node_id):

@@ -82,7 +82,7 @@ def test_ssh_tunnel_is_started_recorded_and_closed(cfg, tmp_path):
     import time
 
     from gpu_notebook.cloud import CloudLauncher
-    from gpu_notebook.cloud._testing import write_fake_ssh
+    from gpu_notebook.testing.cloud import write_fake_ssh
 
     log = tmp_path / "ssh_args"
     fake = write_fake_ssh(tmp_path / "fake_ssh", log)

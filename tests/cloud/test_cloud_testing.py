@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gpu_notebook.cloud._testing import MotoEC2, RecordingProcessRunner, free_port
+from gpu_notebook.testing.cloud import MotoEC2, RecordingProcessRunner, free_port
 
 
 def test_recorder_records_answers_probes_and_fails_on_demand():

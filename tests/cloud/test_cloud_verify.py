@@ -7,7 +7,8 @@ import importlib.util
 import pytest
 
 from gpu_notebook.cloud import ClusterSpec, TeardownReport, render_ray_config, resolve
-from gpu_notebook.cloud._launcher import CloudLauncher, _Stages
+from gpu_notebook.cloud._progress import Stages
+from gpu_notebook.cloud._teardown import teardown_vms
 from gpu_notebook.cloud._verify import VerificationUnavailable, leftovers_for
 
 
@@ -36,7 +37,7 @@ def test_gcp_without_its_sdk_is_reported_unverified_not_clean(tmp_path, monkeypa
     config = render_ray_config(spec, resolve(spec))
     with pytest.raises(VerificationUnavailable, match="google-api-python-client"):
         leftovers_for(config)
-    report = CloudLauncher()._teardown_config(config, _Stages(None), verify_timeout_s=0, poll_s=0)
+    report = teardown_vms(config, Stages(None), verify_timeout_s=0, poll_s=0)
     assert not report.verified and not report.clean
     assert any("teardown_cluster" in e for e in report.errors)  # Ray's GCP provider needs the SDK too
     assert "could NOT be verified through the gcp API" in report.message()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gpu_notebook.cost import IdleStopPolicy, MonitorUtilisation
-from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+from gpu_notebook.monitor import Monitor, NodeSampler
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
 
 class Clock:

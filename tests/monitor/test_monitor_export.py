@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+from gpu_notebook.monitor import Monitor, NodeSampler
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
 
 class Clock:

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from gpu_notebook.monitor import FakeNVML, Monitor, sampler_actor_class, utilisation_summary
+from gpu_notebook.monitor import Monitor, sampler_actor_class, utilisation_summary
+from gpu_notebook.testing.nvml import FakeNVML
 
 
 class RayNodes:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gpu_notebook.monitor import FakeNVML, Monitor, NodeSampler
+from gpu_notebook.monitor import Monitor, NodeSampler
+from gpu_notebook.testing.nvml import FakeNVML
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle
 
 

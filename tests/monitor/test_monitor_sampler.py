@@ -14,14 +14,12 @@ from gpu_notebook.monitor import (
     GPU_METRICS,
     HOST_METRICS,
     Aggregator,
-    FakeGPU,
-    FakeNVML,
     Monitor,
     NodeSampler,
     RingBuffer,
-    steps,
     utilisation_summary,
 )
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 from gpu_notebook.monitor._aggregator import LocalHandle
 
 SLOW_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetPcieThroughput")
@@ -342,7 +340,8 @@ def test_importing_the_monitor_is_cheap() -> None:
 
     code = (
         "import sys; import gpu_notebook.monitor, gpu_notebook.widgets, gpu_notebook.magics._monitor\n"
-        "from gpu_notebook.monitor import Monitor, FakeNVML, utilisation_summary\n"
+        "from gpu_notebook.monitor import Monitor, utilisation_summary\n"
+        "from gpu_notebook.testing.nvml import FakeNVML\n"
         "print([m for m in ('ray', 'torch', 'pynvml', 'plotly', 'ipywidgets', 'boto3') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -8,7 +8,8 @@ import comm
 import numpy as np
 import pytest
 
-from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler, steps
+from gpu_notebook.monitor import Monitor, NodeSampler
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+from gpu_notebook.monitor import Monitor, NodeSampler
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
 pytest.importorskip("plotly")
 pytest.importorskip("ipywidgets")

@@ -1,6 +1,11 @@
 """A faithful fake of the NVML Python binding (``pynvml`` from ``nvidia-ml-py``) with scripted values.
 
-NVML cannot run on machines without an NVIDIA driver (laptops, CI), so the sampler is tested against this fake.
+NVML cannot run on machines without an NVIDIA driver (laptops, CI), so the sampler is tested against this fake,
+and so can your own monitoring code be: pass a :class:`FakeNVML` (or a factory of one) wherever gpu_notebook
+takes an ``nvml=`` argument, e.g. ``Monitor.local(nvml=lambda: FakeNVML(8))`` or
+``NodeSampler("n", nvml=FakeNVML(2))``. The library never imports this module; it is a test utility, as
+dask ships ``distributed.utils_test``.
+
 A :class:`FakeNVML` instance behaves like the ``pynvml`` module: the same function names, the same argument
 order, the same return types (ctypes structures with the same field names as ``c_nvmlUtilization_t``,
 ``c_nvmlMemory_t`` and friends, plain ``int`` for scalar queries, ``str`` for names), and the same error

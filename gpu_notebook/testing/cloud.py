@@ -1,10 +1,18 @@
-"""Offline stand-ins for testing cloud launches: a recording process runner and a loopback moto EC2 server.
+"""Offline stand-ins for cloud launches: a recording process runner, a loopback moto EC2 server, fake kube clients.
+
+The launcher in :mod:`gpu_notebook.cloud` is tested against these, and so can code of yours that drives it:
 
 - :class:`RecordingProcessRunner` replaces ``subprocess`` for Ray's SSH/rsync/docker command runners
-  (see :func:`gpu_notebook.cloud._ray_compat.substitute_process_runner`): it records every command, answers
-  the few probes the launcher parses (``command -v docker``, ``docker inspect``...), and can fail on demand.
+  (install it with :func:`gpu_notebook.cloud._ray_compat.substitute_process_runner`): it records every command,
+  answers the few probes the launcher parses (``command -v docker``, ``docker inspect``...), and can fail on
+  demand.
 - :class:`MotoEC2` runs moto's server on ``127.0.0.1`` with a free port and points boto3 at it with fake
   credentials (environment variables), so Ray's real AWS node provider talks to it over HTTP.
+- :class:`FakeKube` stands in for the ``kubernetes`` client's ``CustomObjectsApi`` and ``CoreV1Api`` (pass
+  ``CloudLauncher(kube_clients=(fake, fake))``) and behaves like a KubeRay operator would.
+- :func:`write_fake_ssh` writes a stand-in ``ssh``/``kubectl`` that listens on the forwarded port.
+
+The library never imports this module (it may import the library).
 """
 
 from __future__ import annotations
@@ -15,6 +23,17 @@ import socket
 import subprocess
 import threading
 from typing import Any
+
+__all__ = [
+    "DEFAULT_RESPONSES",
+    "FAKE_SSH",
+    "FakeApiException",
+    "FakeKube",
+    "MotoEC2",
+    "RecordingProcessRunner",
+    "free_port",
+    "write_fake_ssh",
+]
 
 #: Answers for the probes Ray's command runners parse (substring of the joined command -> stdout).
 DEFAULT_RESPONSES: dict[str, bytes] = {
