@@ -1,12 +1,15 @@
 """Notebook views of gpu_notebook objects: ipywidgets + plotly ``FigureWidget`` dashboards.
 
-Importing this package is cheap: ipywidgets and plotly load when a widget class is first used.
+Both views are :class:`~gpu_notebook.widgets._live.LiveView` s: a refresh thread, ``start``/``stop``/``close``,
+and a static ``text/html`` fallback. Importing this package is cheap: ipywidgets and plotly load when a widget
+class is first used.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_notebook._lazy import lazy_module
 
 __all__ = ["CostWidget", "MonitorWidget", "cost_view"]
 
@@ -14,19 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.widgets._cost import CostWidget, cost_view
     from gpu_notebook.widgets._monitor import MonitorWidget
 
-_LAZY = {
-    "CostWidget": "gpu_notebook.widgets._cost",
-    "cost_view": "gpu_notebook.widgets._cost",
-    "MonitorWidget": "gpu_notebook.widgets._monitor",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpu_notebook.widgets' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    __all__,
+    {"CostWidget": "._cost", "cost_view": "._cost", "MonitorWidget": "._monitor"},
+)

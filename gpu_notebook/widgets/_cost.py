@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from gpu_notebook.widgets._live import LiveView, RateCap
 
 __all__ = ["CostWidget", "cost_view"]
 
@@ -52,7 +53,7 @@ def header_html(snap: Any) -> str:
     return "".join(parts)
 
 
-class CostWidget:
+class CostWidget(LiveView):
     """Live view of a :class:`~gpu_notebook.cost.CostMeter`.
 
     Parameters
@@ -94,14 +95,10 @@ class CostWidget:
         self.max_points = int(max_points)
         self.max_msgs_per_s = float(max_msgs_per_s)
         self.clock: Callable[[], float] = clock or getattr(meter, "clock", None) or time.time
-        self._sent: list[float] = []
-        self.messages_sent = 0
+        # the message budget is counted in real seconds, whatever clock the meter runs on
+        self._init_live(RateCap(self.max_msgs_per_s, time.monotonic))
         self.refreshes = 0
         self.skipped = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._handle: Any = None
         self._last: tuple[Any, ...] | None = None
         snap = meter.snapshot(self.clock())
         self.header = W.HTML(value=header_html(snap))
@@ -134,31 +131,11 @@ class CostWidget:
         if autostart:
             self.start()
 
-    # -- message budget ----------------------------------------------------------------------------------------
-    def _count(self, widget: Any) -> None:
-        comm = getattr(widget, "comm", None)
-        if comm is None or getattr(comm, "_gnb_cost_counted", False):
-            return
-        orig = comm.send
-
-        def send(*args: Any, **kwargs: Any) -> Any:
-            self._sent.append(time.monotonic())
-            self.messages_sent += 1
-            return orig(*args, **kwargs)
-
-        comm.send = send
-        comm._gnb_cost_counted = True
-
-    def _recent(self) -> int:
-        cutoff = time.monotonic() - 1.0
-        self._sent = [t for t in self._sent if t > cutoff]
-        return len(self._sent)
-
     # -- refresh -----------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
         """Send new numbers if they changed and the message cap allows; returns whether anything was sent."""
         with self._lock:
-            if not force and self._recent() + 5 > self.max_msgs_per_s:
+            if not force and self.rate.recent() + 5 > self.rate.max:  # a refresh costs up to 5 messages
                 self.skipped += 1
                 return False
             now = self.clock()
@@ -199,44 +176,10 @@ class CostWidget:
             self.refreshes += 1
             return True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            if (
-                getattr(self.box, "comm", True) is None
-            ):  # closed (close(), Widget.close_all()): nothing to update
-                break
-            try:
-                self.refresh()
-            except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
-                pass
+    thread_name = "gpu_notebook-cost-widget"
 
-    def start(self) -> CostWidget:
-        """Start the background refresh thread (idempotent)."""
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-cost-widget")
-            self._thread.start()
-        return self
-
-    def stop(self, snapshot: bool = True) -> None:
-        """Stop refreshing; a view shown with :meth:`show` is replaced by a static card."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._thread = None
-        if snapshot and self._handle is not None:
-            from IPython.display import HTML
-
-            self._handle.update(HTML(self.snapshot_html()))
-
-    def close(self) -> None:
-        """Stop refreshing and close the widgets (their browser views go away)."""
-        self.stop(snapshot=False)
-        for w in (self.box, self.header, self.fig):
-            try:
-                w.close()
-            except Exception:  # noqa: BLE001
-                pass
+    def _parts(self) -> tuple[Any, ...]:
+        return (self.box, self.header, self.fig)
 
     # -- display -----------------------------------------------------------------------------------------------
     def snapshot_html(self) -> str:
@@ -244,19 +187,13 @@ class CostWidget:
 
     def show(self) -> Any:
         """Display the view and keep a handle so :meth:`stop` can leave a static card behind."""
-        from IPython.display import display
+        return self._show()
 
-        self._handle = display(self, display_id=True)
-        return self._handle
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle = dict(self.box._repr_mimebundle_(include=include, exclude=exclude) or {})
-        bundle["text/html"] = self.snapshot_html()
-        bundle["text/plain"] = str(self.meter.snapshot(self.clock()))
-        return bundle
+    def _text_plain(self) -> str:
+        return str(self.meter.snapshot(self.clock()))
 
     def __repr__(self) -> str:
-        state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
+        state = "live" if self.live else "paused"
         return f"CostWidget({self.meter!r}, every {self.interval:g}s, {state})"
 
 

@@ -20,41 +20,14 @@ import html
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from gpu_notebook.widgets._live import LiveView, RateCap
+
 __all__ = ["MonitorWidget", "RateCap"]
-
-
-class RateCap:
-    """Sliding-window message counter: at most ``max_per_s`` messages in any ``window_s`` seconds."""
-
-    def __init__(self, max_per_s: float, clock: Callable[[], float], window_s: float = 1.0) -> None:
-        self.max = float(max_per_s) * window_s
-        self.window = float(window_s)
-        self.clock = clock
-        self.events: deque[float] = deque()
-        self.total = 0
-
-    def record(self, n: int = 1) -> None:
-        now = self.clock()
-        for _ in range(n):
-            self.events.append(now)
-        self.total += n
-
-    def recent(self) -> int:
-        cutoff = self.clock() - self.window
-        while self.events and self.events[0] <= cutoff:
-            self.events.popleft()
-        return len(self.events)
-
-    def allows(self, cost: int) -> bool:
-        """Whether ``cost`` more messages fit (an empty window always admits one refresh)."""
-        recent = self.recent()
-        return recent == 0 or recent + cost <= self.max
 
 
 def _decimate(t: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +117,7 @@ class _MainThreadLoad:
         return (cpu - last[1]) / (now - last[0])
 
 
-class MonitorWidget:
+class MonitorWidget(LiveView):
     """Live dashboard of a :class:`~gpu_notebook.monitor.Monitor`.
 
     Parameters
@@ -208,7 +181,7 @@ class MonitorWidget:
         self.busy_interval = None if busy_interval is None else max(self.interval, float(busy_interval))
         self.clock: Callable[[], float] = clock or getattr(monitor, "clock", None) or time.time
         self.height = height
-        self.rate = RateCap(max(5.0, float(max_msgs_per_s)), self.clock)
+        self._init_live(RateCap(max(5.0, float(max_msgs_per_s)), self.clock))
         self.refreshes = 0
         self.skipped = 0
         self.unchanged = 0  # timer ticks with no new rows since the last refresh (nothing sent)
@@ -223,10 +196,6 @@ class MonitorWidget:
         self._date_axes: dict[str, str] = {}
         self._traces: list[tuple[str, str, Any]] = []
         self._advice_at = -math.inf
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._handle: Any = None
         self.header = W.HTML(value=self._header_html())
         self.fig = self._build_figure()
         self.box = W.VBox([self.header, self.fig])
@@ -236,26 +205,6 @@ class MonitorWidget:
         self.refresh(force=True)
         if autostart:
             self.start()
-
-    # -- message counting -----------------------------------------------------------------------------------------
-    def _count(self, widget: Any) -> None:
-        comm = getattr(widget, "comm", None)
-        if comm is None or getattr(comm, "_gnb_counted", False):
-            return
-        orig = comm.send
-        rate = self.rate
-
-        def send(*args: Any, **kwargs: Any) -> Any:
-            rate.record()
-            return orig(*args, **kwargs)
-
-        comm.send = send
-        comm._gnb_counted = True
-
-    @property
-    def messages_sent(self) -> int:
-        """Total comm messages sent by this dashboard's widgets since creation."""
-        return self.rate.total
 
     # -- figure structure -----------------------------------------------------------------------------------------
     def _plan(self) -> tuple[Any, ...]:
@@ -598,59 +547,23 @@ class MonitorWidget:
             self.refreshes += 1
             return True
 
-    def _closed(self) -> bool:
-        """The dashboard was closed (``close()``, ``Widget.close_all()``): its comm is gone."""
-        return getattr(self.box, "comm", True) is None
+    thread_name = "gpu_notebook-monitor-widget"
 
-    def _run(self) -> None:
-        self._load.share()
-        while not self._stop.wait(self.interval):
-            if self._closed():
-                break
-            if not getattr(
-                self.monitor, "started", True
-            ):  # monitor stopped (cluster stop): show the end, quit
-                try:
-                    self.refresh(force=True)
-                except Exception:
-                    pass
-                break
-            try:
-                busy = self.busy_interval is not None and self._load.share() > 0.5
-                if busy and self.clock() - self._last_refresh < float(self.busy_interval or 0.0):
-                    self.deferred += 1
-                    continue
-                self.refresh()
-            except Exception:
-                pass
+    def _parts(self) -> tuple[Any, ...]:
+        return (self.box, self.header, self.fig)
 
-    def start(self) -> MonitorWidget:
-        """Start the background refresh thread (idempotent)."""
-        if self._thread is None or not self._thread.is_alive():
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, daemon=True, name="gpu_notebook-monitor-widget")
-            self._thread.start()
-        return self
+    def _thread_started(self) -> None:
+        self._load.share()  # the first reading: the next one measures the kernel's load since now
 
-    def stop(self, snapshot: bool = True) -> None:
-        """Stop refreshing; a dashboard shown with :meth:`show` is replaced by a static snapshot table."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self._thread = None
-        if snapshot and self._handle is not None:
-            from IPython.display import HTML
+    def _finished(self) -> bool:
+        return not getattr(self.monitor, "started", True)  # the monitor stopped (cluster stop)
 
-            self._handle.update(HTML(self.snapshot_html()))
-
-    def close(self) -> None:
-        """Stop refreshing and close the widgets (their browser views go away). The monitor keeps running."""
-        self.stop(snapshot=False)
-        for w in (self.box, self.header, self.fig):
-            try:
-                w.close()
-            except Exception:
-                pass
+    def _tick(self) -> None:
+        busy = self.busy_interval is not None and self._load.share() > 0.5
+        if busy and self.clock() - self._last_refresh < float(self.busy_interval or 0.0):
+            self.deferred += 1
+            return
+        self.refresh()
 
     # -- display --------------------------------------------------------------------------------------------------
     def snapshot_html(self) -> str:
@@ -659,19 +572,10 @@ class MonitorWidget:
 
     def show(self) -> None:
         """Display the dashboard and keep a handle so :meth:`stop` can leave a static snapshot behind."""
-        from IPython.display import display
-
-        self._handle = display(self, display_id=True)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle = self.box._repr_mimebundle_(include=include, exclude=exclude) or {}
-        bundle = dict(bundle)
-        bundle["text/html"] = self.snapshot_html()
-        bundle["text/plain"] = repr(self)
-        return bundle
+        self._show()
 
     def __repr__(self) -> str:
-        state = "live" if self._thread is not None and self._thread.is_alive() else "paused"
+        state = "live" if self.live else "paused"
         return (
             f"MonitorWidget({len(self.monitor.nodes)} nodes, {self.monitor.gpu_count} GPUs, "
             f"every {self.interval:g}s, {state})"
