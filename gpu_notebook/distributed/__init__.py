@@ -1,9 +1,19 @@
-"""Persistent distributed workers: rank actors with torch.distributed initialised, cells run on every rank."""
+"""Persistent distributed workers: rank actors with torch.distributed initialised, cells run on every rank.
+
+The modules, one concern each: ``_group`` (the :class:`WorkerGroup`: placement, running cells, stop),
+``_worker`` (the rank actor, and the driver's :class:`Worker` record of one), ``_process_group`` (backend
+choice, the torchrun environment, joining the group), ``_recovery`` (dead workers, stuck ranks, collectives out
+of step, rebuilds), ``_capture`` (a rank's output), ``_ranks`` (rank layout and selections), ``_output``
+(prefixed streaming and the per-rank log) and ``_results`` (what a cell gives back). Importing this package
+imports no ray or torch.
+"""
 
 from gpu_notebook.distributed._group import GroupError, GroupTimeouts, WorkerGroup
 from gpu_notebook.distributed._output import RankLog
-from gpu_notebook.distributed._ranks import RankPlan, choose_backend, format_ranks, parse_ranks, plan_ranks
+from gpu_notebook.distributed._process_group import choose_backend, torchrun_env
+from gpu_notebook.distributed._ranks import RankPlan, format_ranks, parse_ranks, plan_ranks
 from gpu_notebook.distributed._results import CellResult, DistributedError, RankFailure, RankResults
+from gpu_notebook.distributed._worker import Worker
 
 __all__ = [
     "CellResult",
@@ -14,9 +24,11 @@ __all__ = [
     "RankLog",
     "RankPlan",
     "RankResults",
+    "Worker",
     "WorkerGroup",
     "choose_backend",
     "format_ranks",
     "parse_ranks",
     "plan_ranks",
+    "torchrun_env",
 ]

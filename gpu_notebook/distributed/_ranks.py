@@ -91,68 +91,6 @@ def plan_ranks(
     return plans
 
 
-def explain_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[bool]) -> tuple[str, str]:
-    """The torch.distributed backend for these ranks, and why it is not NCCL.
-
-    NCCL needs every rank to have a GPU of its own that CUDA can use: each rank has Ray GPU ids, CUDA works in
-    its process (``cuda_available``), and no two ranks on one node share a GPU id (fractional
-    ``gpus_per_worker`` puts several ranks on one GPU; NCCL then fails with "Duplicate GPU detected").
-
-    Parameters
-    ----------
-    plans
-        The ranks, as :func:`plan_ranks` returns them.
-    cuda_available
-        Whether CUDA works in each rank's process, in rank order (one bool applies to every rank).
-
-    Returns
-    -------
-    (backend, reason)
-        ``("nccl", "")``, or ``("gloo", reason)`` with a one-line reason for the user.
-
-    Examples
-    --------
-    >>> plans = plan_ranks([{"node_id": "n", "ip": "x", "gpu_ids": ["0"]}] * 2)
-    >>> explain_backend(plans, True)
-    ('gloo', 'ranks 0-1 share GPU 0 on node x; NCCL needs one GPU per rank')
-    """
-    plans = list(plans)
-    if not plans:
-        return "gloo", "no ranks"
-    cuda = [bool(cuda_available)] * len(plans) if isinstance(cuda_available, bool) else list(cuda_available)
-    if len(cuda) != len(plans):
-        raise ValueError(f"cuda_available has {len(cuda)} entries for {len(plans)} ranks")
-    no_gpu = [p.rank for p in plans if not p.gpu_ids]
-    if len(no_gpu) == len(plans):
-        return "gloo", "the workers have no GPUs"
-    if no_gpu:
-        return "gloo", f"{_ranks_text(no_gpu)} {'has' if len(no_gpu) == 1 else 'have'} no GPU"
-    no_cuda = [p.rank for p, ok in zip(plans, cuda, strict=True) if not ok]
-    if no_cuda:
-        return "gloo", (
-            f"CUDA does not work in {_ranks_text(no_cuda)} although Ray gave them GPUs "
-            f"(a CPU-only PyTorch build, or no CUDA driver)"
-        )
-    holders: dict[tuple[str, str], list[int]] = {}
-    for p in plans:
-        for g in p.gpu_ids:
-            holders.setdefault((p.node_id, g), []).append(p.rank)
-    for (node_id, gpu), ranks in holders.items():
-        if len(ranks) > 1:
-            ip = next(p.node_ip for p in plans if p.node_id == node_id)
-            return "gloo", f"{_ranks_text(ranks)} share GPU {gpu} on node {ip}; NCCL needs one GPU per rank"
-    return "nccl", ""
-
-
-def choose_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[bool]) -> str:
-    """NCCL when every rank has a GPU of its own that CUDA can use, else gloo; see :func:`explain_backend`."""
-    return explain_backend(plans, cuda_available)[0]
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-
-
 def parse_ranks(spec: str | Iterable[int] | None, world_size: int) -> list[int]:
     """Parse a rank selection: ``all``, ``0,2``, ``0-3``, ``1,3-5`` (or an iterable of ints).
 

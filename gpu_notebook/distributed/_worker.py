@@ -2,8 +2,8 @@
 
 A :class:`RankWorker` is wrapped into a Ray actor by :func:`remote_worker_class`. It keeps the user's namespace
 across cells (like an ipyparallel engine), captures everything the process writes (Python threads, C code and
-subprocesses, through a pipe on file descriptors 1 and 2) into a buffer the driver drains while a cell runs,
-and initialises ``torch.distributed`` once with the torchrun environment variables set.
+subprocesses; see :mod:`._capture`) into a buffer the driver drains while a cell runs, and joins the
+``torch.distributed`` process group once (see :mod:`._process_group`).
 
 Two concurrency groups: ``exec`` (one thread) runs cells in order; ``ctl`` serves output draining, interrupts
 and status while a cell runs.
@@ -18,10 +18,8 @@ everything the cell wrote is delivered with the cell.
 from __future__ import annotations
 
 import ast
-import codecs
 import copy
 import ctypes
-import io
 import linecache
 import os
 import socket
@@ -30,9 +28,18 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
-_THIS_FILE = __file__.rstrip("c")
+from gpu_notebook._display import fmt_bytes
+from gpu_notebook.distributed import _process_group
+from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
+from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
+from gpu_notebook.distributed._ranks import RankPlan
+
+# Frames of these files are left out of the tracebacks of user code (the torch.distributed wrappers that
+# torchrun-style cells call are in _process_group).
+_OUR_FILES = frozenset(os.path.abspath(f.rstrip("c")) for f in (__file__, _process_group.__file__))
 
 # Ray reads this attribute (what ``@ray.method(concurrency_group=...)`` sets) when the class becomes an actor;
 # setting it directly keeps ray out of this module's imports.
@@ -41,167 +48,53 @@ _EXEC = ("init_process_group", "run_cell", "call", "push", "pull", "shutdown")
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
 
-# Written into the capture pipe at the end of a cell; the reader takes it out and reports having read it.
-_SYNC_PREFIX = b"\x00gpu_notebook:sync:"
-_SYNC_END = b"\x00"
-_SYNC_DIGITS = 20
+
+class WorkerMeta(TypedDict):
+    """Where a worker runs, as it reports it before it has a rank (:meth:`RankWorker.meta`)."""
+
+    node_id: str  # Ray's node id
+    ip: str
+    pid: int  # the worker process, named when it dies
+    hostname: str
+    gpu_ids: list[str]  # the GPUs Ray gave it
+    cuda_visible_devices: str | None  # as Ray set it, before the group sets its own
+    cuda_available: bool  # whether CUDA works in the process (NVML's answer; False without GPUs)
 
 
-def _split_sync(buf: bytes) -> tuple[bytes, list[int], bytes]:
-    """Take the end-of-cell markers out of bytes read from the capture pipe.
+class CellReply(TypedDict, total=False):
+    """What a rank sends back for a cell or a call (:meth:`RankWorker.run_cell`, :meth:`RankWorker.call`)."""
 
-    Returns the bytes that are output, the sequence numbers of the markers found, and a tail to hold back
-    until the next read (the beginning of a marker that the read cut off).
+    ok: bool  # the code ran to the end
+    value: Any  # its value, made sendable (ok only)
+    etype: str  # the exception's type name, message, traceback without our frames (not ok only)
+    evalue: str
+    traceback: str
+    cell_lines: list[int]  # the cell's line numbers in the traceback, innermost last
+    seq: int | None  # collectives this rank has issued on the default group (None: no group)
+
+
+@dataclass(frozen=True)
+class Worker:
+    """The driver's record of one rank: its actor, where it runs, and what its process reported.
+
+    Fixed for the life of the process; a rebuilt group has new records.
     """
-    out: list[bytes] = []
-    seqs: list[int] = []
-    pos = 0
-    while True:
-        i = buf.find(_SYNC_PREFIX, pos)
-        if i < 0:
-            break
-        start = i + len(_SYNC_PREFIX)
-        j = buf.find(_SYNC_END, start, start + _SYNC_DIGITS + 1)
-        tail = buf[start:]
-        if j < 0 and len(tail) <= _SYNC_DIGITS and (not tail or tail.isdigit()):
-            out.append(buf[pos:i])
-            return b"".join(out), seqs, buf[i:]  # cut off by the read
-        if j > start and buf[start:j].isdigit():
-            out.append(buf[pos:i])
-            seqs.append(int(buf[start:j]))
-            pos = j + 1
-        else:  # not one of ours: the user's output
-            out.append(buf[pos : i + 1])
-            pos = i + 1
-    rest = buf[pos:]
-    for k in range(min(len(rest), len(_SYNC_PREFIX) - 1), 0, -1):
-        if _SYNC_PREFIX.startswith(rest[-k:]):
-            out.append(rest[:-k])
-            return b"".join(out), seqs, rest[-k:]
-    out.append(rest)
-    return b"".join(out), seqs, b""
 
+    actor: Any  # the Ray actor handle of the RankWorker
+    plan: RankPlan  # its rank, node, local rank and GPUs
+    meta: WorkerMeta  # its process: pid, IP, the GPUs Ray gave it
 
-class _Capture:
-    """A process-wide sink for output: a locked list of text chunks plus the file-descriptor pipe reader."""
+    @property
+    def rank(self) -> int:
+        return self.plan.rank
 
-    def __init__(self) -> None:
-        self._chunks: list[str] = []
-        self._lock = threading.Lock()
-        self._total = 0
-        self._fd_thread: threading.Thread | None = None
-        self._orig_fds: dict[int, int] = {}
-        self._sync_fd: int | None = None  # our own end of the pipe, for end-of-cell markers
-        self._sync_cond = threading.Condition()
-        self._sync_sent = 0
-        self._sync_seen = 0
+    @property
+    def pid(self) -> int:
+        return self.meta["pid"]
 
-    def write(self, text: str) -> None:
-        if text:
-            with self._lock:
-                self._chunks.append(text)
-                self._total += len(text)
-                if self._total > 8_000_000:  # never grow without bound between drains
-                    joined = "".join(self._chunks)[-4_000_000:]
-                    self._chunks = ["[... output truncated ...]\n", joined]
-                    self._total = len(joined)
-
-    def drain(self) -> str:
-        with self._lock:
-            text = "".join(self._chunks)
-            self._chunks = []
-            self._total = 0
-        return text
-
-    def capture_fds(self) -> None:
-        """Send file descriptors 1 and 2 (C code, subprocesses) through a pipe into this buffer.
-
-        What arrives is also copied to the original descriptors, so Ray's own worker log files still get it.
-        """
-        if self._fd_thread is not None:
-            return
-        read_fd, write_fd = os.pipe()
-        for fd in (1, 2):
-            try:
-                self._orig_fds[fd] = os.dup(fd)
-                os.dup2(write_fd, fd)
-            except OSError:
-                pass
-        self._sync_fd = write_fd
-        orig_out = self._orig_fds.get(1)
-
-        def pump() -> None:
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")  # characters cut by a read stay whole
-            held = b""
-            with os.fdopen(read_fd, "rb", buffering=0) as pipe:
-                while True:
-                    data = pipe.read(65536)
-                    if not data:
-                        self.write(decoder.decode(held, final=True))
-                        return
-                    data, seqs, held = _split_sync(held + data)
-                    if data:
-                        self.write(decoder.decode(data))
-                        if orig_out is not None:
-                            try:
-                                os.write(orig_out, data)
-                            except OSError:
-                                pass
-                    if seqs:
-                        with self._sync_cond:
-                            self._sync_seen = max(self._sync_seen, *seqs)
-                            self._sync_cond.notify_all()
-
-        self._fd_thread = threading.Thread(target=pump, name="gpu_notebook-fd-capture", daemon=True)
-        self._fd_thread.start()
-
-    def sync(self, timeout: float = 2.0) -> bool:
-        """Wait until the pipe reader has read everything written to file descriptors 1 and 2 so far.
-
-        A marker goes through the pipe behind what is already in it; returns False if it was not read in time.
-        """
-        if self._sync_fd is None or self._fd_thread is None or not self._fd_thread.is_alive():
-            return False
-        with self._sync_cond:
-            self._sync_sent += 1
-            seq = self._sync_sent
-        try:
-            os.write(self._sync_fd, _SYNC_PREFIX + str(seq).encode() + _SYNC_END)
-        except OSError:
-            return False
-        deadline = time.monotonic() + timeout
-        with self._sync_cond:
-            while self._sync_seen < seq:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._sync_cond.wait(left)
-        return True
-
-
-class _StreamProxy(io.TextIOBase):
-    """A text stream that writes into the capture buffer (used as sys.stdout and sys.stderr)."""
-
-    def __init__(self, capture: _Capture, name: str) -> None:
-        super().__init__()
-        self._capture = capture
-        self.name = name
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:  # type: ignore[override]
-        self._capture.write(s)
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-    def fileno(self) -> int:  # subprocess.run(stdout=sys.stdout) needs a real descriptor: the captured fd
-        return 1 if self.name == "<stdout>" else 2
+    def where(self) -> str:
+        """``"pid 1234 on 10.0.0.5"``: the process, for a report that it died."""
+        return f"pid {self.meta.get('pid', '?')} on {self.meta.get('ip', '?')}"
 
 
 class Unpicklable:
@@ -233,31 +126,19 @@ class TooLarge:
         what = self.type_name if self.length is None else f"{self.type_name} of {self.length} entries"
         rank = "R" if self.rank is None else str(self.rank)
         return (
-            f"<{what} not sent: {_fmt_bytes(self.nbytes)} {self.measured}, over the "
-            f"{_fmt_bytes(self.limit)} limit for values sent back. Assign it to a variable and fetch one "
+            f"<{what} not sent: {fmt_bytes(self.nbytes, binary=True)} {self.measured}, over the "
+            f"{fmt_bytes(self.limit, binary=True)} limit for values sent back. Assign it to a variable and fetch one "
             f"copy with `%gpu_pull NAME --rank {rank}`, or save it from the workers; raise the limit with "
             f"`%%distributed --max-result 1G` (or max_result_bytes=)>"
         )
 
 
-def _fmt_bytes(n: float) -> str:
-    if n < 1024:
-        return f"{n:g} bytes"
-    units = ("KiB", "MiB", "GiB", "TiB")
-    i = 0
-    n /= 1024
-    while n >= 1024 and i < len(units) - 1:
-        n /= 1024
-        i += 1
-    return f"{n:.1f} {units[i]}"
-
-
-def _format_exception(exc: BaseException, cell_file: str | None) -> dict[str, Any]:
-    """Format an exception raised by user code, without this module's frames."""
+def _format_exception(exc: BaseException, cell_file: str | None) -> CellReply:
+    """Format an exception raised by user code, without our own frames."""
     te = traceback.TracebackException.from_exception(exc, capture_locals=False)
-    stack = [f for f in te.stack if os.path.abspath(f.filename) != os.path.abspath(_THIS_FILE)]
+    stack = [f for f in te.stack if os.path.abspath(f.filename) not in _OUR_FILES]
     te.stack = traceback.StackSummary.from_list(stack)
-    cell_lines = [f.lineno for f in stack if cell_file is not None and f.filename == cell_file]
+    cell_lines = [f.lineno for f in stack if f.filename == cell_file and f.lineno is not None]
     return {
         "ok": False,
         "etype": type(exc).__name__,
@@ -265,36 +146,6 @@ def _format_exception(exc: BaseException, cell_file: str | None) -> dict[str, An
         "traceback": "".join(te.format()),
         "cell_lines": cell_lines,
     }
-
-
-def _patch_torch_distributed() -> None:
-    """Make torchrun-style code run unchanged on an already initialised group.
-
-    ``init_process_group`` on an initialised default group returns quietly (it would raise otherwise), and
-    ``destroy_process_group()`` of the default group is ignored: the group belongs to the worker, not the cell.
-    """
-    import torch.distributed as dist
-
-    if getattr(dist.init_process_group, "_gpu_notebook", False):
-        return
-    real_init, real_destroy = dist.init_process_group, dist.destroy_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> None:
-        if dist.is_initialized():
-            return None
-        return real_init(*args, **kwargs)
-
-    def destroy_process_group(group: Any = None) -> None:
-        if group is None or group is dist.GroupMember.WORLD:
-            return None
-        return real_destroy(group)
-
-    init_process_group._gpu_notebook = True  # type: ignore[attr-defined]
-    init_process_group.__wrapped__ = real_init  # type: ignore[attr-defined]
-    destroy_process_group.__wrapped__ = real_destroy  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
-    dist.destroy_process_group = destroy_process_group
-    dist._gpu_notebook_real_destroy = real_destroy  # type: ignore[attr-defined]
 
 
 class RankWorker:
@@ -307,25 +158,25 @@ class RankWorker:
         self._exec_tid: int | None = None  # the thread running a cell or call: what interrupt() interrupts
         self._exec_lock = threading.Lock()  # guards _exec_tid between interrupt() and the end of a cell
         self._cell_started: float | None = None
-        self._capture = _Capture()
+        self._capture = Capture()
         if env:
             os.environ.update(env)
         self._capture.capture_fds()
-        sys.stdout = _StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
-        sys.stderr = _StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
+        sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
+        sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"RankWorker(rank={self.rank})"
 
     # ---- control group ---------------------------------------------------------------------------------
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> WorkerMeta:
         """Where this worker runs: node, IP, pid and the GPUs Ray gave it."""
         import ray
 
         ctx = ray.get_runtime_context()
         try:
             gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-        except Exception:
+        except Exception:  # noqa: BLE001 - a worker whose GPUs Ray cannot tell still serves as a CPU rank
             gpu_ids = []
         return {
             "node_id": ctx.get_node_id(),
@@ -362,9 +213,7 @@ class RankWorker:
             )
         return n == 1
 
-    def _guarded(
-        self, work: Callable[[], Any], cell_file: str | None, max_bytes: int | None
-    ) -> dict[str, Any]:
+    def _guarded(self, work: Callable[[], Any], cell_file: str | None, max_bytes: int | None) -> CellReply:
         """Run ``work`` (the user's code) as the interruptible cell and report its value or error.
 
         Only the user's code runs while the cell can be interrupted. An interrupt sent just as it ends can
@@ -389,15 +238,16 @@ class RankWorker:
             self._end_exec(tid)
         # from here on no interrupt can arrive
         ok, payload = box[0] if box else (False, KeyboardInterrupt())
+        result: CellReply
         if ok:
             try:
                 result = {"ok": True, "value": _sendable(payload, max_bytes, self.rank)}
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 - a value's own code raised: the cell's error
                 result = _format_exception(exc, cell_file)
         else:
             result = _format_exception(payload, cell_file)
-        result["seq"] = _collective_seq()
-        _flush_std()
+        result["seq"] = collective_seq()
+        flush_std()
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
         return result
 
@@ -429,42 +279,20 @@ class RankWorker:
         device_index: int,
         timeout_s: float,
     ) -> dict[str, Any]:
-        """Set the torchrun variables and initialise torch.distributed for this rank."""
-        import datetime
-
-        if cuda_visible_devices is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
-        os.environ.update(
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(local_rank),
-            LOCAL_WORLD_SIZE=str(local_world_size),
-            NODE_RANK=str(node_rank),
-            GROUP_RANK=str(node_rank),
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
+        """Join the process group as ``rank`` (the torchrun environment set; see :func:`._process_group.join`)."""
+        env = torchrun_env(
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            node_rank=node_rank,
+            master_addr=master_addr,
+            master_port=master_port,
         )
-        import torch
-        import torch.distributed as dist
-
-        _patch_torch_distributed()
-        if backend == "nccl":
-            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-            torch.cuda.set_device(device_index)
-            device = torch.device("cuda", device_index)
-        else:
-            device = torch.device("cpu")
-        if not dist.is_initialized():
-            dist.init_process_group.__wrapped__(  # type: ignore[attr-defined]
-                backend,
-                init_method=f"tcp://{master_addr}:{master_port}",
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(seconds=timeout_s),
-            )
+        device, joined = join(env, backend, cuda_visible_devices, device_index, timeout_s)
         self.rank = rank
         self.ns.update(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
-        return {"rank": rank, "backend": dist.get_backend(), "device": str(device)}
+        return {"rank": rank, "backend": joined, "device": str(device)}
 
     def run_cell(
         self,
@@ -472,7 +300,7 @@ class RankWorker:
         label: str,
         header: str | None = None,
         max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES,
-    ) -> dict[str, Any]:
+    ) -> CellReply:
         """Run a cell in the persistent namespace; returns the last expression's value (like a REPL).
 
         ``header`` is the cell's first line in the notebook (the ``%%distributed`` line): line numbers in
@@ -502,7 +330,7 @@ class RankWorker:
 
     def call(
         self, fn: Any, args: tuple, kwargs: dict, max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
-    ) -> dict[str, Any]:
+    ) -> CellReply:
         """Run a Python function in this rank's process (the group is initialised); its value as a cell's."""
         return self._guarded(lambda: fn(*args, **kwargs), None, max_result_bytes)
 
@@ -518,62 +346,19 @@ class RankWorker:
             import ray.cloudpickle as cp
 
             cp.dumps(value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - pickling runs the value's own code: anything it raises
             raise TypeError(f"variable {name!r} on rank {self.rank} cannot be pickled: {exc}") from None
         return value
 
     def shutdown(self) -> None:
         """Leave the process group cleanly (best effort)."""
-        try:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                getattr(dist, "_gpu_notebook_real_destroy", dist.destroy_process_group)()
-        except Exception:  # noqa: BLE001
-            pass
+        leave()
 
 
 for _name in _CTL:
     getattr(RankWorker, _name).__ray_concurrency_group__ = "ctl"
 for _name in _EXEC:
     getattr(RankWorker, _name).__ray_concurrency_group__ = "exec"
-
-
-_LIBC: Any = None
-
-
-def _collective_seq() -> int | None:
-    """The default process group's sequence number: how many collectives this rank has issued on it.
-
-    Ranks in step have equal numbers after a cell. With NCCL only collectives count (point-to-point operations
-    have their own counter); with gloo ``send``/``recv`` count too.
-    """
-    try:
-        import torch.distributed as dist
-
-        if not dist.is_available() or not dist.is_initialized():
-            return None
-        group: Any = dist.distributed_c10d._get_default_group()
-        return int(group._get_sequence_number_for_group())
-    except Exception:  # noqa: BLE001 - an older torch, a destroyed group: no check
-        return None
-
-
-def _flush_std() -> None:
-    """Flush Python's own streams and every C stdio stream (``printf`` output sits in libc's buffer)."""
-    global _LIBC
-    for stream in (sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        if _LIBC is None:
-            _LIBC = ctypes.CDLL(None)
-        _LIBC.fflush(None)
-    except Exception:  # noqa: BLE001 - no libc (not Linux/macOS): nothing buffered there to lose
-        pass
 
 
 def _cuda_available() -> bool:
@@ -585,7 +370,7 @@ def _cuda_available() -> bool:
     """
     try:
         import torch
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a broken torch install (not only ImportError): no CUDA either
         return False
     try:
         if not torch.backends.cuda.is_built():
@@ -593,7 +378,7 @@ def _cuda_available() -> bool:
         count = torch.cuda._device_count_nvml()
         if count >= 0:
             return bool(count > 0)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a private torch API (NVML missing, renamed): answered below
         pass
     return True  # NVML cannot tell: a CUDA build with GPUs from Ray; set_device reports it if CUDA fails
 
@@ -618,7 +403,7 @@ def _tensors(value: Any, torch: Any, depth: int = 0) -> Any:
 def _tensor_bytes(t: Any) -> int:
     try:  # pickling a tensor writes its whole storage (a view of a large tensor too)
         return int(t.untyped_storage().nbytes())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - tensor subclasses without a storage: count the elements
         return int(t.nelement() * t.element_size())
 
 
@@ -684,10 +469,10 @@ def _sendable(value: Any, max_bytes: int | None = DEFAULT_MAX_RESULT_BYTES, rank
         import ray.cloudpickle as cp
 
         size = len(cp.dumps(value))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - pickling runs the value's own code: anything it raises
         try:
             text = repr(value)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - so does repr
             text = f"<{type(value).__name__} object>"
         return Unpicklable(type(value).__name__, text, str(exc))
     if max_bytes is not None and size > max_bytes:

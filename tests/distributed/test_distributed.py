@@ -196,6 +196,10 @@ def test_a_collective_left_hanging_by_a_failed_rank_does_not_hang_the_notebook(i
 
 
 def test_a_killed_worker_is_reported_with_its_rank_and_last_output_and_the_group_recovers(ip, shared, capsys):
+    res = run(ip, "%%distributed -o pids\nimport os\nos.getpid()\n")
+    assert res.success
+    killed = ip.user_ns["pids"][1]  # the process that kills itself below, as it names itself
+    assert killed == shared.status().workers[1].pid
     res = run(
         ip,
         "%%distributed\nimport os, time\nprint('working on shard', rank, flush=True)\n"
@@ -205,6 +209,7 @@ def test_a_killed_worker_is_reported_with_its_rank_and_last_output_and_the_group
     assert err is not None
     text = "\n".join(err._render_traceback_())
     assert "rank 1: died" in text
+    assert f"--- rank 1: died: the worker process (pid {killed} on " in text  # rank and real pid, one line
     assert "| working on shard 1" in text  # its last output
     assert "Worker state was reset" in text
     logs = shared.logs(rank=1, tail=20)

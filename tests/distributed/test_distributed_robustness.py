@@ -15,9 +15,10 @@ import types
 import pytest
 
 from gpu_notebook.distributed import WorkerGroup, choose_backend, plan_ranks
+from gpu_notebook.distributed._capture import split_sync
 from gpu_notebook.distributed._output import RankLog, Streamer
-from gpu_notebook.distributed._ranks import explain_backend
-from gpu_notebook.distributed._worker import DEFAULT_MAX_RESULT_BYTES, _split_sync, _to_cpu
+from gpu_notebook.distributed._process_group import explain_backend
+from gpu_notebook.distributed._worker import DEFAULT_MAX_RESULT_BYTES, _to_cpu
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -183,7 +184,7 @@ def test_interrupts_at_random_moments_never_escape_a_finished_cell(shared):
     import ray
 
     group = shared.group
-    actors = list(group.actors)
+    workers = list(group.workers)
     # frequent thread switches in the workers make the race windows far more likely to be hit
     assert group.run("import sys\nsys.setswitchinterval(1e-6)\n").ok
     stop = threading.Event()
@@ -192,7 +193,7 @@ def test_interrupts_at_random_moments_never_escape_a_finished_cell(shared):
     def hammer() -> None:
         rng = random.Random(1)
         while not stop.is_set():
-            ray.get([a.interrupt.remote() for a in actors], timeout=30)
+            ray.get([w.actor.interrupt.remote() for w in workers], timeout=30)
             sent[0] += 1
             time.sleep(rng.uniform(0, 0.001))
 
@@ -220,7 +221,7 @@ def test_interrupts_at_random_moments_never_escape_a_finished_cell(shared):
         assert res.ok, res.failures
         assert list(res.values) == ["ok", "ok"]
     assert group.run("import sys\nsys.setswitchinterval(0.005)\n").ok
-    assert group.actors == actors
+    assert group.workers == workers
 
 
 # ---- 3. the backend ---------------------------------------------------------------------------------------
@@ -266,7 +267,7 @@ def test_the_group_chooses_its_backend_with_the_helper(ray_session, monkeypatch)
     group = WorkerGroup(1, cpus_per_worker=0.5)
     try:
         group.start(progress=said.append)
-        assert group.backend == "gloo" and group.metas[0]["cuda_available"] is False
+        assert group.backend == "gloo" and group.workers[0].meta["cuda_available"] is False
     finally:
         group.stop()
     assert calls == [[False]]  # each worker's own report of CUDA
@@ -277,14 +278,14 @@ def test_the_group_chooses_its_backend_with_the_helper(ray_session, monkeypatch)
 # ---- 4. output -------------------------------------------------------------------------------------------
 def test_sync_markers_are_taken_out_of_the_captured_bytes():
     m = b"\x00gpu_notebook:sync:"
-    assert _split_sync(b"abc" + m + b"7\x00def") == (b"abcdef", [7], b"")
-    assert _split_sync(b"abc" + m[:5]) == (b"abc", [], m[:5])  # a marker cut by the read: kept for the next
-    assert _split_sync(m[:5] + m[5:] + b"12") == (b"", [], m + b"12")
-    assert _split_sync(m + b"12\x00" + m + b"13\x00") == (b"", [12, 13], b"")
+    assert split_sync(b"abc" + m + b"7\x00def") == (b"abcdef", [7], b"")
+    assert split_sync(b"abc" + m[:5]) == (b"abc", [], m[:5])  # a marker cut by the read: kept for the next
+    assert split_sync(m[:5] + m[5:] + b"12") == (b"", [], m + b"12")
+    assert split_sync(m + b"12\x00" + m + b"13\x00") == (b"", [12, 13], b"")
     # NUL bytes of the user's output stay (one that could begin a marker waits for the next read)
-    assert _split_sync(b"a\x00b\x00") == (b"a\x00b", [], b"\x00")
-    assert _split_sync(b"\x00" + b"c") == (b"\x00c", [], b"")
-    assert _split_sync(m + b"x\x00y") == (m + b"x\x00y", [], b"")
+    assert split_sync(b"a\x00b\x00") == (b"a\x00b", [], b"\x00")
+    assert split_sync(b"\x00" + b"c") == (b"\x00c", [], b"")
+    assert split_sync(m + b"x\x00y") == (m + b"x\x00y", [], b"")
 
 
 def test_c_level_output_at_the_end_of_a_cell_comes_with_that_cell(shared):
@@ -389,7 +390,7 @@ def test_stopping_the_group_while_a_cell_runs_ends_the_cell_without_a_rebuild(ra
     assert [(f.rank, f.kind) for f in res.failures] == [(0, "stopped"), (1, "stopped")]
     assert "cluster stopped" in res.failures[0].detail
     assert res.note.startswith("Cluster stopped") and "rebuilt" not in res.note
-    assert group.generation == generation and group.actors == []
+    assert group.generation == generation and group.workers == []
     deadline = time.monotonic() + 10
     while True:
         names = [a["name"] for a in ray_session.util.list_named_actors(all_namespaces=True)]
@@ -439,21 +440,18 @@ def test_a_collective_a_failed_rank_never_joined_resets_the_group_instead_of_pai
 def test_the_collective_count_check_by_backend():
     """NCCL counts only collectives: checked after every cell. gloo counts send/recv too (a pipeline's ranks
     differ legitimately): checked only after a cell in which a rank failed."""
+    from gpu_notebook.distributed._recovery import out_of_step
     from gpu_notebook.distributed._results import RankFailure
 
-    g = WorkerGroup(3)
-    g._seqs = {0: 4, 1: 5, 2: 4}
-    g.backend = "gloo"
-    assert g._out_of_step({}) == ""
-    assert g._out_of_step({1: RankFailure(rank=1, kind="value")}) == ""  # a value failure: the cell finished
-    msg = g._out_of_step({1: RankFailure(rank=1, kind="error")})
+    seqs = {0: 4, 1: 5, 2: 4}
+    assert out_of_step(seqs, 3, "gloo", {}) == ""
+    assert out_of_step(seqs, 3, "gloo", {1: RankFailure(rank=1, kind="value")}) == ""  # the cell finished
+    msg = out_of_step(seqs, 3, "gloo", {1: RankFailure(rank=1, kind="error")})
     assert "rank 1: 5, ranks 0,2: 4" in msg
-    g.backend = "nccl"
-    assert "out of step" in g._out_of_step({})
-    g._seqs = {0: 4, 1: 4, 2: 4}
-    assert g._out_of_step({1: RankFailure(rank=1, kind="error")}) == ""
-    g._seqs = {0: 4, 1: 5}  # a rank without a count (no group, or it died): no verdict
-    assert g._out_of_step({}) == ""
+    assert "out of step" in out_of_step(seqs, 3, "nccl", {})
+    assert out_of_step({0: 4, 1: 4, 2: 4}, 3, "nccl", {1: RankFailure(rank=1, kind="error")}) == ""
+    # a rank without a count (no group, or it died): no verdict
+    assert out_of_step({0: 4, 1: 5}, 3, "nccl", {}) == ""
 
 
 def test_output_is_fetched_less_often_while_the_ranks_print_nothing(shared):

@@ -1,0 +1,203 @@
+"""Output capture in a rank's process: everything it writes, from Python, C code and subprocesses alike.
+
+File descriptors 1 and 2 are sent through a pipe that a reader thread copies into a locked buffer (and on to
+the original descriptors, so Ray's worker log files still get it); ``sys.stdout`` and ``sys.stderr`` write into
+the same buffer. The driver drains the buffer while a cell runs. At the end of a cell a marker written into the
+pipe behind the cell's output tells when the reader has read all of it (:meth:`Capture.sync`), so the cell's
+output is delivered with the cell and not with the next one.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import io
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["Capture", "StreamProxy", "flush_std", "split_sync"]
+
+# Written into the capture pipe at the end of a cell; the reader takes it out and reports having read it.
+_SYNC_PREFIX = b"\x00gpu_notebook:sync:"
+_SYNC_END = b"\x00"
+_SYNC_DIGITS = 20
+
+
+def split_sync(buf: bytes) -> tuple[bytes, list[int], bytes]:
+    """Take the end-of-cell markers out of bytes read from the capture pipe.
+
+    Returns the bytes that are output, the sequence numbers of the markers found, and a tail to hold back
+    until the next read (the beginning of a marker that the read cut off).
+    """
+    out: list[bytes] = []
+    seqs: list[int] = []
+    pos = 0
+    while True:
+        i = buf.find(_SYNC_PREFIX, pos)
+        if i < 0:
+            break
+        start = i + len(_SYNC_PREFIX)
+        j = buf.find(_SYNC_END, start, start + _SYNC_DIGITS + 1)
+        tail = buf[start:]
+        if j < 0 and len(tail) <= _SYNC_DIGITS and (not tail or tail.isdigit()):
+            out.append(buf[pos:i])
+            return b"".join(out), seqs, buf[i:]  # cut off by the read
+        if j > start and buf[start:j].isdigit():
+            out.append(buf[pos:i])
+            seqs.append(int(buf[start:j]))
+            pos = j + 1
+        else:  # not one of ours: the user's output
+            out.append(buf[pos : i + 1])
+            pos = i + 1
+    rest = buf[pos:]
+    for k in range(min(len(rest), len(_SYNC_PREFIX) - 1), 0, -1):
+        if _SYNC_PREFIX.startswith(rest[-k:]):
+            out.append(rest[:-k])
+            return b"".join(out), seqs, rest[-k:]
+    out.append(rest)
+    return b"".join(out), seqs, b""
+
+
+class Capture:
+    """A process-wide sink for output: a locked list of text chunks plus the file-descriptor pipe reader."""
+
+    def __init__(self) -> None:
+        self._chunks: list[str] = []
+        self._lock = threading.Lock()
+        self._total = 0
+        self._fd_thread: threading.Thread | None = None
+        self._orig_fds: dict[int, int] = {}
+        self._sync_fd: int | None = None  # our own end of the pipe, for end-of-cell markers
+        self._sync_cond = threading.Condition()
+        self._sync_sent = 0
+        self._sync_seen = 0
+
+    def write(self, text: str) -> None:
+        if text:
+            with self._lock:
+                self._chunks.append(text)
+                self._total += len(text)
+                if self._total > 8_000_000:  # never grow without bound between drains
+                    joined = "".join(self._chunks)[-4_000_000:]
+                    self._chunks = ["[... output truncated ...]\n", joined]
+                    self._total = len(joined)
+
+    def drain(self) -> str:
+        with self._lock:
+            text = "".join(self._chunks)
+            self._chunks = []
+            self._total = 0
+        return text
+
+    def capture_fds(self) -> None:
+        """Send file descriptors 1 and 2 (C code, subprocesses) through a pipe into this buffer.
+
+        What arrives is also copied to the original descriptors, so Ray's own worker log files still get it.
+        """
+        if self._fd_thread is not None:
+            return
+        read_fd, write_fd = os.pipe()
+        for fd in (1, 2):
+            try:
+                self._orig_fds[fd] = os.dup(fd)
+                os.dup2(write_fd, fd)
+            except OSError:
+                pass
+        self._sync_fd = write_fd
+        orig_out = self._orig_fds.get(1)
+
+        def pump() -> None:
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")  # characters cut by a read stay whole
+            held = b""
+            with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+                while True:
+                    data = pipe.read(65536)
+                    if not data:
+                        self.write(decoder.decode(held, final=True))
+                        return
+                    data, seqs, held = split_sync(held + data)
+                    if data:
+                        self.write(decoder.decode(data))
+                        if orig_out is not None:
+                            try:
+                                os.write(orig_out, data)
+                            except OSError:
+                                pass
+                    if seqs:
+                        with self._sync_cond:
+                            self._sync_seen = max(self._sync_seen, *seqs)
+                            self._sync_cond.notify_all()
+
+        self._fd_thread = threading.Thread(target=pump, name="gpu_notebook-fd-capture", daemon=True)
+        self._fd_thread.start()
+
+    def sync(self, timeout: float = 2.0) -> bool:
+        """Wait until the pipe reader has read everything written to file descriptors 1 and 2 so far.
+
+        A marker goes through the pipe behind what is already in it; returns False if it was not read in time.
+        """
+        if self._sync_fd is None or self._fd_thread is None or not self._fd_thread.is_alive():
+            return False
+        with self._sync_cond:
+            self._sync_sent += 1
+            seq = self._sync_sent
+        try:
+            os.write(self._sync_fd, _SYNC_PREFIX + str(seq).encode() + _SYNC_END)
+        except OSError:
+            return False
+        deadline = time.monotonic() + timeout
+        with self._sync_cond:
+            while self._sync_seen < seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._sync_cond.wait(left)
+        return True
+
+
+class StreamProxy(io.TextIOBase):
+    """A text stream that writes into the capture buffer (used as sys.stdout and sys.stderr)."""
+
+    def __init__(self, capture: Capture, name: str) -> None:
+        super().__init__()
+        self._capture = capture
+        self.name = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:  # type: ignore[override]
+        self._capture.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:  # subprocess.run(stdout=sys.stdout) needs a real descriptor: the captured fd
+        return 1 if self.name == "<stdout>" else 2
+
+
+_LIBC: Any = None
+
+
+def flush_std() -> None:
+    """Flush Python's own streams and every C stdio stream (``printf`` output sits in libc's buffer)."""
+    global _LIBC
+    for stream in (sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing left to flush into it
+            pass
+    try:
+        if _LIBC is None:
+            _LIBC = ctypes.CDLL(None)
+        _LIBC.fflush(None)
+    except (OSError, AttributeError):  # no libc (not Linux/macOS): nothing buffered there to lose
+        pass
