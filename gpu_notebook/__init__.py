@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gpu_notebook._lazy import lazy_module
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -23,20 +25,15 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.cluster import Cluster, ClusterManager, get_manager
 
-_LAZY = {
-    "Cluster": "gpu_notebook.cluster",
-    "ClusterManager": "gpu_notebook.cluster",
-    "get_manager": "gpu_notebook.cluster",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'gpu_notebook' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    __all__,
+    {
+        "Cluster": "gpu_notebook.cluster",
+        "ClusterManager": "gpu_notebook.cluster",
+        "get_manager": "gpu_notebook.cluster",
+    },
+)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -7,19 +7,25 @@
 
 Prices are list-price estimates with their source and date (``cat.source``, ``cat.date``); override them with
 :meth:`Catalog.override` and refresh them with :meth:`Catalog.refresh`.
+
+The modules: ``_types`` (clouds, markets, an instance type, the error), ``_catalog`` (the catalog and the shared
+instance), ``_refresh`` (the providers' price lists), ``_seed`` (builds the shipped data file).
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
-from ._catalog import (
+from typing import TYPE_CHECKING
+
+from gpu_notebook._lazy import lazy_module
+
+from ._catalog import Catalog, get_catalog
+from ._types import (
     CLOUDS,
     MARKETS,
-    Catalog,
     CatalogError,
     InstanceType,
     Override,
     cache_path,
-    get_catalog,
     normalize_cloud,
     normalize_market,
     parse_gpu,
@@ -44,11 +50,7 @@ __all__ = [
     "refresh_catalog",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # the refresh code (urllib, http) loads only when used
-    if name in ("RefreshReport", "refresh_catalog"):
-        from . import _refresh
-
-        return getattr(_refresh, name)
-    raise AttributeError(f"module 'gpu_notebook.catalog' has no attribute {name!r}")
+# the price refresh is named here but loaded by its first use
+__getattr__, __dir__ = lazy_module(
+    __name__, __all__, {"RefreshReport": "._refresh", "refresh_catalog": "._refresh"}
+)

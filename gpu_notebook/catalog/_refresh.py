@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._catalog import Catalog, CatalogError, InstanceType
+from ._types import CatalogError, InstanceType, PriceBook, cache_path, normalize_cloud
 
 AWS_BULK_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
 AZURE_RETAIL_URL = "https://prices.azure.com/api/retail/prices"
@@ -350,7 +350,7 @@ def _fetch_json(fetch: Fetch, url: str) -> dict[str, Any]:
 
 # -- the driver -------------------------------------------------------------------------------------------
 def _apply(
-    cat: Catalog,
+    cat: PriceBook,
     report: RefreshReport,
     cloud: str,
     prices: dict[tuple[str, str], dict[str, float]],
@@ -387,7 +387,7 @@ def _apply(
 
 
 def refresh_catalog(
-    cat: Catalog,
+    cat: PriceBook,
     clouds: Iterable[str] | None = None,
     regions: Iterable[str] | None = None,
     fetch: Fetch | None = None,
@@ -430,8 +430,6 @@ def refresh_catalog(
     CatalogError
         When nothing could be refreshed (offline, no access); the message lists each failure.
     """
-    from ._catalog import cache_path, normalize_cloud
-
     fetch = fetch or url_fetcher(timeout)
     urls = dict(urls or {})
     report = RefreshReport()

@@ -11,11 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook._display import Progress
+from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect
+from gpu_notebook.cost import attach_policies
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
 from gpu_notebook.errors import GpuNotebookError
-
-Progress = Callable[[str], None]
 
 
 class ClusterError(GpuNotebookError, RuntimeError):
@@ -261,8 +262,6 @@ class Cluster:
     # ---- lifecycle -----------------------------------------------------------------------------------------
     def start(self, progress: Progress | None = None) -> Cluster:
         """Start (or connect to) Ray and the worker group; returns ``self``."""
-        from gpu_notebook.cluster._manager import get_manager
-
         if self.state == "running":
             return self
         say = progress or (lambda msg: None)
@@ -328,8 +327,6 @@ class Cluster:
         self.started_at = self.last_activity = time.time()
         manager.add(self)
         if self.options.get("idle_stop") or self.options.get("budget"):
-            from gpu_notebook.cost import attach_policies
-
             self.policies = attach_policies(
                 self, idle_stop_minutes=self.options.get("idle_stop"), budget_usd=self.options.get("budget")
             )
@@ -362,8 +359,6 @@ class Cluster:
 
     def stop(self, reason: str = "stopped by the user") -> str:
         """End the workers and, if this cluster started Ray, Ray itself. Returns a one-line summary."""
-        from gpu_notebook.cluster._manager import get_manager
-
         if self.state in ("stopped", "new"):
             return f"cluster {self.name!r} is not running"
         for hook in list(self._stop_hooks):
@@ -445,8 +440,6 @@ class Cluster:
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
             return
-        from gpu_notebook.cluster._manager import get_manager
-
         conn = _connect.current_connection()
         users = [c.name for c in get_manager().list() if conn is not None and c.connection is conn]
         where = f"Ray at {conn.address}" if conn is not None else "a Ray cluster (ray.init was called)"

@@ -7,12 +7,17 @@
 
 Prices come from :mod:`gpu_notebook.catalog` and are list-price estimates; a local cluster costs $0.
 Importing this package is cheap (no ray, boto3, plotly or ipywidgets).
+
+The modules: ``_meter`` (the meter and its snapshots), ``_policy`` (what a policy is), ``_budget`` and ``_idle``
+(the two policies), ``_watcher`` (the thread that checks them, and attaching them to a cluster). A cluster is
+given to them as an argument; the shared meter and watcher of each cluster live in :mod:`gpu_notebook._registry`.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_notebook._lazy import lazy_module
 
 __all__ = [
     "LOCAL_PRICE",
@@ -23,6 +28,7 @@ __all__ = [
     "IdleStopPolicy",
     "MonitorUtilisation",
     "NodePrice",
+    "Policy",
     "PolicyWatcher",
     "attach_from_options",
     "attach_policies",
@@ -34,6 +40,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.cost._budget import BudgetPolicy
+    from gpu_notebook.cost._idle import (
+        CpuUtilisation,
+        IdleStopPolicy,
+        MonitorUtilisation,
+        default_utilisation,
+    )
     from gpu_notebook.cost._meter import (
         LOCAL_PRICE,
         CostMeter,
@@ -42,45 +55,35 @@ if TYPE_CHECKING:  # pragma: no cover
         cost_meter_for,
         resolve_price,
     )
-    from gpu_notebook.cost._policies import (
-        BudgetPolicy,
-        CpuUtilisation,
-        IdleStopPolicy,
-        MonitorUtilisation,
+    from gpu_notebook.cost._policy import Policy
+    from gpu_notebook.cost._watcher import (
         PolicyWatcher,
         attach_from_options,
         attach_policies,
-        default_utilisation,
         describe,
         watcher_for,
     )
 
-_LAZY = {
-    "LOCAL_PRICE": "_meter",
-    "CostMeter": "_meter",
-    "CostSnapshot": "_meter",
-    "NodePrice": "_meter",
-    "cost_meter_for": "_meter",
-    "resolve_price": "_meter",
-    "BudgetPolicy": "_policies",
-    "CpuUtilisation": "_policies",
-    "IdleStopPolicy": "_policies",
-    "MonitorUtilisation": "_policies",
-    "PolicyWatcher": "_policies",
-    "attach_from_options": "_policies",
-    "attach_policies": "_policies",
-    "describe": "_policies",
-    "default_utilisation": "_policies",
-    "watcher_for": "_policies",
-}
-
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'gpu_notebook.cost' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"gpu_notebook.cost.{mod}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    __all__,
+    {
+        "LOCAL_PRICE": "._meter",
+        "CostMeter": "._meter",
+        "CostSnapshot": "._meter",
+        "NodePrice": "._meter",
+        "cost_meter_for": "._meter",
+        "resolve_price": "._meter",
+        "Policy": "._policy",
+        "BudgetPolicy": "._budget",
+        "CpuUtilisation": "._idle",
+        "IdleStopPolicy": "._idle",
+        "MonitorUtilisation": "._idle",
+        "default_utilisation": "._idle",
+        "PolicyWatcher": "._watcher",
+        "attach_from_options": "._watcher",
+        "attach_policies": "._watcher",
+        "describe": "._watcher",
+        "watcher_for": "._watcher",
+    },
+)

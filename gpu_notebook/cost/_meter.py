@@ -16,6 +16,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook import _registry
+from gpu_notebook.catalog import get_catalog, normalize_market
+
 LOCAL = "local"
 MARKETS = ("on_demand", "spot", "reserved_1y")
 
@@ -79,8 +82,6 @@ def resolve_price(spec: Any, catalog: Any = None) -> NodePrice:
         raise ValueError(f"a node price is 'local' or (cloud, instance_type, region, market), not {spec!r}")
     cloud, instance_type, region, market = spec[:4]
     fallback = float(spec[4]) if len(spec) > 4 and spec[4] is not None else None
-    from gpu_notebook.catalog import get_catalog, normalize_market
-
     cat = catalog if catalog is not None else get_catalog()
     market = normalize_market(market)
     try:
@@ -363,8 +364,8 @@ class CostMeter:
             return
         try:
             nodes = c.ray_nodes()
-        except Exception:
-            return  # Ray unreachable for a moment: keep the current set
+        except Exception:  # noqa: BLE001 - Ray unreachable for a moment (any Ray error): keep the current set
+            return
         ids = [str(n.get("NodeID", n.get("node_id", ""))) for n in nodes if n.get("Alive", True)]
         self.sync_nodes([i for i in ids if i], at)
 
@@ -466,10 +467,6 @@ class CostMeter:
         return snapshot_html(self.snapshot())
 
 
-_METERS: weakref.WeakKeyDictionary[Any, CostMeter] = weakref.WeakKeyDictionary()
-_METERS_LOCK = threading.Lock()
-
-
 def cost_meter_for(cluster: Any = None, **kwargs: Any) -> CostMeter:
     """The shared :class:`CostMeter` of ``cluster`` (default: the current cluster), created on first use.
 
@@ -477,17 +474,16 @@ def cost_meter_for(cluster: Any = None, **kwargs: Any) -> CostMeter:
     cluster stops (a stop hook).
     """
     if cluster is None:
-        from gpu_notebook.cluster import get_manager
-
-        cluster = get_manager().current
+        cluster = _registry.current_cluster()
         if cluster is None:
             raise RuntimeError("no cluster: start one with %gpu_cluster start (or pass cluster=)")
-    with _METERS_LOCK:
-        meter = _METERS.get(cluster)
+    meters = _registry.cost_meters
+    with meters.lock:
+        meter = meters.get(cluster)
         if meter is not None:
             return meter
         meter = CostMeter(cluster, **kwargs)
-        _METERS[cluster] = meter
+        meters.set(cluster, meter)
     started = getattr(cluster, "started_at", None) or getattr(cluster, "created_at", None)
     meter.poll(at=min(meter.clock(), started) if started else None)
     if hasattr(cluster, "add_stop_hook"):

@@ -10,7 +10,6 @@ pulls what is new once per ``pull_interval``. Everything a widget or magic shows
 
 from __future__ import annotations
 
-import atexit
 import html
 import math
 import threading
@@ -20,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_notebook import _registry
+from gpu_notebook._display import error_line
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
 from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
@@ -114,7 +115,7 @@ class Monitor:
         self._failed_lock = threading.Lock()  # held only to change or copy _failed (readers: widget, repr)
         self.started = False
         self.created_at = self.clock()
-        _REGISTRY.add(self)
+        _registry.stop_at_exit(self, _signal_stop)
 
     @classmethod
     def local(cls, **kwargs: Any) -> Monitor:
@@ -221,7 +222,7 @@ class Monitor:
                 )
             )
             ref = actor.info.remote()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any Ray error here is this node's failure, retried later
             self._fail(node_id, ip, f"{type(exc).__name__}: {exc}")
             return
         # a retry after repeated failures gets longer to start (a slow node is not killed over and over)
@@ -246,9 +247,10 @@ class Monitor:
                 st = self._starting.pop(node)
                 try:
                     info = ray.get(ref)
-                except Exception as exc:  # unschedulable (node gone), sampler crashed in __init__, ...
+                # unschedulable (node gone), sampler crashed in __init__, ...: this node's failure, retried later
+                except Exception as exc:  # noqa: BLE001
                     self._kill(st.actor)
-                    self._fail(node, st.ip, _first_line(exc))
+                    self._fail(node, st.ip, error_line(exc))
                     continue
                 self.aggregator.add(RayHandle(st.actor, node, info))
                 with self._failed_lock:
@@ -280,7 +282,7 @@ class Monitor:
 
         try:
             ray.kill(actor, no_restart=True)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the actor (or its node, or Ray) may already be gone: nothing to end
             pass
 
     def _background_sync(self, full: bool) -> None:
@@ -311,16 +313,17 @@ class Monitor:
 
     def _run(self) -> None:
         k = 0
+        # the pull thread lives as long as the monitor: a failed round (Ray busy, a node going) is retried next time
         while not self._stop.wait(self.pull_interval):
             try:
                 self.pull()
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass
             k += 1
             if self.cluster is not None and self.kind == "cluster":
                 try:
                     self._background_sync(full=k % 15 == 0)
-                except Exception:
+                except Exception:  # noqa: BLE001
                     pass
 
     def pull(self) -> int:
@@ -329,7 +332,7 @@ class Monitor:
         for fn in list(self._listeners):
             try:
                 fn(self)
-            except Exception:
+            except Exception:  # noqa: BLE001 - one broken listener (a closed widget) must not stop the others
                 pass
         return n
 
@@ -355,8 +358,8 @@ class Monitor:
                 if isinstance(h, RayHandle) or h.sampler in self._own_local or self._given is not None:
                     h.stop()
         self.started = False
-        if self in _KEEP:
-            _KEEP.remove(self)
+        # a stopped shared monitor is released; monitor_for starts a new one when asked again
+        _registry.monitors.discard(_key(self.cluster), self)
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -413,7 +416,7 @@ class Monitor:
             try:
                 for w in status().workers:
                     ranks[(str(w.node_id), int(w.pid))] = int(w.rank)
-            except Exception:
+            except Exception:  # noqa: BLE001 - ranks are a nicety: the processes are listed without them
                 pass
         rows = []
         for node, st in self.aggregator.states():
@@ -504,11 +507,6 @@ class _Failure:
     retry_at: float  # time.monotonic()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
-
-
 def _fmt(v: float, spec: str = ".0f", unit: str = "") -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{spec}}{unit}"
 
@@ -586,29 +584,26 @@ def utilisation_summary(monitor: Monitor, window_s: float) -> dict[str, Any]:
     return monitor.utilisation_summary(window_s)
 
 
-_REGISTRY: weakref.WeakSet[Monitor] = weakref.WeakSet()
-_BY_CLUSTER: weakref.WeakKeyDictionary[Any, Monitor] = weakref.WeakKeyDictionary()
-_LOCAL: weakref.WeakValueDictionary[str, Monitor] = weakref.WeakValueDictionary()
-_KEEP: list[Monitor] = []  # the shared monitors handed out by monitor_for stay alive until stopped
+def _signal_stop(mon: Monitor) -> None:
+    """At exit: end the pull loop without waiting (its thread is a daemon)."""
+    mon._stop.set()
+
+
+def _key(cluster: Any) -> Any:
+    return _registry.LOCAL if cluster is None else cluster
 
 
 def _default_cluster(cluster: Any, local: bool) -> Any:
     if cluster is None and not local:
-        try:
-            from gpu_notebook.cluster import get_manager
-
-            cluster = get_manager().current
-            if cluster is not None and not getattr(cluster, "running", True):
-                cluster = None
-        except Exception:
+        cluster = _registry.current_cluster()
+        if cluster is not None and not getattr(cluster, "running", True):
             cluster = None
     return cluster
 
 
 def running_monitor(cluster: Any = None, *, local: bool = False) -> Monitor | None:
     """The shared monitor :func:`monitor_for` would return, if it is running; never starts one (None then)."""
-    cluster = _default_cluster(cluster, local)
-    mon = _LOCAL.get("local") if cluster is None else _BY_CLUSTER.get(cluster)
+    mon = _registry.monitors.get(_key(_default_cluster(cluster, local)))
     return mon if mon is not None and mon.started else None
 
 
@@ -618,25 +613,9 @@ def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> M
     ``%gpu_monitor`` uses this, so repeated calls reuse the same samplers.
     """
     cluster = _default_cluster(cluster, local)
-    if cluster is None:
-        mon = _LOCAL.get("local")
-        if mon is None or not mon.started:
-            mon = Monitor.local(**kwargs).start()
-            _LOCAL["local"] = mon
-            _KEEP.append(mon)
-        return mon
-    mon = _BY_CLUSTER.get(cluster)
+    key = _key(cluster)
+    mon = _registry.monitors.get(key)
     if mon is None or not mon.started:
-        mon = Monitor(cluster, **kwargs).start()
-        _BY_CLUSTER[cluster] = mon
-        _KEEP.append(mon)
+        mon = (Monitor.local(**kwargs) if cluster is None else Monitor(cluster, **kwargs)).start()
+        _registry.monitors.set(key, mon)
     return mon
-
-
-@atexit.register
-def _stop_all() -> None:
-    for m in list(_REGISTRY):
-        try:
-            m._stop.set()
-        except Exception:
-            pass

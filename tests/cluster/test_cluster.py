@@ -226,7 +226,7 @@ def test_help_is_generated_from_the_arguments(ip):
 
 
 def test_no_cluster_gives_a_clear_message(ip, capsys):
-    import gpu_notebook.cluster._manager as m
+    import gpu_notebook._registry as m
     from gpu_notebook.cluster import ClusterManager
 
     saved = m._MANAGER

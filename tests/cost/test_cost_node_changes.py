@@ -55,18 +55,15 @@ def test_widget_stops_charging_for_a_node_that_left() -> None:
 def test_magic_status_sees_the_current_nodes(ip, monkeypatch: pytest.MonkeyPatch) -> None:
     from IPython.utils.capture import capture_output
 
-    import gpu_notebook.cluster
-    from gpu_notebook.magics._cost import CostMagics
-
+    from gpu_notebook import _registry
     clock = Clock()
     cluster = FakeCluster(clock)
     meter = cost_meter_for(cluster, clock=clock)
 
-    class Manager:
-        current = cluster
-
-    monkeypatch.setattr(gpu_notebook.cluster, "get_manager", lambda: Manager())
-    ip.register_magics(CostMagics)
+    manager: _registry.ClusterManager = _registry.ClusterManager()  # this kernel's clusters: only the fake one
+    manager._clusters[cluster.name] = cluster
+    manager._current = cluster.name
+    monkeypatch.setattr(_registry, "_MANAGER", manager)
     clock.t += 1800
     cluster.nodes = ["a", "b", "c"]  # the autoscaler added a node
     with capture_output() as cap:

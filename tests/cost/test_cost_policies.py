@@ -334,7 +334,8 @@ def test_cpu_fallback_and_monitor_adapter() -> None:
 
 def test_the_monitor_feeds_idle_stop() -> None:
     """The monitoring package's own sampler, aggregator and utilisation_summary (fake NVML) drive idle stop."""
-    from gpu_notebook.monitor import FakeGPU, FakeNVML, Monitor, NodeSampler
+    from gpu_notebook.monitor import Monitor, NodeSampler
+    from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
 
     clock = Clock()
     t0 = clock.t
@@ -514,8 +515,9 @@ def test_any_notebook_cell_resets_the_idle_countdown(ip) -> None:
 
 def test_default_utilisation_prefers_the_clusters_monitor() -> None:
     from gpu_notebook.cost import default_utilisation
-    from gpu_notebook.monitor import FakeNVML, Monitor, NodeSampler
-    from gpu_notebook.monitor import _monitor as monitor_module
+    from gpu_notebook.monitor import Monitor, NodeSampler
+    from gpu_notebook.testing.nvml import FakeNVML
+    from gpu_notebook import _registry
 
     stub = Stub()
     assert isinstance(default_utilisation(stub), CpuUtilisation)  # no GPUs, no monitor: this machine's CPU
@@ -523,12 +525,12 @@ def test_default_utilisation_prefers_the_clusters_monitor() -> None:
     clock = Clock()
     sampler = NodeSampler("node-a", nvml=FakeNVML(1, clock=clock), clock=clock, host=False)
     mon = Monitor(samplers=[sampler], clock=clock, autopull=False).start()
-    monitor_module._BY_CLUSTER[stub] = mon  # what %gpu_monitor leaves behind
+    _registry.monitors.set(stub, mon)  # what %gpu_monitor leaves behind
     try:
         src = default_utilisation(stub)
         assert isinstance(src, MonitorUtilisation) and src.monitor is mon
     finally:
-        monitor_module._BY_CLUSTER.pop(stub, None)
+        _registry.monitors.pop(stub)
         mon.stop()
 
 

@@ -1,0 +1,275 @@
+"""Kernel-wide state: which clusters exist and which one is current, and what hangs off each cluster.
+
+One process (a notebook kernel) holds one Ray connection, a few clusters and, per cluster, at most one shared
+monitor, cost meter and policy watcher. That state lives here, at the bottom of the package, so the feature
+packages can find it without importing each other: ``cost`` and ``monitor`` ask :func:`current_cluster` instead
+of importing ``cluster``, and ``cost`` finds a cluster's monitor in :data:`monitors` instead of reading the
+monitor package's internals.
+
+Invariants:
+
+* Every per-cluster map holds its cluster weakly (a cluster nobody references goes away with its entries)
+  and its values strongly (a shared monitor stays alive as long as its cluster does).
+* At interpreter exit, clusters are stopped (their workers, a local Ray we started, cloud nodes) before
+  Ray's own exit hook runs, and every object registered with :func:`stop_at_exit` is told to stop.
+
+This module imports nothing of ours but :mod:`gpu_notebook.errors`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+__all__ = [
+    "LOCAL",
+    "ClusterManager",
+    "PerCluster",
+    "RegisteredCluster",
+    "active_checkpointer",
+    "cost_meters",
+    "current_cluster",
+    "get_manager",
+    "monitors",
+    "policy_watchers",
+    "set_active_checkpointer",
+    "stop_at_exit",
+]
+
+_MISSING = object()
+
+
+class RegisteredCluster(Protocol):
+    """What the manager needs of a cluster: a name, its Ray connection, and a way to stop it."""
+
+    name: str
+    connection: Any
+
+    def stop(self, reason: str = ...) -> str: ...
+
+
+C = TypeVar("C", bound=RegisteredCluster)
+T = TypeVar("T")
+
+
+class ClusterManager(Generic[C]):
+    """Maps names to clusters and knows the current one (what magics act on)."""
+
+    def __init__(self) -> None:
+        self._clusters: dict[str, C] = {}
+        self._current: str | None = None
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<ClusterManager {len(self._clusters)} cluster(s), current={self._current!r}>"
+
+    @property
+    def current(self) -> C | None:
+        with self._lock:
+            return self._clusters.get(self._current) if self._current else None
+
+    def require_current(self) -> C:
+        c = self.current
+        if c is None:
+            raise LookupError(
+                "no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())"
+            )
+        return c
+
+    def add(self, cluster: C) -> None:
+        # Run our exit hook before Ray's own (registered by ray.init, later than ours): atexit is LIFO.
+        atexit.unregister(self.stop_all)
+        atexit.register(self.stop_all, "kernel exit")
+        with self._lock:
+            self._clusters[cluster.name] = cluster
+            self._current = cluster.name
+
+    def remove(self, cluster: C) -> None:
+        with self._lock:
+            if self._clusters.get(cluster.name) is cluster:
+                del self._clusters[cluster.name]
+            if self._current == cluster.name:
+                self._current = next(reversed(self._clusters), None) if self._clusters else None
+
+    def get(self, name: str, default: Any = _MISSING) -> Any:
+        with self._lock:
+            if name in self._clusters:
+                return self._clusters[name]
+        if default is _MISSING:
+            raise KeyError(f"no cluster named {name!r}; clusters: {', '.join(self._clusters) or 'none'}")
+        return default
+
+    def list(self) -> builtins.list[C]:
+        with self._lock:
+            return list(self._clusters.values())
+
+    def use(self, name: str) -> C:
+        with self._lock:
+            cluster: C = self.get(name)
+            self._current = name
+            return cluster
+
+    def unique_name(self, base: str) -> str:
+        with self._lock:
+            if base not in self._clusters:
+                return base
+            i = 2
+            while f"{base}-{i}" in self._clusters:
+                i += 1
+            return f"{base}-{i}"
+
+    def others_on_connection(self, cluster: C) -> bool:
+        """Whether another running cluster shares this cluster's Ray connection."""
+        with self._lock:
+            return any(
+                c is not cluster and c.connection is cluster.connection for c in self._clusters.values()
+            )
+
+    def stop_all(self, reason: str = "kernel exit") -> builtins.list[str]:
+        out = []
+        for c in self.list():
+            try:
+                out.append(c.stop(reason))
+            except Exception as exc:  # noqa: BLE001 - one cluster failing to stop must not keep the others running
+                out.append(f"cluster {c.name!r}: stop failed: {exc}")
+        return out
+
+
+_MANAGER: ClusterManager[Any] | None = None
+
+
+def get_manager() -> ClusterManager[Any]:
+    """The kernel's cluster manager (created on first use; stops our clusters at exit)."""
+    global _MANAGER
+    if _MANAGER is None:
+        _MANAGER = ClusterManager()
+        atexit.register(_MANAGER.stop_all, "kernel exit")
+    return _MANAGER
+
+
+def current_cluster() -> Any:
+    """The current cluster (what ``%gpu_cluster use`` picked, else the last one started), or None."""
+    return get_manager().current
+
+
+class _Local:
+    """The key of what belongs to this machine rather than to a cluster (``Monitor.local()``)."""
+
+    def __repr__(self) -> str:
+        return "LOCAL"
+
+
+#: The key for "this machine, no cluster" in a :class:`PerCluster` map.
+LOCAL: Any = _Local()
+
+
+class PerCluster(Generic[T]):
+    """At most one ``T`` per cluster (or per :data:`LOCAL`); the cluster is held weakly, the value strongly."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._items: weakref.WeakKeyDictionary[Any, T] = weakref.WeakKeyDictionary()
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<PerCluster {self.what}: {len(self._items)}>"
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while a caller checks for a value and creates one, so two threads do not both create it."""
+        return self._lock
+
+    def get(self, cluster: Any) -> T | None:
+        with self._lock:
+            return self._items.get(cluster)
+
+    def set(self, cluster: Any, value: T) -> T | None:
+        """Make ``value`` the one of ``cluster``; returns the one it replaces (None if none)."""
+        with self._lock:
+            old = self._items.get(cluster)
+            self._items[cluster] = value
+            return old
+
+    def pop(self, cluster: Any) -> T | None:
+        with self._lock:
+            return self._items.pop(cluster, None)
+
+    def discard(self, cluster: Any, value: T) -> None:
+        """Forget ``value`` if it is still the one of ``cluster`` (a newer one stays)."""
+        with self._lock:
+            if self._items.get(cluster) is value:
+                del self._items[cluster]
+
+    def values(self) -> list[T]:
+        with self._lock:
+            return list(self._items.values())
+
+
+#: The shared, started monitor of each cluster (and of :data:`LOCAL`): what ``monitor_for`` hands out.
+monitors: PerCluster[Any] = PerCluster("monitors")
+#: The cost meter of each cluster: what ``cost_meter_for`` hands out.
+cost_meters: PerCluster[Any] = PerCluster("cost meters")
+#: The budget / idle-stop watcher of each cluster: what ``attach_policies`` started.
+policy_watchers: PerCluster[Any] = PerCluster("policy watchers")
+
+_active_checkpointer: weakref.ref[Any] | None = None
+
+
+def set_active_checkpointer(checkpointer: Any) -> None:
+    """Record the most recently created (or used) Checkpointer of this process (held weakly)."""
+    global _active_checkpointer
+    _active_checkpointer = weakref.ref(checkpointer)
+
+
+def active_checkpointer() -> Any:
+    """The Checkpointer a budget stop waits for and names, or None.
+
+    One recorded with :func:`set_active_checkpointer`; else the checkpoint package's own ``current()``, read
+    only if that package is loaded (nothing to wait for otherwise), so this module does not import it.
+    """
+    found = _active_checkpointer() if _active_checkpointer is not None else None
+    if found is not None:
+        return found
+    for name in _CHECKPOINTER_MODULES:
+        module = sys.modules.get(name)
+        current = vars(module).get("current") if module is not None else None
+        if callable(current):
+            return current()
+    return None
+
+
+# where the checkpoint package keeps ``current()``; vars(), not getattr: a lazy package attribute would import it
+_CHECKPOINTER_MODULES = (
+    "gpu_notebook.checkpoint._checkpointer",
+    "gpu_notebook.checkpoint.checkpointer",
+    "gpu_notebook.checkpoint",
+)
+
+
+_AT_EXIT: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+_AT_EXIT_LOCK = threading.Lock()
+
+
+def stop_at_exit(obj: Any, stop: Callable[[Any], None]) -> None:
+    """Call ``stop(obj)`` at interpreter exit if ``obj`` is still alive then (it is held weakly).
+
+    ``stop`` should only signal (set an event): threads are daemons, and exit must not wait on a network.
+    """
+    with _AT_EXIT_LOCK:
+        _AT_EXIT[obj] = stop
+
+
+@atexit.register
+def _stop_registered() -> None:
+    with _AT_EXIT_LOCK:
+        items = list(_AT_EXIT.items())
+    for obj, stop in items:
+        try:
+            stop(obj)
+        except Exception:  # noqa: BLE001 - at exit, one object failing to stop must not skip the others
+            pass
