@@ -258,10 +258,18 @@ def test_the_cluster_is_a_context_manager(ray_session):
 SCRIPT_EXIT = textwrap.dedent(
     """
     import json, logging, sys
+    import psutil
     from gpu_notebook import Cluster
     c = Cluster(workers=2, cpus_per_worker=0.5).start()
     import ray
-    print(json.dumps({"pids": [w.pid for w in c.status().workers], "started": c.started_ray}), flush=True)
+    # every process this kernel started, Ray's daemons (GCS, raylet, dashboard, log monitor) and their workers
+    procs = [
+        {"pid": p.pid, "created": p.create_time(), "cmd": " ".join(p.cmdline())[:300]}
+        for p in psutil.Process().children(recursive=True)
+    ]
+    session = ray._private.worker._global_node.get_session_dir_path()
+    print(json.dumps({"pids": [w.pid for w in c.status().workers], "started": c.started_ray,
+                      "procs": procs, "session": session}), flush=True)
     # no stop(): the process exits and must take the workers and its local Ray with it
     """
 )
@@ -272,30 +280,46 @@ def test_a_cluster_we_started_is_stopped_when_the_kernel_exits(tmp_path):
     import os
     import time
 
+    import psutil
+
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
+    env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT_EXIT], capture_output=True, text=True, env=env, timeout=150
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["started"] is True and len(info["pids"]) == 2
+    procs = info["procs"]
+    cmds = " ".join(p["cmd"] for p in procs)
+    # the list holds what we must see go: Ray's own daemons and both workers (else the check below proves nothing)
+    assert "gcs_server" in cmds and "raylet" in cmds, cmds
+    assert set(info["pids"]) <= {p["pid"] for p in procs}
+
+    def left() -> list[str]:
+        alive = [p["cmd"] for p in procs if _same_process_alive(p["pid"], p["created"])]
+        for p in psutil.process_iter(["pid", "cmdline"]):  # anything else still running in its session dir
+            cmd = " ".join(p.info["cmdline"] or [])
+            if info["session"] in cmd and _same_process_alive(p.pid, None):
+                alive.append(cmd)
+        return alive
+
     deadline = time.time() + 30
-    while time.time() < deadline and any(_alive(p) for p in info["pids"]):
+    while time.time() < deadline and left():
         time.sleep(0.5)
-    assert not any(_alive(p) for p in info["pids"])
+    assert left() == []
 
 
-def _alive(pid: int) -> bool:
-    import os
+def _same_process_alive(pid: int, created: float | None) -> bool:
+    """``pid`` runs and is not a zombie (nor another process that reused the pid, when ``created`` is given)."""
+    import psutil
 
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
+        p = psutil.Process(pid)
+        if created is not None and abs(p.create_time() - created) > 0.01:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
 
 
