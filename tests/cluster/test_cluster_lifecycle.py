@@ -149,21 +149,57 @@ def test_scale_and_restart_refuse_while_a_cell_runs(ip, shared, capsys):
     assert shared.world_size == 2 and all(w.alive for w in shared.status().workers)
 
 
-def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone(ray_session, monkeypatch):
+SCRIPT_FAILED_THEN_SECOND = textwrap.dedent(
+    """
+    import json
+    import ray
+    from gpu_notebook import Cluster, get_manager
+    from gpu_notebook.distributed import GroupTimeouts
+
+    out = {}
+    # cannot be placed: the start fails after it started a local Ray, and shuts that Ray down again
+    failed = Cluster(name="failed-start", workers=1, cpus_per_worker=64, timeouts=GroupTimeouts(placement=3))
+    try:
+        failed.start()
+    except Exception as exc:
+        out["error"] = str(exc)[:200]
+    out["failed_state"], out["ray_after_failure"] = failed.state, ray.is_initialized()
+    second = Cluster(name="second", workers=1, cpus_per_worker=0.5).start()  # a local Ray of its own
+    out["second_started_ray"] = second.started_ray
+    out["failed_stop"] = failed.stop()  # (at kernel exit too) it shut the second cluster's Ray down
+    out["ray_after_failed_stop"] = ray.is_initialized()
+    out["second_runs"] = second.call(lambda: 40 + 2)
+    out["clusters"] = [c.name for c in get_manager().list()]
+    out["second_stop"] = second.stop()
+    out["ray_at_end"] = ray.is_initialized()
+    print("RESULT " + json.dumps(out), flush=True)
+    """
+)
+
+
+def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone():
     """A failed start closes the Ray connection it opened; a later cluster may open another. Stopping the
     failed cluster afterwards (or at exit) shut that other cluster's Ray down."""
-    from gpu_notebook.cluster import _connect
-
-    calls: list[int] = []
-    monkeypatch.setattr(_connect, "disconnect", lambda: calls.append(1))
-    failed = Cluster(name="failed-start", workers=1)
-    failed.state = "failed"  # what start() leaves after disconnecting its own, owned connection
-    failed.connection = _connect.RayConnection(
-        "127.0.0.1:1", started_here=True, client_mode=False, owned=True
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TMPDIR="/tmp")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT_FAILED_THEN_SECOND],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=150,
     )
-    assert _connect._CONNECTION is not failed.connection
-    msg = failed.stop()
-    assert calls == [] and "local Ray shut down" not in msg
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(
+        [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :]
+    )
+    assert "fractions such as --cpus-per-worker 0.5" in out["error"]
+    assert out["failed_state"] == "failed" and out["ray_after_failure"] is False
+    assert out["second_started_ray"] is True
+    assert "local Ray shut down" not in out["failed_stop"] and "disconnected" not in out["failed_stop"]
+    assert out["ray_after_failed_stop"] is True and out["second_runs"] == [42]
+    assert out["clusters"] == ["second"]
+    assert out["second_stop"].endswith("local Ray shut down") and out["ray_at_end"] is False
 
 
 @pytest.mark.parametrize(

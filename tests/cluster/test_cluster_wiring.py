@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pytest
 
 from gpu_notebook import get_manager
+from gpu_notebook.cost import BudgetPolicy, IdleStopPolicy, watcher_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -14,7 +18,15 @@ def test_doctor_reports_no_gpu_cleanly_on_a_cpu_cluster(ip, shared, capsys):
     assert res.success and res.error_in_exec is None
     out = capsys.readouterr().out
     assert "Traceback" not in out
-    assert "GPU" in out or "gpu" in out
+    lines = out.splitlines()
+    assert re.match(r"gpu_notebook doctor: shared: 0 errors, \d+ warnings?, \d+ OK$", lines[0]), out
+    rows = {ln.split()[1]: ln for ln in lines[2:] if ln.split()[:1] in (["OK"], ["warning"], ["error"])}
+    # every GPU check ran on the workers and says, at level OK, that it was skipped for want of a GPU
+    for check in ("cuda-driver", "gpu-arch", "gpu-health"):
+        assert rows[check].startswith("OK") and "no GPU on this node" in rows[check], out
+    assert re.match(r"OK +gpu-assignment +\S+ +0-1 +no GPU visible to this rank", rows["gpu-assignment"]), out
+    assert rows["nccl"].startswith("OK") and "gloo is used" in rows["nccl"]
+    assert rows["versions"].startswith("OK") and "identical on every rank" in rows["versions"]
 
 
 def test_bench_allreduce_through_the_magic(ip, shared, capsys):
@@ -53,9 +65,18 @@ def test_idle_stop_and_budget_attach_policies(ip, ray_session, capsys):
     try:
         out = capsys.readouterr().out
         assert "idle stop after 30 min" in out and "budget cap $5" in out
-        assert getattr(c, "policies", None) is not None
+        w = watcher_for(c)
+        assert w is c.policies and w.running  # the watcher thread checks them on its own
+        budget, idle = w.policies
+        assert isinstance(budget, BudgetPolicy) and budget.usd == 5.0 and budget.cluster is c
+        assert isinstance(idle, IdleStopPolicy) and idle.window_s == 30 * 60 and idle.cluster is c
+        assert w.meter.is_local and budget.state == "ok" and idle.state != "stopped"
     finally:
         c.stop()
+    deadline = time.monotonic() + 10
+    while w.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not w.running  # the cluster's stop ends its watcher
 
 
 def test_list_shows_cloud_clusters_saved_by_an_earlier_kernel(ip, capsys, tmp_path, monkeypatch):
