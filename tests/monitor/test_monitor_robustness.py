@@ -11,8 +11,8 @@ import time
 import pytest
 
 from gpu_notebook.monitor import Monitor, NodeSampler
-from gpu_notebook.testing.nvml import FakeNVML
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle
+from gpu_notebook.testing.nvml import FakeNVML
 
 
 class RayNodes:
@@ -33,6 +33,48 @@ def _wait(cond, timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def _settled_free_cpus(ray, timeout: float = 15.0) -> float:
+    """The free CPUs once the figure stops changing (an earlier test's workers may still be releasing theirs)."""
+    deadline = time.monotonic() + timeout
+    last = ray.available_resources().get("CPU", 0)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = ray.available_resources().get("CPU", 0)
+        if now == last:
+            break
+        last = now
+    return float(last)
+
+
+def _fill_the_node(ray) -> tuple[list, float]:
+    """Reserve every free CPU of the session's node with placement groups; returns them and the CPUs reserved.
+
+    The session's Ray has 8 CPUs and the shared cluster holds 1; what other tests take they give back, so some
+    CPU is free. A CPU released meanwhile is reserved by a further group: the node ends full either way.
+    """
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pgs: list = []
+    reserved = 0.0
+    try:
+        for _ in range(5):
+            free = _settled_free_cpus(ray)
+            if free == 0:
+                break
+            pg = placement_group([{"CPU": free}])
+            pgs.append(pg)
+            ray.get(pg.ready(), timeout=30)
+            reserved += free
+        else:
+            raise AssertionError(f"CPUs keep coming free on the session's Ray: {ray.available_resources()}")
+        assert reserved > 0, f"no CPU free on the session's Ray: {ray.available_resources()}"
+    except BaseException:
+        for pg in pgs:
+            remove_placement_group(pg)
+        raise
+    return pgs, reserved
 
 
 # -- 1. a node whose sampler cannot start ---------------------------------------------------------------------------
@@ -68,20 +110,17 @@ def test_a_sampler_that_stays_pending_times_out_and_is_retried(ray_session) -> N
     """A full node (no CPU left for the sampler): start() returns after node_timeout, the node shows down with
     the reason, and once the node has room the retry registers it from the pull thread."""
     ray = ray_session
-    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.placement_group import remove_placement_group
 
-    free = ray.available_resources().get("CPU", 0)
-    if free < 1.5:
-        pytest.skip("the shared cluster has too little free CPU for this test")
-    pg = placement_group([{"CPU": free - 0.5}])  # leaves 0.5 CPU; the sampler below asks for 1
-    ray.get(pg.ready(), timeout=30)
+    pgs, reserved = _fill_the_node(ray)
+    sampler_cpus = min(0.5, reserved)  # fits once the reservations are gone
     node = [n["NodeID"] for n in ray.nodes() if n.get("Alive")][0]
     mon = Monitor(
         RayNodes(ray),
         nvml=None,
         interval=0.2,
         pull_interval=0.2,
-        sampler_cpus=1.0,
+        sampler_cpus=sampler_cpus,
         node_timeout=2,
         retry_s=0.3,
     )
@@ -90,14 +129,15 @@ def test_a_sampler_that_stays_pending_times_out_and_is_retried(ray_session) -> N
         mon.start()  # waited 120 s, then raised GetTimeoutError
         assert time.monotonic() - t0 < 10
         assert mon.nodes == [] and "did not start within" in mon.failed_nodes[node]
-        remove_placement_group(pg)
-        pg = None
+        for pg in pgs:
+            remove_placement_group(pg)
+        pgs = []
         assert _wait(lambda: mon.nodes == [node], 60), mon.failed_nodes
         assert node not in mon.failed_nodes
         assert _wait(lambda: mon.aggregator.rows_in >= 2)
     finally:
         mon.stop()
-        if pg is not None:
+        for pg in pgs:
             remove_placement_group(pg)
 
 
@@ -141,7 +181,8 @@ def test_adding_nodes_while_the_widget_renders(ray_session) -> None:
                 repr(mon)
                 repr(mon.aggregator)
                 mon.aggregator.gpu_list()
-        except BaseException as exc:  # "dictionary changed size during iteration"
+        # "dictionary changed size during iteration", or anything else: the test thread reports it
+        except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
 
     old = sys.getswitchinterval()
