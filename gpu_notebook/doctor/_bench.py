@@ -127,7 +127,7 @@ def free_group(group: Any) -> None:
 
     try:
         dist.destroy_process_group(group)
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - freeing a benchmark group after a failure must not hide that failure
         pass
 
 
@@ -152,7 +152,7 @@ def _where() -> dict[str, Any]:
 
             if ray.is_initialized():
                 ip = ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a label only: fall back to the host's own address
         ip = None
     return {"hostname": socket.gethostname(), "node_ip": ip, "pid": os.getpid()}
 
@@ -199,7 +199,8 @@ def allreduce_bench(
             view.zero_()
             elapsed = _time_all_reduce(view, group, warmup, iters, sync)
             rows.append({"bytes": nbytes, "count": count, "time_us": elapsed * 1e6, "wrong": wrong})
-    except Exception as exc:
+    # re-raised: as a TimeoutError naming the stuck rank when the collective timed out, else unchanged
+    except Exception as exc:  # noqa: BLE001
         timed_out = collective_failed(exc, rank, what, collective_timeout)
         if timed_out is not None:
             raise timed_out from exc
@@ -262,7 +263,8 @@ def pair_bench(
                 out.append({"pair": list(pair), "bytes": count * 4, "time_us": elapsed * 1e6})
             dist.barrier(group=everyone)
             free_group(group)
-    except Exception as exc:
+    # re-raised: as a TimeoutError naming the stuck rank when the collective timed out, else unchanged
+    except Exception as exc:  # noqa: BLE001
         timed_out = collective_failed(exc, rank, what, collective_timeout)
         if timed_out is not None:
             raise timed_out from exc

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gpu_notebook.doctor._checks import analyze, node_labels
 from gpu_notebook.doctor._facts import collect_facts, probe_peers, stop_listener
 from gpu_notebook.doctor._report import DoctorReport
+from gpu_notebook.doctor._shapes import Endpoint, Facts, PeerProbe
 
 __all__ = ["diagnose", "diagnose_local", "diagnose_facts"]
 
 
-def _collect_and_listen() -> dict[str, Any]:
+def _collect_and_listen() -> Facts:
     return collect_facts(listen=True, kernel_probe="here")  # a rank's worker: it uses the GPU anyway
 
 
 def diagnose_facts(
-    facts: list[dict[str, Any]],
-    probes: list[dict[str, Any]] | None = None,
+    facts: Sequence[Facts],
+    probes: Sequence[PeerProbe] | None = None,
     title: str = "gpu_notebook doctor",
 ) -> DoctorReport:
     """Build a report from already gathered per-rank facts (e.g. synthetic ones, or saved ones)."""
@@ -45,7 +47,7 @@ def diagnose(cluster: Any, timeout: float | None = 120.0) -> DoctorReport:
     """
     facts = list(cluster.call(_collect_and_listen, timeout=timeout))
     labels = node_labels(facts)
-    endpoints: list[dict[str, Any]] = []
+    endpoints: list[Endpoint] = []
     seen: set[str] = set()
     for i, f in enumerate(facts):
         if labels[i] in seen or not f.get("listen_port") or not f.get("node_ip"):

@@ -22,8 +22,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from ._shapes import (
+    DiskUsage,
+    DistFacts,
+    Endpoint,
+    Facts,
+    FiInfo,
+    Interface,
+    KernelProbe,
+    NvmlFacts,
+    NvmlGpu,
+    PeerProbe,
+    PeerResult,
+    Route,
+    ShmFacts,
+    TcpProbe,
+    TorchGpu,
+)
 
 __all__ = ["collect_facts", "probe_peers", "stop_listener", "probe_tcp", "list_interfaces", "route_interface"]
 
@@ -44,13 +62,15 @@ NCCL_ENV = (
 _listener: dict[str, Any] = {}
 
 
-def _probe(facts: dict[str, Any], name: str, fn: Callable[[], Any], default: Any = None) -> Any:
+def _probe(facts: Facts, name: str, fn: Callable[[], Any], default: Any = None) -> Any:
+    """``facts[name] = fn()``, or ``default`` with the error recorded under ``probe_errors``."""
+    raw = cast("dict[str, Any]", facts)  # name is a key of Facts chosen at run time
     try:
         value = fn()
     except Exception as exc:  # noqa: BLE001 - a probe must never break the doctor
-        facts.setdefault("probe_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+        raw.setdefault("probe_errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
         value = default
-    facts[name] = value
+    raw[name] = value
     return value
 
 
@@ -71,9 +91,9 @@ def _versions() -> dict[str, str | None]:
     return out
 
 
-def list_interfaces() -> list[dict[str, Any]]:
+def list_interfaces() -> list[Interface]:
     """Network interfaces with their IPv4 address (``None`` when they have none), from the kernel."""
-    out: list[dict[str, Any]] = []
+    out: list[Interface] = []
     try:
         import psutil
 
@@ -103,7 +123,7 @@ def list_interfaces() -> list[dict[str, Any]]:
     return sorted(out, key=lambda i: i["name"])
 
 
-def route_interface(target: str | None, interfaces: list[dict[str, Any]]) -> dict[str, Any]:
+def route_interface(target: str | None, interfaces: Sequence[Interface]) -> Route:
     """The local IP and interface the kernel routes to ``target`` through (a UDP connect sends nothing)."""
     if not target:
         return {"ip": None, "interface": None}
@@ -114,7 +134,7 @@ def route_interface(target: str | None, interfaces: list[dict[str, Any]]) -> dic
     return {"ip": ip, "interface": name}
 
 
-def probe_tcp(host: str, port: int, timeout: float = 3.0) -> dict[str, Any]:
+def probe_tcp(host: str, port: int, timeout: float = 3.0) -> TcpProbe:
     """Try a TCP connect; ``{"ok", "ms", "error"}``."""
     t0 = time.perf_counter()
     try:
@@ -125,14 +145,14 @@ def probe_tcp(host: str, port: int, timeout: float = 3.0) -> dict[str, Any]:
         return {"ok": False, "ms": None, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _torch_facts(facts: dict[str, Any], kernel_probe: str = "auto") -> None:
+def _torch_facts(facts: Facts, kernel_probe: str = "auto") -> None:
     import torch
 
     facts["torch_cuda"] = torch.version.cuda
     facts["cuda_available"] = bool(torch.cuda.is_available())
     facts["device_count"] = int(torch.cuda.device_count()) if facts["cuda_available"] else 0
     facts["torch_arch_list"] = list(torch.cuda.get_arch_list()) if facts["cuda_available"] else []
-    gpus = []
+    gpus: list[TorchGpu] = []
     for i in range(facts["device_count"]):
         props = torch.cuda.get_device_properties(i)
         uuid = getattr(props, "uuid", None)
@@ -146,15 +166,16 @@ def _torch_facts(facts: dict[str, Any], kernel_probe: str = "auto") -> None:
             }
         )
     facts["gpus"] = gpus
-    facts["current_device"] = None
+    device: int | None = None
     if facts["device_count"]:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
-            facts["current_device"] = int(torch.cuda.current_device())
+            device = int(torch.cuda.current_device())
         else:
-            facts["current_device"] = local_rank % facts["device_count"]
+            device = local_rank % facts["device_count"]
+    facts["current_device"] = device
     # cudaDriverGetVersion: the CUDA version of the user-mode libcuda this process loaded, which a CUDA
     # forward-compatibility package (cuda-compat) makes newer than the kernel module NVML reports
     facts["libcuda_cuda"] = None
@@ -162,14 +183,14 @@ def _torch_facts(facts: dict[str, Any], kernel_probe: str = "auto") -> None:
     if facts["cuda_available"] and get_driver is not None:
         try:
             facts["libcuda_cuda"] = int(get_driver()) or None
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - a private torch API: unknown is an answer the checks handle
             facts["libcuda_cuda"] = None
     facts["cuda_kernel"] = None
-    if facts["device_count"]:
+    if device is not None:
         if _probe_here(kernel_probe, torch):
-            facts["cuda_kernel"] = _kernel_probe(torch, facts["current_device"])
+            facts["cuda_kernel"] = _kernel_probe(torch, device)
         else:
-            facts["cuda_kernel"] = _kernel_probe_subprocess(facts["current_device"], facts["probe_errors"])
+            facts["cuda_kernel"] = _kernel_probe_subprocess(device, facts["probe_errors"])
     nccl = None
     if facts["cuda_available"]:
         try:
@@ -191,7 +212,7 @@ def _probe_here(mode: str, torch: Any) -> bool:
         return False
     try:
         return bool(torch.cuda.is_initialized())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - when in doubt, probe in a subprocess (never leave a CUDA context here)
         return False
 
 
@@ -204,7 +225,7 @@ _PROBE_CODE = (
 
 def _kernel_probe_subprocess(
     device: int, errors: dict[str, str], timeout: float = 120.0
-) -> dict[str, Any] | None:
+) -> KernelProbe | None:
     """:func:`_kernel_probe` in a short-lived Python process (same interpreter and environment), so no CUDA
     context stays behind here. None (recorded in ``errors``) when the process itself could not report."""
     import json
@@ -221,7 +242,7 @@ def _kernel_probe_subprocess(
         if out.returncode == 0 and lines:
             result = json.loads(lines[-1])
             if isinstance(result, dict) and "ok" in result:
-                return result
+                return cast(KernelProbe, result)
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
         errors["cuda_kernel"] = f"probe process exited with {out.returncode}: {tail}"[:300]
     except Exception as exc:  # noqa: BLE001 - a timeout, no interpreter: the probe's answer is unknown
@@ -229,7 +250,7 @@ def _kernel_probe_subprocess(
     return None
 
 
-def _kernel_probe(torch: Any, device: int) -> dict[str, Any]:
+def _kernel_probe(torch: Any, device: int) -> KernelProbe:
     """Run three tiny kernels on ``cuda:device``: ``{"ok": True, "error": None}`` or the error they raised."""
     try:
         x = torch.arange(4, device=f"cuda:{device}", dtype=torch.float32)
@@ -241,7 +262,7 @@ def _kernel_probe(torch: Any, device: int) -> dict[str, Any]:
     return {"ok": True, "error": None}
 
 
-def _dist_facts() -> dict[str, Any]:
+def _dist_facts() -> DistFacts:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -275,7 +296,7 @@ def _proc_gpu_count(path: str = "/proc/driver/nvidia/gpus") -> int | None:
         return None
 
 
-def _nvml_facts() -> dict[str, Any]:
+def _nvml_facts() -> NvmlFacts:
     try:
         import pynvml
     except ImportError:
@@ -306,7 +327,7 @@ def _nvml_facts() -> dict[str, Any]:
         return value.decode() if isinstance(value, bytes) else value
 
     try:
-        out: dict[str, Any] = {"available": True}
+        out: NvmlFacts = {"available": True}
         out["driver"] = _try(pynvml.nvmlSystemGetDriverVersion)
         out["cuda_driver"] = _try(pynvml.nvmlSystemGetCudaDriverVersion_v2) or _try(
             pynvml.nvmlSystemGetCudaDriverVersion
@@ -315,7 +336,7 @@ def _nvml_facts() -> dict[str, Any]:
             pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )
         uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-        gpus = []
+        gpus: list[NvmlGpu] = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             remap = _try(pynvml.nvmlDeviceGetRemappedRows, h)
@@ -350,7 +371,7 @@ def _nvml_facts() -> dict[str, Any]:
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - the facts are read; a failing shutdown changes none of them
             pass
 
 
@@ -359,7 +380,7 @@ def _infiniband() -> list[str]:
     return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
 
-def _fi_info() -> dict[str, Any]:
+def _fi_info() -> FiInfo:
     exe = shutil.which("fi_info") or next(
         (p for p in ("/opt/amazon/efa/bin/fi_info",) if os.path.exists(p)), None
     )
@@ -370,8 +391,8 @@ def _fi_info() -> dict[str, Any]:
     return {"found": True, "efa": efa, "output": (proc.stdout or proc.stderr)[:300]}
 
 
-def _storage() -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _storage() -> dict[str, DiskUsage]:
+    out: dict[str, DiskUsage] = {}
     for path in dict.fromkeys([os.getcwd(), "/tmp", os.path.expanduser("~")]):
         try:
             usage = shutil.disk_usage(path)
@@ -381,21 +402,21 @@ def _storage() -> dict[str, Any]:
     return out
 
 
-def _shm() -> dict[str, Any] | None:
+def _shm() -> ShmFacts | None:
     if not os.path.isdir("/dev/shm"):
         return None
     st = os.statvfs("/dev/shm")
     return {"total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
 
 
-def _node_ip(route: dict[str, Any] | None) -> str | None:
+def _node_ip(route: Route | None) -> str | None:
     if "ray" in sys.modules:
         try:
             import ray
 
             if ray.is_initialized():
                 return str(ray.util.get_node_ip_address())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - Ray half up: fall back to the route's or the host name's address
             pass
     if route and route.get("ip") and not str(route["ip"]).startswith("127."):
         return str(route["ip"])
@@ -405,7 +426,7 @@ def _node_ip(route: dict[str, Any] | None) -> str | None:
         return None
 
 
-def _start_listener(host: str = "0.0.0.0") -> dict[str, Any]:
+def _start_listener(host: str = "0.0.0.0") -> dict[str, int]:
     """Open a TCP listener on an ephemeral port in this process (accepts and closes connections)."""
     _stop_listener()
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -450,7 +471,7 @@ def _stop_listener() -> None:
         thread.join(timeout=2)
 
 
-def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> dict[str, Any]:
+def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> Facts:
     """Everything the doctor needs to know about this process and its node; never raises.
 
     Parameters
@@ -463,7 +484,7 @@ def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> dict[str,
         that uses the GPU anyway), ``"subprocess"``, or ``"auto"`` (here only if this process already
         initialised CUDA; else in a short-lived subprocess, so e.g. the notebook keeps no CUDA context).
     """
-    facts: dict[str, Any] = {"probe_errors": {}}
+    facts: Facts = {"probe_errors": {}}
     env = os.environ
     facts["rank"] = int(env["RANK"]) if env.get("RANK", "").isdigit() else None
     facts["local_rank"] = int(env["LOCAL_RANK"]) if env.get("LOCAL_RANK", "").isdigit() else None
@@ -493,7 +514,7 @@ def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> dict[str,
             ("cuda_kernel", None),
             ("nccl_version", None),
         ):
-            facts.setdefault(key, default)
+            cast("dict[str, Any]", facts).setdefault(key, default)
     _probe(facts, "nvml", _nvml_facts, {"available": False, "reason": "probe failed"})
     interfaces = _probe(facts, "interfaces", list_interfaces, [])
     _probe(facts, "route", lambda: route_interface(env.get("MASTER_ADDR"), interfaces or []), None)
@@ -513,11 +534,13 @@ def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> dict[str,
     return facts
 
 
-def probe_peers(endpoints: list[dict[str, Any]], timeout: float = 3.0) -> dict[str, Any]:
+def probe_peers(endpoints: Sequence[Endpoint], timeout: float = 3.0) -> PeerProbe:
     """Connect to each ``{"node", "ip", "port"}`` endpoint (listeners stay open: see :func:`stop_listener`).
 
     Returns ``{"rank", "results": [{"node", "ip", "port", "ok", "ms", "error"}]}``.
     """
-    results = [{**ep, **probe_tcp(ep["ip"], ep["port"], timeout=timeout)} for ep in endpoints]
+    results: list[PeerResult] = [
+        {**ep, **probe_tcp(ep["ip"], ep["port"], timeout=timeout)} for ep in endpoints
+    ]
     rank = os.environ.get("RANK")
     return {"rank": int(rank) if rank and rank.isdigit() else None, "results": results}

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ._shapes import Facts
+
 __all__ = ["OK", "WARNING", "ERROR", "LEVELS", "Finding", "DoctorReport"]
 
 OK = "OK"
@@ -87,7 +89,7 @@ class DoctorReport:
     """
 
     findings: list[Finding]
-    facts: list[dict[str, Any]] = field(default_factory=list)
+    facts: list[Facts] = field(default_factory=list)
     title: str = "gpu_notebook doctor"
 
     @property

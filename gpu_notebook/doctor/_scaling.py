@@ -102,7 +102,8 @@ def scaling_train(
             dist.barrier(group=everyone)
             free_group(group)
         free_group(everyone)
-    except Exception as exc:
+    # re-raised: as a TimeoutError naming the stuck rank when the collective timed out, else unchanged
+    except Exception as exc:  # noqa: BLE001
         timed_out = collective_failed(exc, rank, what, collective_timeout)
         if timed_out is not None:
             raise timed_out from exc
