@@ -128,6 +128,16 @@ EVERY_OPTION = (
     ALL,
 )
 
+# the option groups as decorators, in the order %gpu_cluster? lists them
+name_arg = options(NAME)
+start_args = options(*START_ARGS)
+cloud_args = options(*CLOUD_ARGS)
+policy_args = options(*POLICY_ARGS)
+bench_args = options(*ALLREDUCE_ARGS, *SCALING_ARGS)
+doctor_args = options(LOCAL)
+logs_args = options(*LOGS_ARGS)
+stop_args = options(ALL)
+
 
 def _given(args: Any, opts: tuple[Option, ...]) -> list[Option]:
     """The options among ``opts`` that are not at their default."""
@@ -146,7 +156,14 @@ class ClusterMagics(Magics):
         help="scale: N; use: NAME; bench: allreduce or scaling; "
         "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)",
     )
-    @options(*EVERY_OPTION)
+    @name_arg
+    @start_args
+    @cloud_args
+    @policy_args
+    @bench_args
+    @doctor_args
+    @logs_args
+    @stop_args
     @line_magic
     def gpu_cluster(self, line: str) -> Any:
         """Start, inspect, resize and stop the Ray cluster that runs %%distributed cells.
@@ -187,8 +204,9 @@ class ClusterMagics(Magics):
     # ---- subcommands ------------------------------------------------------------------------------------------
     def _refuse_options(self, args: Any, opts: tuple[Option, ...], what: str) -> None:
         """Usage error for the first option among ``opts`` that is not at its default."""
-        for opt in _given(args, opts):
-            raise UsageError(f"{opt.flag} does not apply to {what}")
+        given = _given(args, opts)
+        if given:
+            raise UsageError(f"{given[0].flag} does not apply to {what}")
 
     def _check_options(self, args: Any) -> None:
         allowed = {o.dest for o in OPTIONS[args.command]}
