@@ -25,7 +25,7 @@ from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend
 from gpu_notebook.distributed._ranks import RankPlan, parse_ranks, plan_ranks
 from gpu_notebook.distributed._recovery import CellRun
-from gpu_notebook.distributed._results import CellResult, RankFailure
+from gpu_notebook.distributed._results import CellResult
 from gpu_notebook.distributed._worker import (
     DEFAULT_MAX_RESULT_BYTES,
     CellReply,
@@ -58,12 +58,6 @@ class GroupTimeouts:
 #: the training loop).
 DRAIN_MIN_S = 0.1
 DRAIN_MAX_S = 0.5
-
-_INTERRUPTED_DETAIL = {
-    "hung": "interrupted: it was still running after another rank failed",
-    "timeout": "interrupted: the timeout expired",
-    "interrupted": "interrupted by the user",
-}
 
 
 def _ray() -> Any:
@@ -99,6 +93,8 @@ class WorkerGroup:
             raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError("backend must be 'auto', 'gloo' or 'nccl'")
+        if gpu_visibility not in ("own", "node"):  # checked here, not after workers were started for nothing
+            raise ValueError("gpu_visibility must be 'own' or 'node'")
         self.size = size
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
@@ -561,19 +557,8 @@ class WorkerGroup:
             self._seqs[rank] = seq
         if out.get("ok"):
             run.values[rank] = out.get("value")
-            return
-        kind = "error"
-        if out.get("etype") == "KeyboardInterrupt" and run.interrupt_reason:
-            kind = run.interrupt_reason
-        run.failures[rank] = RankFailure(
-            rank=rank,
-            kind=kind,
-            etype=out.get("etype", ""),
-            evalue=out.get("evalue", ""),
-            traceback=out.get("traceback", ""),
-            cell_lines=out.get("cell_lines", []),
-            detail=_INTERRUPTED_DETAIL.get(kind, ""),
-        )
+        else:
+            run.failures[rank] = _recovery.reply_failure(rank, out, run.interrupt_reason)
 
     def _conclude(self, run: CellRun, stuck: list[int], say: Progress) -> list[str]:
         """Decide what the cell's failures mean for the workers (kept, or rebuilt); returns the cell's notes."""

@@ -1,11 +1,12 @@
-"""What failed ranks mean for the group after a cell: dead workers, stuck ranks, collectives out of step.
+"""Failed ranks: what each failure is, and what it means for the group after a cell.
 
-A cell's ranks can fail in ways that leave the workers unusable: a worker process died (its rank's reply is a
-Ray actor error; :func:`died_failure` names its rank, pid and node), a rank did not stop when interrupted (a
+Each rank's failure becomes a :class:`RankFailure` here: its code raised, its value cannot be rebuilt in the
+notebook, it was interrupted or stuck, or its worker process died (:func:`died_failure` names its rank, pid
+and node). Some failures leave the workers unusable: a worker died, a rank did not stop when interrupted (a
 thread blocked inside a collective), or the ranks' collectives are out of step (:func:`out_of_step`). Then the
 group is rebuilt with fresh workers (:func:`rebuild`) and the user is told that worker state was reset. Any
-other failure (the cell raised, a value that cannot be rebuilt in the notebook) keeps the workers and their
-state. When the group was stopped under the cell, nothing is rebuilt: the cell ends as "cluster stopped".
+other failure keeps the workers and their state. When the group was stopped under the cell, nothing is
+rebuilt: the cell ends as "cluster stopped".
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpu_notebook._display import Progress, first_line
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._results import CellResult, RankFailure, RankResults
-from gpu_notebook.distributed._worker import Worker
+from gpu_notebook.distributed._worker import CellReply, Worker
 
 __all__ = [
     "CellRun",
@@ -30,6 +31,7 @@ __all__ = [
     "out_of_step",
     "ray_cause",
     "rebuild",
+    "reply_failure",
     "unreturned_failure",
 ]
 
@@ -72,7 +74,34 @@ class CellRun:
         )
 
 
-# ---- a rank that sent no reply -------------------------------------------------------------------------------
+# ---- what each failure is --------------------------------------------------------------------------------------
+_INTERRUPTED_DETAIL = {
+    "hung": "interrupted: it was still running after another rank failed",
+    "timeout": "interrupted: the timeout expired",
+    "interrupted": "interrupted by the user",
+}
+
+
+def reply_failure(rank: int, reply: CellReply, interrupt_reason: str) -> RankFailure:
+    """The failure a rank reported itself (its code raised): ``"error"``, or the interrupt's reason.
+
+    A KeyboardInterrupt is the group's own interrupt when it sent one (``interrupt_reason``); otherwise the
+    user's code raised it, and it is an error like any other.
+    """
+    kind = "error"
+    if reply.get("etype") == "KeyboardInterrupt" and interrupt_reason:
+        kind = interrupt_reason
+    return RankFailure(
+        rank=rank,
+        kind=kind,
+        etype=reply.get("etype", ""),
+        evalue=reply.get("evalue", ""),
+        traceback=reply.get("traceback", ""),
+        cell_lines=reply.get("cell_lines", []),
+        detail=_INTERRUPTED_DETAIL.get(kind, ""),
+    )
+
+
 def died_failure(rank: int, worker: Worker | None, exc: BaseException, log: RankLog) -> RankFailure:
     """The failure of a rank whose worker process died: its pid and node, Ray's word, its last output.
 

@@ -16,6 +16,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gpu_notebook.distributed import torchrun_env
+
 __all__ = ["LocalGroup", "free_port"]
 
 
@@ -37,14 +39,7 @@ def _worker_main(
     env: dict[str, str],
 ) -> None:
     os.environ.update(env)
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_WORLD_SIZE=str(world_size),
-        MASTER_ADDR=addr,
-        MASTER_PORT=str(port),
-    )
+    os.environ.update(torchrun_env(rank=rank, world_size=world_size, master_addr=addr, master_port=port))
     try:
         import torch
         import torch.distributed as dist
