@@ -1,8 +1,16 @@
-"""Clusters: a local Ray cluster (the embedded default) or an existing one, with a persistent worker group."""
+"""Clusters: a local Ray cluster (the embedded default), an existing one, or cloud nodes, with a persistent
+worker group.
 
-from gpu_notebook.cluster._cluster import Cluster, ClusterError, ClusterStatus, NodeInfo, WorkerInfo
+The modules: ``_cluster`` (the :class:`Cluster`), ``providers/`` (where its Ray comes from: local, address,
+cloud), ``_connect`` (the process's one Ray connection), ``_status`` (what ``status()`` returns), ``_manager``
+(the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`).
+"""
+
+from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster._connect import ConnectError
+from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._manager import ClusterManager, get_manager
+from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
 
 __all__ = [
     "Cluster",

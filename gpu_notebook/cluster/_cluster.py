@@ -1,4 +1,9 @@
-"""The Cluster object: one Ray cluster (local, or reached by address) and its persistent worker group."""
+"""The Cluster object: one Ray cluster and its persistent worker group, whatever the Ray cluster's origin.
+
+Where the Ray cluster comes from (started here, reached by address, launched in a cloud) is its provider's
+business (:mod:`gpu_notebook.cluster.providers`); this module does what is the same for all of them: connect,
+size and start the worker group, run code, stop in order.
+"""
 
 from __future__ import annotations
 
@@ -6,124 +11,28 @@ import html
 import os
 import sys
 import time
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook import cost
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect
-from gpu_notebook.cost import attach_policies
+from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
+from gpu_notebook.cluster.providers import (
+    AddressProvider,
+    CloudProvider,
+    LocalProvider,
+    Provider,
+    cloud_spec,
+)
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
-from gpu_notebook.errors import GpuNotebookError
 
+__all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
 
-class ClusterError(GpuNotebookError, RuntimeError):
-    """A cluster operation could not be done (the message says why and what to do)."""
-
-
-@dataclass
-class WorkerInfo:
-    """One rank worker as ``status`` shows it."""
-
-    rank: int
-    node_id: str
-    node_ip: str
-    pid: int
-    gpu_ids: list[str]
-    num_cpus: float
-    num_gpus: float
-    alive: bool
-    local_rank: int = 0
-
-
-@dataclass
-class NodeInfo:
-    """One Ray node."""
-
-    node_id: str
-    ip: str
-    cpus: float
-    gpus: float
-    alive: bool
-    is_head: bool = False
-
-
-@dataclass
-class ClusterStatus:
-    """A snapshot of a cluster: nodes, workers, uptime. Shows as an HTML table in notebooks."""
-
-    name: str
-    kind: str
-    address: str
-    state: str
-    backend: str | None
-    uptime_s: float
-    nodes: list[NodeInfo] = field(default_factory=list)
-    workers: list[WorkerInfo] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        lines = [
-            f"Cluster {self.name!r} ({self.kind}, {self.address}): {self.state}, backend {self.backend or '-'}, "
-            f"up {_fmt_duration(self.uptime_s)}",
-            f"Nodes ({len(self.nodes)}):",
-        ]
-        for n in self.nodes:
-            lines.append(
-                f"  {n.node_id[:12]}  {n.ip:<15} CPUs {n.cpus:g}  GPUs {n.gpus:g}  "
-                f"{'alive' if n.alive else 'dead'}{'  (head)' if n.is_head else ''}"
-            )
-        lines.append(f"Workers ({len(self.workers)}):")
-        lines.append("  rank  node          pid      GPUs  CPUs  state")
-        for w in self.workers:
-            lines.append(
-                f"  {w.rank:<5} {w.node_id[:12]:<13} {w.pid:<8} {','.join(w.gpu_ids) or '-':<5} "
-                f"{w.num_cpus:<5g} {'alive' if w.alive else 'DEAD'}"
-            )
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(str(self))
-
-    def __repr__(self) -> str:
-        alive = sum(w.alive for w in self.workers)
-        return (
-            f"<ClusterStatus {self.name!r}: {self.state}, {len(self.nodes)} node(s), "
-            f"{alive}/{len(self.workers)} workers alive>"
-        )
-
-    def _repr_html_(self) -> str:
-        e = html.escape
-        rows = "".join(
-            f"<tr><td>{w.rank}</td><td><code>{e(w.node_id[:12])}</code></td><td>{e(w.node_ip)}</td>"
-            f"<td>{w.pid}</td><td>{e(','.join(w.gpu_ids) or '-')}</td><td>{w.num_cpus:g}</td>"
-            f"<td style='color:{'green' if w.alive else 'red'}'>{'alive' if w.alive else 'dead'}</td></tr>"
-            for w in self.workers
-        )
-        nodes = "".join(
-            f"<tr><td><code>{e(n.node_id[:12])}</code></td><td>{e(n.ip)}</td><td>{n.cpus:g}</td>"
-            f"<td>{n.gpus:g}</td><td>{'alive' if n.alive else 'dead'}{' (head)' if n.is_head else ''}</td></tr>"
-            for n in self.nodes
-        )
-        return (
-            f"<div class='gpu-notebook-status'><b>Cluster {e(self.name)}</b> ({e(self.kind)}, "
-            f"<code>{e(self.address)}</code>): {e(self.state)}, backend {e(self.backend or '-')}, "
-            f"up {_fmt_duration(self.uptime_s)}"
-            f"<table><thead><tr><th>node</th><th>IP</th><th>CPUs</th><th>GPUs</th><th>state</th></tr></thead>"
-            f"<tbody>{nodes}</tbody></table>"
-            f"<table><thead><tr><th>rank</th><th>node</th><th>IP</th><th>pid</th><th>GPUs</th><th>CPUs</th>"
-            f"<th>state</th></tr></thead><tbody>{rows}</tbody></table></div>"
-        )
-
-
-def _fmt_duration(s: float) -> str:
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+_LOCAL = LocalProvider()
+_ADDRESS = AddressProvider()
 
 
 class Cluster:
@@ -209,16 +118,31 @@ class Cluster:
         self.state = "new"
         self._stop_hooks: list[Callable[[str], None]] = []
         self._cell_counter = 0
-        self.cloud_state: Any = None  # a gpu_notebook.cloud.ClusterState once launched
         self.policies: Any = None  # the cost/idle watcher, when --idle-stop or --budget is given
-        self._reaper: Any = None  # a gpu_notebook.cloud._reaper.Reaper while a cloud cluster may be running
+        self._cloud: CloudProvider | None = None  # made on first use by a cloud= cluster
 
     # ---- identity --------------------------------------------------------------------------------------------
     @property
-    def kind(self) -> str:
+    def provider(self) -> Provider:
+        """Where this cluster's Ray comes from: cloud nodes (``cloud=``), this machine, or an address."""
         if self.options.get("cloud"):
-            return f"cloud:{self.options['cloud']}"
-        return "local" if self.address is None else "address"
+            if self._cloud is None:
+                self._cloud = CloudProvider(str(self.options["cloud"]))
+            return self._cloud
+        return _LOCAL if self.address is None else _ADDRESS
+
+    @property
+    def kind(self) -> str:
+        return self.provider.kind
+
+    @property
+    def cloud_state(self) -> Any:
+        """What a ``cloud=`` cluster launched (a :class:`gpu_notebook.cloud.ClusterState`), until torn down."""
+        return self._cloud.state if self._cloud is not None else None
+
+    @property
+    def _reaper(self) -> Any:
+        return self._cloud.reaper if self._cloud is not None else None
 
     @property
     def started_ray(self) -> bool:
@@ -267,32 +191,18 @@ class Cluster:
         say = progress or (lambda msg: None)
         t0 = time.monotonic()
         manager = get_manager()
-        if self.address is None and not self.options.get("cloud") and not self._local_requested:
-            env = _connect.address_from_env()
-            if env is not None:  # what ray.init() connects to: a notebook on a Ray cluster's node or pod
-                try:
-                    self.address = _connect.normalise_address(env)
-                except _connect.ConnectError as exc:
-                    raise _connect.ConnectError(f"RAY_ADDRESS: {exc}; unset it for a local Ray") from None
-                say(
-                    f"RAY_ADDRESS is set: using the Ray cluster at {env} (--address local starts a local Ray instead)"
-                )
-        if not self.name and self.options.get("cloud"):
-            self.name = self.cloud_spec().name  # a valid cloud name (tags, labels), kept for the launch
-        elif not self.name:
-            self.name = manager.unique_name("local" if self.address is None else _address_name(self.address))
+        self._follow_ray_address(say)
+        provider = self.provider
+        if not self.name:
+            self.name = provider.default_name(self, manager)
         elif manager.get(self.name, None) not in (None, self) and manager.get(self.name).running:
             raise ClusterError(
                 f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
             )
-        if self.options.get("cloud"):
-            self._refuse_second_connection()  # before paying for a launch this process could not connect to
-            # replacement nodes (a spot preemption, autoscaling) take minutes to join: wait for them
-            self.timeouts.placement = max(self.timeouts.placement, 900.0)
-            self._launch_cloud(say)
+        provider.launch(self, say)
         connection: _connect.RayConnection | None = None
         try:
-            self._price_cloud_nodes(say)
+            provider.launched(self, say)
             connection = self.connection = _connect.connect(
                 self.address, dashboard=self.dashboard, progress=say
             )
@@ -318,7 +228,7 @@ class Cluster:
             else:
                 why = "the worker group could not start"
             try:
-                self._teardown_cloud(say, why)  # first: it is what costs money
+                provider.teardown(self, say, why)  # first: it is what costs money
             finally:
                 if connection is not None and self._last_user_of_connection(manager):
                     _connect.disconnect()
@@ -327,7 +237,7 @@ class Cluster:
         self.started_at = self.last_activity = time.time()
         manager.add(self)
         if self.options.get("idle_stop") or self.options.get("budget"):
-            self.policies = attach_policies(
+            self.policies = cost.attach_policies(
                 self, idle_stop_minutes=self.options.get("idle_stop"), budget_usd=self.options.get("budget")
             )
             say(self._policy_text())
@@ -339,6 +249,22 @@ class Cluster:
         )
         return self
 
+    def _follow_ray_address(self, say: Progress) -> None:
+        """No address and no cloud: use the cluster ``RAY_ADDRESS`` names, as ``ray.init()`` does."""
+        if self.address is not None or self.options.get("cloud") or self._local_requested:
+            return
+        env = _connect.address_from_env()
+        if env is None:
+            return
+        # a notebook on a Ray cluster's node or pod
+        try:
+            self.address = _connect.normalise_address(env)
+        except _connect.ConnectError as exc:
+            raise _connect.ConnectError(f"RAY_ADDRESS: {exc}; unset it for a local Ray") from None
+        say(
+            f"RAY_ADDRESS is set: using the Ray cluster at {env} (--address local starts a local Ray instead)"
+        )
+
     def _size_workers(self) -> tuple[int, float, float]:
         import ray
 
@@ -346,9 +272,9 @@ class Cluster:
         cluster_gpus = int(total.get("GPU", 0))
         cluster_cpus = float(total.get("CPU", os.cpu_count() or 1))
         gpus = self.gpus_per_worker if self.gpus_per_worker is not None else (1 if cluster_gpus else 0)
-        cloud_ranks = getattr(self, "_cloud_ranks", None)
-        if cloud_ranks:
-            workers = int(cloud_ranks)
+        ranks = self.provider.ranks()
+        if ranks:
+            workers = ranks
         else:
             workers = self.requested_workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
         if self.cpus_per_worker is not None:
@@ -376,7 +302,7 @@ class Cluster:
             _connect.disconnect()
         self.state = "stopped"
         manager.remove(self)
-        teardown = self._teardown_cloud(None, reason)
+        teardown = self.provider.teardown(self, None, reason)
         msg = f"cluster {self.name!r} stopped: {n} worker(s) ended"
         if teardown:
             msg += f"; {teardown}"
@@ -401,127 +327,14 @@ class Cluster:
     # ---- cloud ---------------------------------------------------------------------------------------------
     def cloud_spec(self) -> Any:
         """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
-        from gpu_notebook.cloud import spec_from_options
-
-        o = self.options
-        keys = (
-            "head_instance_type",
-            "image",
-            "disk_gb",
-            "spot_fallback",
-            "max_workers",
-            "project",
-            "namespace",
-            "connect",
-        )
-        extra = {k: o[k] for k in keys if o.get(k)}
-        return spec_from_options(
-            o["cloud"],
-            region=o.get("region"),
-            gpu=o.get("gpu"),
-            instance_type=o.get("instance_type"),
-            workers=self.requested_workers or 1,
-            spot=bool(o.get("spot")),
-            idle_stop=o.get("idle_stop"),
-            name=self.name or None,
-            **extra,
-        )
+        return cloud_spec(self)
 
     def plan(self) -> Any:
         """What ``start`` would launch for a cloud cluster, and its estimated cost: launches nothing."""
-        from gpu_notebook.cloud import CloudLauncher
-
-        if not self.options.get("cloud"):
+        provider = self.provider
+        if not isinstance(provider, CloudProvider):
             raise ClusterError("plan() is for cloud clusters: give cloud='aws'|'gcp'|'azure'|'kubernetes'")
-        return CloudLauncher().plan(self.cloud_spec())
-
-    def _refuse_second_connection(self) -> None:
-        """A process holds one Ray connection: refuse a cloud start that could not connect, before launching."""
-        ray = sys.modules.get("ray")
-        if ray is None or not ray.is_initialized():
-            return
-        conn = _connect.current_connection()
-        users = [c.name for c in get_manager().list() if conn is not None and c.connection is conn]
-        where = f"Ray at {conn.address}" if conn is not None else "a Ray cluster (ray.init was called)"
-        if users:
-            where += f", used by cluster {', '.join(repr(u) for u in users)}"
-        how = "%gpu_cluster stop --all" if len(users) > 1 else "%gpu_cluster stop"
-        raise ClusterError(
-            f"this kernel is already connected to {where}, and a process can hold only one Ray connection, so "
-            f"it could not connect to a new {self.options['cloud']} cluster. Nothing was launched. Stop the "
-            f"current cluster first ({how}; or ray.shutdown() if you called ray.init yourself), or start the "
-            f"cloud cluster from another notebook (kernel)."
-        )
-
-    def _launch_cloud(self, say: Progress) -> None:
-        from gpu_notebook.cloud import CloudLauncher
-
-        spec = self.cloud_spec()
-        self._start_reaper(str(spec.name), say)
-        try:
-            state = CloudLauncher().launch(spec, progress=say)  # cleans up itself when the launch fails
-        except BaseException:
-            self._release_reaper()
-            raise
-        self.cloud_state = state
-        self.address = state.client_address or state.address
-        # --workers counts cloud nodes; ranks are one per GPU of all worker nodes
-        self._cloud_ranks = getattr(state, "world_size", None)
-
-    def _price_cloud_nodes(self, say: Progress) -> None:
-        """Let the cost meter (``--budget``, ``%gpu_cost``) price each node from what was launched.
-
-        Sets ``options["node_pricing"]`` unless the user gave their own.
-        """
-        state = self.cloud_state
-        if state is None:
-            return
-        from gpu_notebook.cloud import CloudNodePricing, node_pricing_for
-
-        if not isinstance(self.options.get("node_pricing"), (type(None), CloudNodePricing)):
-            return
-        ref = weakref.ref(self)  # the pricing lives in self.options: no strong cycle
-
-        def nodes() -> list[dict[str, Any]]:
-            c = ref()
-            return c.ray_nodes() if c is not None else []
-
-        try:
-            self.options["node_pricing"] = node_pricing_for(state, nodes=nodes)
-        except Exception as exc:  # noqa: BLE001 - a price lookup must not fail a launched cluster
-            say(f"cost: could not price the cloud nodes ({exc}); the cost meter counts them as $0")
-
-    def _start_reaper(self, name: str, say: Progress) -> None:
-        """A detached process that tears the cluster down if this kernel dies without doing it."""
-        if self.options.get("reaper") is False:
-            return
-        from gpu_notebook.cloud import _reaper
-
-        try:
-            self._reaper = _reaper.start(name)
-        except Exception as exc:  # noqa: BLE001
-            say(
-                f"WARNING: could not start the reaper process ({exc}): if this kernel dies, stop the cluster "
-                f"from another one (%gpu_cluster stop {name})"
-            )
-
-    def _release_reaper(self) -> None:
-        reaper = getattr(self, "_reaper", None)
-        if reaper is not None:
-            self._reaper = None
-            reaper.release()
-
-    def _teardown_cloud(self, say: Progress | None, reason: str) -> str:
-        state = getattr(self, "cloud_state", None)
-        if state is None:
-            self._release_reaper()
-            return ""
-        from gpu_notebook.cloud import CloudLauncher
-
-        report = CloudLauncher().teardown(state.name, progress=say)
-        self.cloud_state = None
-        self._release_reaper()  # only now: if this kernel dies during the teardown, the reaper finishes it
-        return report.message() if callable(getattr(report, "message", None)) else str(report)
+        return provider.plan(self)
 
     def _policy_text(self) -> str:
         parts = []
@@ -727,11 +540,3 @@ def _fmt_ranks(ranks: list[int]) -> str:
         if ranks == list(range(ranks[0], ranks[-1] + 1))
         else ", ".join(map(str, ranks))
     )
-
-
-def _address_name(address: str) -> str:
-    body = address.replace("ray://", "")
-    return "ray" if body == "auto" else body.split(":")[0]
-
-
-_ALL: weakref.WeakSet[Cluster] = weakref.WeakSet()

@@ -6,13 +6,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from gpu_notebook._display import Progress, first_line
 from gpu_notebook.errors import GpuNotebookError
-
-Progress = Callable[[str], None]
 
 
 class ConnectError(GpuNotebookError, RuntimeError):
@@ -138,7 +136,8 @@ def connect(
                 log_to_driver=False,
                 configure_logging=True,
             )
-        except Exception as exc:
+        # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError with its text
+        except Exception as exc:  # noqa: BLE001
             _abort_local_start(ray, before)
             raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
         except (
@@ -157,14 +156,16 @@ def connect(
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
             break
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as for a local start: every failure becomes a ConnectError
             # Ray Client starts a server process per client on the head; on a busy head it can miss its start-up
             # deadline ("Initialization failure from server"): transient, try again
             if attempt < attempts and _transient_client_error(exc):
-                say(f"the Ray Client server at {address} was not ready ({_first_line(str(exc))}); retrying")
+                say(
+                    f"the Ray Client server at {address} was not ready ({first_line(str(exc))[:300]}); retrying"
+                )
                 try:
                     ray.shutdown()
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - a half-made connection may fail to close; the retry goes on
                     pass
                 time.sleep(2.0 * attempt)
                 continue
@@ -208,7 +209,7 @@ def _cmdline(pid: int) -> str:
             import psutil
 
             return " ".join(psutil.Process(pid).cmdline())
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - psutil missing, or the process gone or not ours: no command line
             return ""
 
 
@@ -325,7 +326,9 @@ def _raise_connect_error(address: str, exc: BaseException) -> NoReturn:
         if address != "auto"
         else "no running Ray cluster was found on this machine (start one with `ray start --head`)"
     )
-    raise ConnectError(f"could not connect to Ray at {address}: {_first_line(str(exc))}; {hint}") from exc
+    raise ConnectError(
+        f"could not connect to Ray at {address}: {first_line(str(exc))[:300]}; {hint}"
+    ) from exc
 
 
 def disconnect() -> None:
@@ -343,13 +346,6 @@ def _total_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def _first_line(text: str) -> str:
-    for line in text.strip().splitlines():
-        if line.strip():
-            return line.strip()[:300]
-    return text
 
 
 def cluster_nodes() -> list[dict[str, Any]]:
