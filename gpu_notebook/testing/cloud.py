@@ -10,6 +10,9 @@ The launcher in :mod:`gpu_notebook.cloud` is tested against these, and so can co
   credentials (environment variables), so Ray's real AWS node provider talks to it over HTTP.
 - :class:`FakeKube` stands in for the ``kubernetes`` client's ``CustomObjectsApi`` and ``CoreV1Api`` (pass
   ``CloudLauncher(kube_clients=(fake, fake))``) and behaves like a KubeRay operator would.
+- :class:`FakeGCE` answers the Compute Engine API under the real ``google-api-python-client`` (as its ``http``),
+  and :class:`FakeAzureCompute` stands in for ``azure.mgmt.compute.ComputeManagementClient``: the teardown
+  verification of GCP and Azure clusters runs against them.
 - :func:`write_fake_ssh` writes a stand-in ``ssh``/``kubectl`` that listens on the forwarded port.
 
 The library never imports this module (it may import the library).
@@ -22,12 +25,15 @@ import re
 import socket
 import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
     "DEFAULT_RESPONSES",
     "FAKE_SSH",
     "FakeApiException",
+    "FakeAzureCompute",
+    "FakeGCE",
     "FakeKube",
     "MotoEC2",
     "RecordingProcessRunner",
@@ -296,3 +302,151 @@ class FakeKube:
             types.SimpleNamespace(metadata=types.SimpleNamespace(name=p)) for p in self.pods.get(key, [])
         ]
         return types.SimpleNamespace(items=items)
+
+
+class FakeGCE:
+    """The Compute Engine instances API of one project, in memory, behind the real google-api-python-client.
+
+    An instance of this class is an ``httplib2.Http`` stand-in (``request(uri, method, body, headers, ...)``),
+    so the real discovery client builds and sends every request (its parameter checks and its paging run for
+    real) and this object answers them: ``instances().list`` with a ``labels.KEY = VALUE`` filter, paged by
+    ``page_size``, and ``instances().get`` / ``instances().delete`` of one instance. Pass it as ``http=`` to
+    ``googleapiclient.discovery.build("compute", "v1", http=fake)`` (the bundled discovery document is used).
+    """
+
+    def __init__(self, project: str = "p", page_size: int = 2) -> None:
+        self.project = project
+        self.page_size = page_size
+        self.instances: dict[tuple[str, str], dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+
+    def add(
+        self,
+        name: str,
+        zone: str,
+        status: str = "RUNNING",
+        labels: dict[str, str] | None = None,
+        disks: int = 1,
+    ) -> dict[str, Any]:
+        """Create an instance (``status`` as GCE reports it: PROVISIONING, RUNNING, STOPPING, TERMINATED)."""
+        inst = {
+            "kind": "compute#instance",
+            "name": name,
+            "zone": f"https://www.googleapis.com/compute/v1/projects/{self.project}/zones/{zone}",
+            "status": status,
+            "labels": dict(labels or {}),
+            "disks": [{"deviceName": f"{name}-disk-{i}", "autoDelete": True} for i in range(disks)],
+        }
+        self.instances[(zone, name)] = inst
+        return inst
+
+    def request(
+        self,
+        uri: str,
+        method: str = "GET",
+        body: Any = None,
+        headers: Any = None,
+        redirections: int = 1,
+        connection_type: Any = None,
+    ) -> tuple[Any, bytes]:
+        """Answer one HTTP request of the client (``httplib2.Http.request``'s signature)."""
+        import json
+        import urllib.parse
+
+        import httplib2
+
+        self.requests.append((method, uri))
+        url = urllib.parse.urlparse(uri)
+        query = urllib.parse.parse_qs(url.query)
+        m = re.fullmatch(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?", url.path)
+        if m is None or m.group(1) != self.project:
+            return self._reply(httplib2, 404, {"error": {"code": 404, "message": f"not found: {url.path}"}})
+        zone, name = m.group(2), m.group(3)
+        if name is None and method == "GET":
+            return self._reply(httplib2, 200, self._list(zone, query))
+        inst = self.instances.get((zone, name or ""))
+        if inst is None:
+            message = f"The resource 'projects/{self.project}/zones/{zone}/instances/{name}' was not found"
+            return self._reply(httplib2, 404, {"error": {"code": 404, "message": message}})
+        if method == "DELETE":
+            del self.instances[(zone, str(name))]
+            return self._reply(httplib2, 200, {"kind": "compute#operation", "name": f"delete-{name}"})
+        return self._reply(httplib2, 200, json.loads(json.dumps(inst)))
+
+    def _list(self, zone: str, query: dict[str, list[str]]) -> dict[str, Any]:
+        items = [i for (z, _), i in sorted(self.instances.items()) if z == zone]
+        for expr in query.get("filter", []):
+            m = re.fullmatch(r"labels\.(\S+)\s*=\s*(\S+)", expr.strip())
+            if m is None:
+                raise ValueError(f"FakeGCE understands only 'labels.KEY = VALUE' filters, not {expr!r}")
+            items = [i for i in items if i["labels"].get(m.group(1)) == m.group(2)]
+        start = int((query.get("pageToken") or ["0"])[0])
+        page = items[start : start + self.page_size]
+        out: dict[str, Any] = {"kind": "compute#instanceList"}
+        if page:  # like GCE: no "items" key on an empty page
+            out["items"] = page
+        if start + self.page_size < len(items):
+            out["nextPageToken"] = str(start + self.page_size)
+        return out
+
+    @staticmethod
+    def _reply(httplib2: Any, status: int, payload: dict[str, Any]) -> tuple[Any, bytes]:
+        import json
+
+        return httplib2.Response({"status": str(status), "content-type": "application/json"}), json.dumps(
+            payload
+        ).encode()
+
+
+class FakeAzureCompute:
+    """Stand-in for ``azure.mgmt.compute.ComputeManagementClient`` over one subscription's VMs, in memory.
+
+    The object is callable like the client class (``fake(credential, subscription_id)`` returns itself), so it
+    can replace ``azure.mgmt.compute.ComputeManagementClient``. ``virtual_machines.list(resource_group_name)``
+    yields VM objects with the attributes of ``azure.mgmt.compute.models.VirtualMachine`` that callers read
+    (``name``, ``tags``, ``provisioning_state``). Every call is recorded in ``calls`` as
+    ``(name, args, kwargs)``, so a test can bind it to the real client's signature.
+    """
+
+    def __init__(self) -> None:
+        self.vms: dict[tuple[str, str], Any] = {}
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.virtual_machines = _FakeVirtualMachines(self)
+
+    def __call__(
+        self, credential: Any, subscription_id: str, base_url: str | None = None, **kwargs: Any
+    ) -> Any:
+        self.calls.append(
+            ("ComputeManagementClient", (credential, subscription_id), {"base_url": base_url, **kwargs})
+        )
+        self.subscription_id = subscription_id
+        return self
+
+    def add(
+        self, name: str, resource_group: str, tags: dict[str, str] | None = None, state: str = "Succeeded"
+    ) -> Any:
+        """Create a VM (``state``: Azure's provisioning state, e.g. Creating, Succeeded, Deleting)."""
+        import types
+
+        vm = types.SimpleNamespace(name=name, tags=dict(tags or {}) or None, provisioning_state=state)
+        self.vms[(resource_group, name)] = vm
+        return vm
+
+    def remove(self, name: str, resource_group: str) -> None:
+        """Delete a VM (what Ray's Azure node provider does on ``ray down``)."""
+        self.vms.pop((resource_group, name), None)
+
+
+class _FakeVirtualMachines:
+    """``ComputeManagementClient.virtual_machines`` (``VirtualMachinesOperations``)."""
+
+    def __init__(self, owner: FakeAzureCompute) -> None:
+        self._owner = owner
+
+    def list(
+        self, resource_group_name: str, *, filter: str | None = None, expand: str | None = None, **kwargs: Any
+    ) -> Iterator[Any]:
+        self._owner.calls.append(
+            ("virtual_machines.list", (resource_group_name,), {"filter": filter, "expand": expand, **kwargs})
+        )
+        return iter([vm for (rg, _), vm in sorted(self._owner.vms.items()) if rg == resource_group_name])

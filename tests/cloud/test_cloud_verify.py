@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 
 import pytest
 
@@ -30,9 +30,10 @@ def test_report_messages():
     )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("googleapiclient") is not None, reason="GCP SDK installed here")
 def test_gcp_without_its_sdk_is_reported_unverified_not_clean(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_NOTEBOOK_CONFIG_DIR", str(tmp_path))
+    for mod in ("googleapiclient", "googleapiclient.discovery"):
+        monkeypatch.setitem(sys.modules, mod, None)  # as if google-api-python-client were not installed
     spec = ClusterSpec(cloud="gcp", gpu="T4:1", project="p", name="gnb-g", pip_packages=[], image="i")
     config = render_ray_config(spec, resolve(spec))
     with pytest.raises(VerificationUnavailable, match="google-api-python-client"):
