@@ -220,7 +220,8 @@ def aws_credentials_available() -> bool:
         import boto3
 
         return boto3.Session().get_credentials() is not None
-    except Exception:
+    # boto3 missing, or a broken config file or credential process (botocore raises many types): none found
+    except Exception:  # noqa: BLE001
         return False
 
 
@@ -458,7 +459,8 @@ def refresh_catalog(
                 where = f"pricing.get_products ({region})"
                 try:
                     offer = fetch_aws_products(region, here, aws_pricing_client)
-                except Exception as e:  # botocore: no access, expired token, offline
+                # botocore (no access, expired token, offline: many types): this region's failure, reported
+                except Exception as e:  # noqa: BLE001
                     report.errors.append(f"aws {region}: {type(e).__name__}: {str(e)[:200]}")
                     continue
             else:
@@ -492,7 +494,8 @@ def refresh_catalog(
                         date=today,
                         derive_reserved=False,
                     )
-                except Exception as e:  # botocore errors: no access, expired token, offline
+                # as above, for the spot history
+                except Exception as e:  # noqa: BLE001
                     report.errors.append(f"aws spot {region}: {type(e).__name__}: {str(e)[:200]}")
 
     if "azure" in todo:

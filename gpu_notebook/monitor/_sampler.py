@@ -79,13 +79,14 @@ def load_nvml(spec: Any = "auto") -> Any | None:
             return None
         try:
             pynvml.nvmlInit()
-        except Exception:  # NVMLError_LibraryNotFound / DriverNotLoaded on machines without the driver
+        # NVMLError_LibraryNotFound / DriverNotLoaded (NVMLError derives from Exception only): no driver, no GPUs
+        except Exception:  # noqa: BLE001
             return None
         return pynvml
     nvml = spec if hasattr(spec, "nvmlInit") else spec()
     try:
         nvml.nvmlInit()
-    except Exception:
+    except Exception:  # noqa: BLE001 - as above, for a given NVML-like module (a fake raises its own errors)
         return None
     return nvml
 
@@ -113,7 +114,7 @@ class GpuSource:
             )
         try:
             self.driver = _to_str(nvml.nvmlSystemGetDriverVersion())
-        except Exception:
+        except Exception:  # noqa: BLE001 - an NVMLError: the driver version is only shown, never needed
             self.driver = ""
         self._gpm: list[list[Any] | None] = [self._gpm_setup(i, h) for i, h in enumerate(self.handles)]
 
@@ -126,7 +127,7 @@ class GpuSource:
         except AttributeError:
             self._unsupported[i].add(fn)
             return None
-        except Exception as exc:  # NVMLError
+        except Exception as exc:  # noqa: BLE001 - NVMLError (of pynvml or of a fake): told apart by its value
             if getattr(exc, "value", None) in (3, 13):  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
                 self._unsupported[i].add(fn)
             return None
@@ -138,7 +139,7 @@ class GpuSource:
         try:
             samples = [self.nvml.nvmlGpmSampleAlloc(), self.nvml.nvmlGpmSampleAlloc()]
             self.nvml.nvmlGpmSampleGet(h, samples[0])
-        except Exception:
+        except Exception:  # noqa: BLE001 - an NVMLError: this GPU has no GPM metrics (SM activity shows '-')
             return None
         return samples
 
@@ -156,7 +157,7 @@ class GpuSource:
             mg.metrics[0].metricId = getattr(self.nvml, "NVML_GPM_METRIC_SM_UTIL", 2)
             self.nvml.nvmlGpmMetricsGet(mg)
             value = float(mg.metrics[0].value) / 100.0 if mg.metrics[0].nvmlReturn == 0 else math.nan
-        except Exception:
+        except Exception:  # noqa: BLE001 - an NVMLError for one reading: a gap, not an error
             value = math.nan
         samples[0], samples[1] = cur, prev  # swap: this tick's sample is the next tick's baseline
         return value
@@ -368,7 +369,7 @@ def _default_node_id() -> str:
 
             if ray.is_initialized():
                 return str(ray.get_runtime_context().get_node_id())
-    except Exception:
+    except Exception:  # noqa: BLE001 - Ray half shut down: the host name identifies the node instead
         pass
     return socket.gethostname()
 
@@ -418,7 +419,7 @@ class NodeSampler:
         if nv is not None:
             try:
                 self.gpu = GpuSource(nv)
-            except Exception:
+            except Exception:  # noqa: BLE001 - NVML loaded but the devices cannot be read: a host-only sampler
                 self.gpu = None
         self.host = HostSource() if host else None
         self.nvml_kind = (
@@ -551,7 +552,7 @@ class NodeSampler:
         while not self._stop.is_set():
             try:
                 fn()
-            except Exception:  # a sampler must never die on one bad reading
+            except Exception:  # noqa: BLE001 - a sampler must never die on one bad reading
                 pass
             next_t += period
             delay = next_t - time.monotonic()

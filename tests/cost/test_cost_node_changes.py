@@ -56,11 +56,13 @@ def test_magic_status_sees_the_current_nodes(ip, monkeypatch: pytest.MonkeyPatch
     from IPython.utils.capture import capture_output
 
     from gpu_notebook import _registry
+
     clock = Clock()
     cluster = FakeCluster(clock)
     meter = cost_meter_for(cluster, clock=clock)
 
-    manager: _registry.ClusterManager = _registry.ClusterManager()  # this kernel's clusters: only the fake one
+    # this kernel's clusters: only the fake one
+    manager: _registry.ClusterManager = _registry.ClusterManager()
     manager._clusters[cluster.name] = cluster
     manager._current = cluster.name
     monkeypatch.setattr(_registry, "_MANAGER", manager)

@@ -514,10 +514,10 @@ def test_any_notebook_cell_resets_the_idle_countdown(ip) -> None:
 
 
 def test_default_utilisation_prefers_the_clusters_monitor() -> None:
+    from gpu_notebook import _registry
     from gpu_notebook.cost import default_utilisation
     from gpu_notebook.monitor import Monitor, NodeSampler
     from gpu_notebook.testing.nvml import FakeNVML
-    from gpu_notebook import _registry
 
     stub = Stub()
     assert isinstance(default_utilisation(stub), CpuUtilisation)  # no GPUs, no monitor: this machine's CPU

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 from gpu_notebook.testing import nvml as fk
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 
 pynvml = pytest.importorskip("pynvml")
 

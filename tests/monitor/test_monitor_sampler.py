@@ -19,8 +19,8 @@ from gpu_notebook.monitor import (
     RingBuffer,
     utilisation_summary,
 )
-from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 from gpu_notebook.monitor._aggregator import LocalHandle
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
 
 SLOW_CALLS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetPcieThroughput")
 
