@@ -10,8 +10,6 @@ pulls what is new once per ``pull_interval``. Everything a widget or magic shows
 
 from __future__ import annotations
 
-import html
-import math
 import threading
 import time
 import weakref
@@ -24,6 +22,7 @@ from gpu_notebook._display import error_line
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
 from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
+from gpu_notebook.monitor._html import snapshot_table_html
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
 __all__ = ["Monitor", "monitor_for", "running_monitor", "utilisation_summary"]
@@ -505,57 +504,6 @@ class _Failure:
     attempts: int
     delay: float
     retry_at: float  # time.monotonic()
-
-
-def _fmt(v: float, spec: str = ".0f", unit: str = "") -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{spec}}{unit}"
-
-
-def snapshot_table_html(mon: Monitor) -> str:
-    """Plain HTML (no scripts, no images) of the newest reading and the current advice."""
-    latest = mon.latest()
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mon.clock()))
-    head = (
-        f"<div class='gpu-notebook-monitor-snapshot'><b>GPU monitor</b> snapshot {html.escape(when)} · "
-        f"{len(mon.nodes)} node(s), {mon.gpu_count} GPU(s)"
-    )
-    rows = []
-    if latest["gpus"]:
-        rows.append(
-            "<tr><th>node</th><th>GPU</th><th>name</th><th>util %</th><th>memory MiB</th>"
-            "<th>power W</th><th>temp °C</th><th>SM active</th></tr>"
-        )
-        for r in latest["gpus"]:
-            rows.append(
-                f"<tr><td>{html.escape(r['node'][:12])}</td><td>{r['index']}</td><td>{html.escape(r['name'])}</td>"
-                f"<td>{_fmt(r['util_gpu'])}</td><td>{_fmt(r['mem_used_mib'])} / {_fmt(r['mem_total_mib'])}</td>"
-                f"<td>{_fmt(r['power_w'])} / {_fmt(r['power_limit_w'])}</td><td>{_fmt(r['temp_c'])}</td>"
-                f"<td>{_fmt(r['sm_active'], '.2f')}</td></tr>"
-            )
-    if latest["hosts"]:
-        rows.append(
-            "<tr><th>node</th><th colspan=2>host</th><th>CPU %</th><th>memory MiB</th>"
-            "<th colspan=3>network rx / tx kB/s</th></tr>"
-        )
-        for h in latest["hosts"]:
-            rows.append(
-                f"<tr><td>{html.escape(h['node'][:12])}</td><td colspan=2>{'GPU node' if h['has_gpu'] else 'CPU only'}"
-                f"</td><td>{_fmt(h['cpu_percent'])}</td><td>{_fmt(h['mem_used_mib'])} / {_fmt(h['mem_total_mib'])}"
-                f"</td><td colspan=3>{_fmt(h['net_rx_Bps'] / 1e3, '.1f')} / {_fmt(h['net_tx_Bps'] / 1e3, '.1f')}"
-                "</td></tr>"
-            )
-    table = f"<table>{''.join(rows)}</table>" if rows else "<p>no samples yet</p>"
-    adv = "".join(f"<li>{html.escape(a.message)}</li>" for a in mon.advice())
-    return head + table + down_nodes_html(mon) + (f"<ul>{adv}</ul>" if adv else "") + "</div>"
-
-
-def down_nodes_html(mon: Monitor) -> str:
-    """One line per node whose sampler could not be started, with the reason ("" when there is none)."""
-    failed = mon.failed_nodes
-    if not failed:
-        return ""
-    items = "".join(f"<li>node {html.escape(n[:12])} down: {html.escape(r)}</li>" for n, r in failed.items())
-    return f"<ul class='gpu-notebook-monitor-down' style='color:#a00'>{items}</ul>"
 
 
 def _handle_for(s: Any) -> LocalHandle | RayHandle:

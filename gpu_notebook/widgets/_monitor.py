@@ -418,7 +418,7 @@ class MonitorWidget(LiveView):
         )
         down = ""
         if failed:
-            from gpu_notebook.monitor._monitor import down_nodes_html
+            from gpu_notebook.monitor._html import down_nodes_html
 
             down = down_nodes_html(mon)
         return f"<div class='gpu-notebook-monitor-header'>{body}{down}</div>"
