@@ -9,7 +9,15 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ._spec import DEFAULT_VM_IMAGES, ClusterSpec, Resolved, local_ray_version, parse_gpu, resolve
+from ._spec import (
+    DEFAULT_VM_IMAGES,
+    ClusterSpec,
+    InstanceChoice,
+    Resolved,
+    local_ray_version,
+    parse_gpu,
+    resolve,
+)
 
 #: Tag put on every instance and disk we create, next to Ray's own ``ray-cluster-name``.
 OWNER_TAG = "gpu-notebook-cluster"
@@ -239,8 +247,41 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
         "resources": _resources(head.vcpus, 0, None),
         "node_config": _node_config(spec, head.name, None, 0, False),
     }
+    node_types: dict[str, Any] = {HEAD_TYPE: head_type, **_worker_node_types(spec, worker, max_workers)}
+    return {
+        "cluster_name": spec.name,
+        "max_workers": max_workers,
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": float(spec.worker_idle_minutes),
+        "docker": {
+            "image": spec.image_or_default,
+            "container_name": "ray_container",
+            "pull_before_run": True,
+            "run_options": ["--ulimit nofile=65536:65536"],
+            # GPU workers get `--gpus all` (not Ray's `--runtime=nvidia` guess); the CPU head gets no GPU flag
+            "worker_run_options": ["--gpus all"],
+            "disable_automatic_runtime_detection": True,
+        },
+        "provider": _provider(spec),
+        "auth": _auth(spec),
+        "available_node_types": node_types,
+        "head_node_type": HEAD_TYPE,
+        "file_mounts": {},
+        "initialization_commands": [],
+        "setup_commands": setup_commands(spec),
+        "head_start_ray_commands": head_start_commands(spec),
+        "worker_start_ray_commands": list(WORKER_START_COMMANDS),
+    }
+
+
+def _worker_node_types(spec: ClusterSpec, worker: InstanceChoice, max_workers: int) -> dict[str, Any]:
+    """The worker node types: one in the chosen market, or spot first with an on-demand fallback type.
+
+    Ray's autoscaler tries node types by ``priority``: spot workers first; when spot capacity is refused it
+    launches the on-demand type. Each type carries a market resource so cost accounting can tell them apart.
+    """
     worker_resources = _resources(worker.vcpus, worker.gpus_per_node, worker.gpu)
-    node_types: dict[str, Any] = {HEAD_TYPE: head_type}
+    node_types: dict[str, Any] = {}
     if spec.spot and spec.spot_fallback:
         node_types[WORKER_SPOT_TYPE] = {
             "min_workers": int(spec.workers),
@@ -269,30 +310,7 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
                 spec, worker.name, worker.gpu, worker.gpus_per_node, spec.spot, worker.extra
             ),
         }
-    return {
-        "cluster_name": spec.name,
-        "max_workers": max_workers,
-        "upscaling_speed": 1.0,
-        "idle_timeout_minutes": float(spec.worker_idle_minutes),
-        "docker": {
-            "image": spec.image_or_default,
-            "container_name": "ray_container",
-            "pull_before_run": True,
-            "run_options": ["--ulimit nofile=65536:65536"],
-            # GPU workers get `--gpus all` (not Ray's `--runtime=nvidia` guess); the CPU head gets no GPU flag
-            "worker_run_options": ["--gpus all"],
-            "disable_automatic_runtime_detection": True,
-        },
-        "provider": _provider(spec),
-        "auth": _auth(spec),
-        "available_node_types": node_types,
-        "head_node_type": HEAD_TYPE,
-        "file_mounts": {},
-        "initialization_commands": [],
-        "setup_commands": setup_commands(spec),
-        "head_start_ray_commands": head_start_commands(spec),
-        "worker_start_ray_commands": list(WORKER_START_COMMANDS),
-    }
+    return node_types
 
 
 def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
@@ -304,55 +322,16 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
     if spec.cloud != "kubernetes":
         raise ValueError("render_kuberay_manifest() is for --cloud kubernetes")
     gpu, count = parse_gpu(spec.gpu) if spec.gpu else (None, 1)
-    image = spec.image_or_default
-    pkgs = spec.pip_or_default
     labels = {"app.kubernetes.io/managed-by": "gpu-notebook", OWNER_TAG: str(spec.name)}
-    volume = {"name": "gnb-site", "emptyDir": {}}
-    mount = {"name": "gnb-site", "mountPath": "/opt/gnb-site"}
-    init = {
-        "name": "install-gpu-notebook",
-        "image": image,
-        "command": [
-            "bash",
-            "-lc",
-            "pip install -q --target /opt/gnb-site "
-            + " ".join(shlex.quote(p) for p in pkgs)
-            + "".join(f" && {c}" for c in spec.setup_commands),
-        ],
-        "volumeMounts": [mount],
-    }
-    env = [{"name": "PYTHONPATH", "value": "/opt/gnb-site"}]
-
-    def container(name: str, resources: dict[str, Any], ports: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "name": name,
-            "image": image,
-            "env": env,
-            "ports": ports,
-            "resources": {"limits": resources, "requests": resources},
-            "volumeMounts": [mount],
-        }
-
-    head_res = {"cpu": "4", "memory": "16Gi"}
-    worker_res: dict[str, Any] = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(count)}
-    tolerations: list[dict[str, Any]] = [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    head_ports = [
+        {"containerPort": GCS_PORT, "name": "gcs"},
+        {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
+        {"containerPort": RAY_CLIENT_PORT, "name": "client"},
     ]
-    if spec.spot:
-        tolerations += [
-            {
-                "key": "cloud.google.com/gke-spot",
-                "operator": "Equal",
-                "value": "true",
-                "effect": "NoSchedule",
-            },
-            {
-                "key": "kubernetes.azure.com/scalesetpriority",
-                "operator": "Equal",
-                "value": "spot",
-                "effect": "NoSchedule",
-            },
-        ]
+    head = _kube_container(spec, "ray-head", {"cpu": "4", "memory": "16Gi"}, head_ports)
+    worker = _kube_container(
+        spec, "ray-worker", {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(count)}, []
+    )
     worker_start: dict[str, str] = {}
     if gpu:
         worker_start["resources"] = f'"{{\\"accelerator_type:{gpu}\\": 1}}"'
@@ -366,24 +345,7 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
             "autoscalerOptions": {"idleTimeoutSeconds": int(spec.worker_idle_minutes * 60)},
             "headGroupSpec": {
                 "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "initContainers": [init],
-                        "containers": [
-                            container(
-                                "ray-head",
-                                head_res,
-                                [
-                                    {"containerPort": GCS_PORT, "name": "gcs"},
-                                    {"containerPort": DASHBOARD_PORT, "name": "dashboard"},
-                                    {"containerPort": RAY_CLIENT_PORT, "name": "client"},
-                                ],
-                            )
-                        ],
-                        "volumes": [volume],
-                    },
-                },
+                "template": _kube_pod_template(spec, labels, head),
             },
             "workerGroupSpecs": [
                 {
@@ -392,19 +354,75 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
                     "minReplicas": int(spec.workers),
                     "maxReplicas": int(spec.max_workers or spec.workers),
                     "rayStartParams": worker_start,
-                    "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {
-                            "initContainers": [init],
-                            "containers": [container("ray-worker", worker_res, [])],
-                            "tolerations": tolerations,
-                            "volumes": [volume],
-                        },
-                    },
+                    "template": _kube_pod_template(spec, labels, worker, _kube_tolerations(spec.spot)),
                 }
             ],
         },
     }
+
+
+_KUBE_SITE = "/opt/gnb-site"  # the shared volume the init container installs gpu_notebook (and torch) into
+
+
+def _kube_container(
+    spec: ClusterSpec, name: str, resources: dict[str, Any], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A Ray container of the stock image that imports from the shared volume (``PYTHONPATH``)."""
+    return {
+        "name": name,
+        "image": spec.image_or_default,
+        "env": [{"name": "PYTHONPATH", "value": _KUBE_SITE}],
+        "ports": ports,
+        "resources": {"limits": resources, "requests": resources},
+        "volumeMounts": [{"name": "gnb-site", "mountPath": _KUBE_SITE}],
+    }
+
+
+def _kube_pod_template(
+    spec: ClusterSpec,
+    labels: dict[str, str],
+    container: dict[str, Any],
+    tolerations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A pod with the install-gpu-notebook init container, ``container``, and the shared volume."""
+    init = {
+        "name": "install-gpu-notebook",
+        "image": spec.image_or_default,
+        "command": [
+            "bash",
+            "-lc",
+            f"pip install -q --target {_KUBE_SITE} "
+            + " ".join(shlex.quote(p) for p in spec.pip_or_default)
+            + "".join(f" && {c}" for c in spec.setup_commands),
+        ],
+        "volumeMounts": [{"name": "gnb-site", "mountPath": _KUBE_SITE}],
+    }
+    pod: dict[str, Any] = {"initContainers": [init], "containers": [container]}
+    if tolerations is not None:
+        pod["tolerations"] = tolerations
+    pod["volumes"] = [{"name": "gnb-site", "emptyDir": {}}]
+    return {"metadata": {"labels": labels}, "spec": pod}
+
+
+def _kube_tolerations(spot: bool) -> list[dict[str, Any]]:
+    """GPU nodes' taint, and with ``spot`` the spot-node taints of GKE and AKS."""
+    out: list[dict[str, Any]] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    if spot:
+        out += [
+            {
+                "key": "cloud.google.com/gke-spot",
+                "operator": "Equal",
+                "value": "true",
+                "effect": "NoSchedule",
+            },
+            {
+                "key": "kubernetes.azure.com/scalesetpriority",
+                "operator": "Equal",
+                "value": "spot",
+                "effect": "NoSchedule",
+            },
+        ]
+    return out
 
 
 def to_yaml(config: dict[str, Any]) -> str:

@@ -353,11 +353,15 @@ def resolve(spec: ClusterSpec, catalog: Any = None) -> Resolved:
             spec.spot,
         )
         return Resolved(worker=worker, head=None)
-
     cat = catalog if catalog is not None else get_catalog()
-    catalog_error = CatalogError
     region = spec.region or DEFAULT_REGIONS[spec.cloud]
-    max_workers = spec.max_workers or spec.workers
+    it = _worker_type(spec, cat, region)
+    worker = _choice(it, "worker", region, spec.workers, spec.max_workers or spec.workers, spec.spot)
+    return Resolved(worker=worker, head=_head_choice(spec, cat, region))
+
+
+def _worker_type(spec: ClusterSpec, cat: Any, region: str) -> Any:
+    """The catalog's instance type for the workers: the one named, or the cheapest with the GPUs asked for."""
     try:
         if spec.instance_type:
             it = cat.get(spec.cloud, spec.instance_type)
@@ -367,37 +371,37 @@ def resolve(spec: ClusterSpec, catalog: Any = None) -> Resolved:
                     f"{spec.cloud} instance type {it.name} is not offered in {region}. "
                     f"Regions that have it: {', '.join(sorted(regions))}."
                 )
-        else:
-            gpu, count = parse_gpu(spec.gpu or "")
-            found = cat.find(spec.cloud, gpu=gpu, count=count, region=region)
-            if not found:
-                raise CloudRequestError(f"no {spec.cloud} instance with {count} x {gpu} in {region}")
-            it = found[0]
-    except catalog_error as exc:
+            return it
+        gpu, count = parse_gpu(spec.gpu or "")
+        found = cat.find(spec.cloud, gpu=gpu, count=count, region=region)
+        if not found:
+            raise CloudRequestError(f"no {spec.cloud} instance with {count} x {gpu} in {region}")
+        return found[0]
+    except CatalogError as exc:
         raise CloudRequestError(f"{spec.cloud}: {exc}") from exc
-    worker = _choice(it, "worker", region, spec.workers, max_workers, spec.spot)
 
+
+def _head_choice(spec: ClusterSpec, cat: Any, region: str) -> InstanceChoice:
+    """The CPU head: from the catalog when it lists the type, else launched anyway at a known or no price."""
     head_name = spec.head_instance_type or DEFAULT_HEAD_TYPES[spec.cloud]
     try:
-        head_it = cat.get(spec.cloud, head_name)
-        head = _choice(head_it, "head", region, 1, 1, False)
-    except catalog_error:
+        return _choice(cat.get(spec.cloud, head_name), "head", region, 1, 1, False)
+    except CatalogError:
         if spec.head_instance_type:
             raise CloudRequestError(f"{spec.cloud}: unknown head instance type {head_name}") from None
-        # A CPU head the GPU catalog does not list: launch it anyway, price unknown.
-        price = HEAD_PRICES.get((spec.cloud, head_name))
-        head = InstanceChoice(
-            "head",
-            head_name,
-            1,
-            1,
-            None,
-            0,
-            4,
-            16,
-            price,
-            None,
-            False,
-            source=HEAD_PRICE_SOURCE if price is not None else None,
-        )
-    return Resolved(worker=worker, head=head)
+    # A CPU head the GPU catalog does not list: launch it anyway, price unknown.
+    price = HEAD_PRICES.get((spec.cloud, head_name))
+    return InstanceChoice(
+        "head",
+        head_name,
+        1,
+        1,
+        None,
+        0,
+        4,
+        16,
+        price,
+        None,
+        False,
+        source=HEAD_PRICE_SOURCE if price is not None else None,
+    )

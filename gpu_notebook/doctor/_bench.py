@@ -528,51 +528,63 @@ def bench_allreduce(
         timeout=timeout,
     )
     n, backend, dtype_name, rows = combine(per_rank)
+    result = BenchResult(n, backend, dtype_name, rows, rank_nodes=_rank_nodes(per_rank))
+    if links and n >= 2:
+        _link_test(cluster, result, link_bytes, collective_timeout, timeout)
+    return result
+
+
+def _rank_nodes(per_rank: list[dict[str, Any]]) -> dict[int, str]:
+    """Rank -> node label: the host name, or ``host/ip`` when host names collide."""
     hosts: dict[tuple[str, Any], int] = {}
     for r in per_rank:
         hosts.setdefault((r["hostname"], r.get("node_ip")), len(hosts))
     host_names = {r["hostname"] for r in per_rank}
-    rank_nodes = {
+    return {
         r["rank"]: (r["hostname"] if len(host_names) == len(hosts) else f"{r['hostname']}/{r.get('node_ip')}")
         for r in per_rank
     }
-    result = BenchResult(n, backend, dtype_name, rows, rank_nodes=rank_nodes)
-    if links and n >= 2:
-        mode, pairs = choose_pairs(rank_nodes)
-        if pairs:
-            timings = cluster.call(
-                pair_bench,
-                pairs,
-                nbytes=link_bytes,
-                iters=10,
-                warmup=3,
-                collective_timeout=collective_timeout,
-                timeout=timeout,
-            )
-            by_pair: dict[tuple[int, ...], list[dict[str, Any]]] = {}
-            for rank_timings in timings:
-                for t in rank_timings:
-                    by_pair.setdefault(tuple(t["pair"]), []).append(t)
-            pair_bw: dict[tuple[str, str], float] = {}
-            for pair in pairs:
-                ts = by_pair.get(tuple(pair), [])
-                if not ts:
-                    continue
-                t_us = statistics.fmean(t["time_us"] for t in ts)
-                alg = algbw_gbps(ts[0]["bytes"], t_us / 1e6)
-                names = [rank_nodes[r] if mode == "node" else str(r) for r in pair]
-                bus = busbw_gbps(alg, 2)
-                result.pairs.append(
-                    {
-                        "ranks": list(pair),
-                        "names": names,
-                        "bytes": ts[0]["bytes"],
-                        "time_us": t_us,
-                        "algbw": alg,
-                        "busbw": bus,
-                    }
-                )
-                pair_bw[(names[0], names[1])] = bus
-            result.pair_mode = mode
-            result.slow = find_slow_links(pair_bw)
-    return result
+
+
+def _link_test(
+    cluster: Any, result: BenchResult, link_bytes: int, collective_timeout: float, timeout: float | None
+) -> None:
+    """Time a 2-rank all-reduce per pair of nodes (or of ranks on one node); fill ``pairs`` and ``slow``."""
+    mode, pairs = choose_pairs(result.rank_nodes)
+    if not pairs:
+        return
+    timings = cluster.call(
+        pair_bench,
+        pairs,
+        nbytes=link_bytes,
+        iters=10,
+        warmup=3,
+        collective_timeout=collective_timeout,
+        timeout=timeout,
+    )
+    by_pair: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for rank_timings in timings:
+        for t in rank_timings:
+            by_pair.setdefault(tuple(t["pair"]), []).append(t)
+    pair_bw: dict[tuple[str, str], float] = {}
+    for pair in pairs:
+        ts = by_pair.get(tuple(pair), [])
+        if not ts:
+            continue
+        t_us = statistics.fmean(t["time_us"] for t in ts)
+        alg = algbw_gbps(ts[0]["bytes"], t_us / 1e6)
+        names = [result.rank_nodes[r] if mode == "node" else str(r) for r in pair]
+        bus = busbw_gbps(alg, 2)
+        result.pairs.append(
+            {
+                "ranks": list(pair),
+                "names": names,
+                "bytes": ts[0]["bytes"],
+                "time_us": t_us,
+                "algbw": alg,
+                "busbw": bus,
+            }
+        )
+        pair_bw[(names[0], names[1])] = bus
+    result.pair_mode = mode
+    result.slow = find_slow_links(pair_bw)

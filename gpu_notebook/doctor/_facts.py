@@ -315,64 +315,65 @@ def _nvml_facts() -> NvmlFacts:
             "driver": _proc_driver_version(),
             "gpu_count": _proc_gpu_count(),
         }
-
-    def _s(x: Any) -> str:
-        return x.decode() if isinstance(x, bytes) else str(x)
-
-    def _try(fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            value = fn(*args)
-        except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
-            return None
-        return value.decode() if isinstance(value, bytes) else value
-
     try:
         out: NvmlFacts = {"available": True}
-        out["driver"] = _try(pynvml.nvmlSystemGetDriverVersion)
-        out["cuda_driver"] = _try(pynvml.nvmlSystemGetCudaDriverVersion_v2) or _try(
+        out["driver"] = _nvml_try(pynvml.nvmlSystemGetDriverVersion)
+        out["cuda_driver"] = _nvml_try(pynvml.nvmlSystemGetCudaDriverVersion_v2) or _nvml_try(
             pynvml.nvmlSystemGetCudaDriverVersion
         )
-        throttle_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
-        )
-        uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-        gpus: list[NvmlGpu] = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            remap = _try(pynvml.nvmlDeviceGetRemappedRows, h)
-            pci = _try(pynvml.nvmlDeviceGetPciInfo, h)
-            ecc_mode = _try(pynvml.nvmlDeviceGetEccMode, h)
-            cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
-            throttle = _try(throttle_fn, h) if throttle_fn else None
-            persistence = _try(pynvml.nvmlDeviceGetPersistenceMode, h)
-            gpus.append(
-                {
-                    "index": i,
-                    "name": _try(pynvml.nvmlDeviceGetName, h),
-                    "uuid": _try(pynvml.nvmlDeviceGetUUID, h),
-                    "cc": list(cc) if cc else None,
-                    "pci_bus_id": _s(pci.busId) if pci is not None else None,
-                    "ecc_mode": ecc_mode[0] if ecc_mode else None,
-                    "ecc_uncorrected_volatile": _try(
-                        pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_VOLATILE_ECC
-                    ),
-                    "ecc_uncorrected_aggregate": _try(
-                        pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_AGGREGATE_ECC
-                    ),
-                    "remap_pending": bool(remap[2]) if remap else None,
-                    "remap_failure": bool(remap[3]) if remap else None,
-                    "throttle_mask": int(throttle) if throttle is not None else None,
-                    "persistence": int(persistence) if persistence is not None else None,
-                    "temperature_c": _try(pynvml.nvmlDeviceGetTemperature, h, 0),
-                }
-            )
-        out["gpus"] = gpus
+        out["gpus"] = [_nvml_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount())]
         return out
     finally:
         try:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - the facts are read; a failing shutdown changes none of them
             pass
+
+
+def _nvml_try(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with bytes decoded, or None when this GPU or driver does not support the query."""
+    try:
+        value = fn(*args)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml_gpu(pynvml: Any, i: int) -> NvmlGpu:
+    """What NVML says about GPU ``i``: identity, ECC and row remapping, throttle reasons, persistence."""
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    throttle_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+    )
+    uncorrected = getattr(pynvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    remap = _nvml_try(pynvml.nvmlDeviceGetRemappedRows, h)
+    pci = _nvml_try(pynvml.nvmlDeviceGetPciInfo, h)
+    ecc_mode = _nvml_try(pynvml.nvmlDeviceGetEccMode, h)
+    cc = _nvml_try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
+    throttle = _nvml_try(throttle_fn, h) if throttle_fn else None
+    persistence = _nvml_try(pynvml.nvmlDeviceGetPersistenceMode, h)
+    bus_id = pci.busId if pci is not None else None
+    return {
+        "index": i,
+        "name": _nvml_try(pynvml.nvmlDeviceGetName, h),
+        "uuid": _nvml_try(pynvml.nvmlDeviceGetUUID, h),
+        "cc": list(cc) if cc else None,
+        "pci_bus_id": (bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id))
+        if pci is not None
+        else None,
+        "ecc_mode": ecc_mode[0] if ecc_mode else None,
+        "ecc_uncorrected_volatile": _nvml_try(
+            pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_VOLATILE_ECC
+        ),
+        "ecc_uncorrected_aggregate": _nvml_try(
+            pynvml.nvmlDeviceGetTotalEccErrors, h, uncorrected, pynvml.NVML_AGGREGATE_ECC
+        ),
+        "remap_pending": bool(remap[2]) if remap else None,
+        "remap_failure": bool(remap[3]) if remap else None,
+        "throttle_mask": int(throttle) if throttle is not None else None,
+        "persistence": int(persistence) if persistence is not None else None,
+        "temperature_c": _nvml_try(pynvml.nvmlDeviceGetTemperature, h, 0),
+    }
 
 
 def _infiniband() -> list[str]:

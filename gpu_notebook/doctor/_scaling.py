@@ -52,12 +52,10 @@ def scaling_train(
     """
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = dist.get_rank()
     on_gpu = "nccl" in str(dist.get_backend())
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     hidden = hidden or (4096 if on_gpu else 256)
     batch = batch or (256 if on_gpu else 64)
     threads = torch.get_num_threads()
@@ -71,34 +69,10 @@ def scaling_train(
             what = f"training on {k} worker(s)"
             group = bench_group(list(range(k)), collective_timeout)
             if rank < k:
-                torch.manual_seed(seed)
-                mods: list[Any] = []
-                for _ in range(layers):
-                    mods += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
-                model = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 10)).to(device)
-                ddp = DDP(model, process_group=group, device_ids=[device.index] if on_gpu else None)
-                opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-                gen = torch.Generator(device="cpu").manual_seed(seed + rank)
-                x = torch.randn(batch, hidden, generator=gen).to(device)
-                y = torch.randint(0, 10, (batch,), generator=gen).to(device)
-                loss_fn = torch.nn.CrossEntropyLoss()
-                for _ in range(warmup_steps):
-                    _train_step(ddp, opt, loss_fn, x, y)
-                sync()
-                dist.barrier(group=group)
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    _train_step(ddp, opt, loss_fn, x, y)
-                sync()
-                out.append(
-                    {
-                        "workers": k,
-                        "elapsed": time.perf_counter() - t0,
-                        "samples": batch * steps,
-                        "steps": steps,
-                    }
+                elapsed = _train_timed(
+                    group, device, hidden, batch, layers, (seed, seed + rank), steps, warmup_steps
                 )
-                del ddp, model, opt
+                out.append({"workers": k, "elapsed": elapsed, "samples": batch * steps, "steps": steps})
             dist.barrier(group=everyone)
             free_group(group)
         free_group(everyone)
@@ -111,6 +85,49 @@ def scaling_train(
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+def _train_timed(
+    group: Any,
+    device: Any,
+    hidden: int,
+    batch: int,
+    layers: int,
+    seeds: tuple[int, int],
+    steps: int,
+    warmup_steps: int,
+) -> float:
+    """DDP-train a fresh MLP on one synthetic batch in ``group``; seconds for ``steps`` steps after warm-up.
+
+    ``seeds`` is ``(model seed, data seed)``: every rank builds the same model from the first, and its own
+    batch from the second.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    on_gpu = device.type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    torch.manual_seed(seeds[0])
+    mods: list[Any] = []
+    for _ in range(layers):
+        mods += [torch.nn.Linear(hidden, hidden), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 10)).to(device)
+    ddp = DDP(model, process_group=group, device_ids=[device.index] if on_gpu else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator(device="cpu").manual_seed(seeds[1])
+    x = torch.randn(batch, hidden, generator=gen).to(device)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(device)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for _ in range(warmup_steps):
+        _train_step(ddp, opt, loss_fn, x, y)
+    sync()
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        _train_step(ddp, opt, loss_fn, x, y)
+    sync()
+    return time.perf_counter() - t0
 
 
 def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
