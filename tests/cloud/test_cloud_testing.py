@@ -47,3 +47,26 @@ def test_moto_server_sets_and_restores_the_environment(monkeypatch):
         assert m.client().describe_regions()["Regions"]
     assert os.environ["AWS_ACCESS_KEY_ID"] == "real-looking-id" and os.environ["AWS_PROFILE"] == "prod"
     assert "AWS_ENDPOINT_URL" not in os.environ
+
+
+def test_the_library_never_imports_the_fakes():
+    """gpu_notebook.testing sits above the library: importing every library module loads none of it."""
+    import sys
+
+    code = (
+        "import importlib, pathlib, sys, gpu_notebook\n"
+        "root = pathlib.Path(gpu_notebook.__file__).parent\n"
+        "for path in sorted(root.rglob('*.py')):\n"
+        "    parts = path.relative_to(root.parent).with_suffix('').parts\n"
+        "    if parts[1:2] in (('testing',), ('magics',), ('widgets',)) or parts[-1] == '__main__':\n"
+        "        continue\n"
+        "    name = '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "print(sorted(n for n in sys.modules if n.startswith('gpu_notebook.testing')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
