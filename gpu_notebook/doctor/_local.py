@@ -62,7 +62,7 @@ def _worker_main(
             outbox.put((call_id, rank, None, traceback.format_exc()))
     try:
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - the worker exits anyway; its peers may be gone already
         pass
 
 
@@ -194,7 +194,7 @@ class LocalGroup:
         for inbox in self._inboxes:
             try:
                 inbox.put(None)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - a broken queue: the worker is terminated below
                 pass
         for proc in self._procs:
             proc.join(timeout=10)
