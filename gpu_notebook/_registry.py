@@ -13,7 +13,7 @@ Invariants:
 * At interpreter exit, clusters are stopped (their workers, a local Ray we started, cloud nodes) before
   Ray's own exit hook runs, and every object registered with :func:`stop_at_exit` is told to stop.
 
-This module imports nothing of ours but :mod:`gpu_notebook.errors`.
+This module imports nothing of ours: it is the bottom layer every package may ask.
 """
 
 from __future__ import annotations
@@ -204,10 +204,6 @@ class PerCluster(Generic[T]):
         with self._lock:
             if self._items.get(cluster) is value:
                 del self._items[cluster]
-
-    def values(self) -> list[T]:
-        with self._lock:
-            return list(self._items.values())
 
 
 #: The shared, started monitor of each cluster (and of :data:`LOCAL`): what ``monitor_for`` hands out.

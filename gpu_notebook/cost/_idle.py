@@ -80,7 +80,7 @@ class CpuUtilisation:
 def _cluster_has_gpus(cluster: Any) -> bool:
     try:
         return any(float((n.get("Resources") or {}).get("GPU", 0)) > 0 for n in cluster.ray_nodes())
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - Ray unreachable (any Ray error): idle stop falls back to the CPU
         return False
 
 

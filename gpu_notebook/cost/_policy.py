@@ -75,7 +75,7 @@ def stop_and_report(policy: _Stoppable, reason: str, parts: list[str]) -> str:
         elif policy.cluster is not None:
             _stop_cluster(policy.cluster, reason)
         parts.append("workers stopped")
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - a failed stop is reported in the policy's message, never raised
         parts.append(f"stopping the workers FAILED ({type(e).__name__}: {e}); stop them yourself")
     policy.message = "; ".join(parts)
     policy.notify(policy.message)

@@ -84,7 +84,7 @@ class PolicyWatcher:
         while not self._stop.wait(self.interval_s):
             try:
                 self.tick()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - the watcher thread outlives a failed round: the next one retries
                 log.warning("cost policy tick failed: %s", e)
             if all(getattr(p, "state", "") == "stopped" for p in self.policies) and self.policies:
                 break
