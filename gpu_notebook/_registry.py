@@ -249,6 +249,7 @@ _CHECKPOINTER_MODULES = (
 
 _AT_EXIT: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
 _AT_EXIT_LOCK = threading.Lock()
+_AT_EXIT_HOOKED = False
 
 
 def stop_at_exit(obj: Any, stop: Callable[[Any], None]) -> None:
@@ -256,11 +257,16 @@ def stop_at_exit(obj: Any, stop: Callable[[Any], None]) -> None:
 
     ``stop`` should only signal (set an event): threads are daemons, and exit must not wait on a network.
     """
+    global _AT_EXIT_HOOKED
     with _AT_EXIT_LOCK:
         _AT_EXIT[obj] = stop
+        if not _AT_EXIT_HOOKED:
+            # registered with the first object, not at import: atexit runs the later hooks first, so these
+            # signals come before the exit hooks of whatever (Ray) was set up before that object existed
+            atexit.register(_stop_registered)
+            _AT_EXIT_HOOKED = True
 
 
-@atexit.register
 def _stop_registered() -> None:
     with _AT_EXIT_LOCK:
         items = list(_AT_EXIT.items())
