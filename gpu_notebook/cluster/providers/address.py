@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_notebook._registry import ClusterManager
+
 from .base import Provider, ProviderCluster
 
 __all__ = ["AddressProvider", "address_name"]
@@ -17,8 +19,8 @@ class AddressProvider(Provider):
 
     kind = "address"
 
-    def default_name(self, cluster: ProviderCluster, taken: Any) -> str:
-        return str(taken.unique_name(address_name(cluster.address or "auto")))
+    def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
+        return taken.unique_name(address_name(cluster.address or "auto"))
 
 
 def address_name(address: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gpu_notebook._display import Progress
+from gpu_notebook._registry import ClusterManager
 from gpu_notebook.distributed import GroupTimeouts
 
 __all__ = ["Provider", "ProviderCluster"]
@@ -49,9 +50,9 @@ class Provider:
     #: What ``Cluster.kind`` and ``%gpu_cluster list`` show.
     kind = "?"
 
-    def default_name(self, cluster: ProviderCluster, taken: Any) -> str:
+    def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
         """A name for an unnamed cluster; ``taken.unique_name(base)`` avoids the names in use."""
-        return str(taken.unique_name(self.kind))
+        return taken.unique_name(self.kind)
 
     def launch(self, cluster: ProviderCluster, say: Progress) -> None:
         """Make the Ray cluster exist (nothing to do for one that already does)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_notebook import cloud
 from gpu_notebook._display import Progress
-from gpu_notebook._registry import get_manager
+from gpu_notebook._registry import ClusterManager, get_manager
 from gpu_notebook.cloud import _reaper
 from gpu_notebook.cluster import _connect
 from gpu_notebook.cluster._errors import ClusterError
@@ -66,7 +66,7 @@ class CloudProvider(Provider):
         self.reaper: Any = None  # a gpu_notebook.cloud._reaper.Reaper while the nodes may be running
         self._ranks: int | None = None
 
-    def default_name(self, cluster: ProviderCluster, taken: Any) -> str:
+    def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
         return str(cloud_spec(cluster).name)  # a valid cloud name (tags, labels), kept for the launch
 
     def plan(self, cluster: ProviderCluster) -> Any:
