@@ -9,6 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
+from gpu_notebook import checkpoint
 from gpu_notebook.errors import GpuNotebookError
 from gpu_notebook.magics._common import BadArguments, MagicError, error, parse, reported
 
@@ -117,8 +118,6 @@ class CheckpointMagics(Magics):
         if refused:
             error(refused)
             return None
-        from gpu_notebook import checkpoint
-
         with reported(self.gpu_checkpoint):
             try:
                 return getattr(self, f"_cmd_{args.command}")(args, checkpoint)

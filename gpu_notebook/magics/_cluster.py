@@ -8,6 +8,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from gpu_notebook.cloud import CloudLauncher, active_states
+from gpu_notebook.cluster import Cluster, get_manager
+from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local, parse_size
 from gpu_notebook.magics._common import (
     BadArguments,
     MagicError,
@@ -225,8 +228,6 @@ class ClusterMagics(Magics):
             raise UsageError(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
 
     def _cmd_start(self, args: Any) -> None:
-        from gpu_notebook.cluster import Cluster
-
         self._no_extra(args)
         if args.budget is not None and args.budget <= 0:
             raise UsageError("--budget must be a positive amount of US dollars")
@@ -273,8 +274,6 @@ class ClusterMagics(Magics):
 
     def _refuse_second_start(self) -> None:
         """Re-running the start cell must not start a second cluster next to the first: that takes a name."""
-        from gpu_notebook.cluster import get_manager
-
         manager = get_manager()
         running = [c for c in manager.list() if c.running]
         if not running:
@@ -288,11 +287,7 @@ class ClusterMagics(Magics):
         )
 
     def _cmd_status(self, args: Any) -> None:
-        from gpu_notebook.cluster import get_manager
-
         if args.args and get_manager().get(args.args[0], None) is None and _saved_cloud(args.args[0]):
-            from gpu_notebook.cloud import CloudLauncher
-
             info = CloudLauncher().status(args.args[0])
             show(info["state"])
             nodes = info.get("nodes")
@@ -304,16 +299,12 @@ class ClusterMagics(Magics):
         show(cluster.status())
 
     def _cmd_stop(self, args: Any) -> None:
-        from gpu_notebook.cluster import get_manager
-
         if args.all:
             for msg in get_manager().stop_all("stopped by the user"):
                 print(msg)
             return
         if args.args and get_manager().get(args.args[0], None) is None and _saved_cloud(args.args[0]):
             # a cloud cluster a previous kernel started: tear it down from its saved state
-            from gpu_notebook.cloud import CloudLauncher
-
             show(CloudLauncher().teardown(args.args[0], progress=progress_printer()))
             return
         print(self._pick(args).stop())
@@ -335,8 +326,6 @@ class ClusterMagics(Magics):
         print(self._pick(args).restart(progress=progress_printer()))
 
     def _cmd_doctor(self, args: Any) -> None:
-        from gpu_notebook.doctor import diagnose, diagnose_local
-
         show(diagnose_local() if args.local else diagnose(self._pick(args)))
 
     def _cmd_bench(self, args: Any) -> None:
@@ -351,8 +340,6 @@ class ClusterMagics(Magics):
         )
         max_bytes = 0
         if kind == "allreduce":
-            from gpu_notebook.doctor._bench import parse_size
-
             try:
                 max_bytes = parse_size(args.max_bytes)
             except ValueError as exc:
@@ -363,17 +350,11 @@ class ClusterMagics(Magics):
             raise UsageError("--steps must be at least 1")
         cluster = current_cluster()
         if kind == "allreduce":
-            from gpu_notebook.doctor import bench_allreduce
-
             show(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
         else:
-            from gpu_notebook.doctor import bench_scaling
-
             show(bench_scaling(cluster, steps=args.steps))
 
     def _cmd_list(self, args: Any) -> None:
-        from gpu_notebook.cluster import get_manager
-
         self._no_extra(args)
         manager = get_manager()
         clusters = manager.list()
@@ -394,8 +375,6 @@ class ClusterMagics(Magics):
     def _cmd_use(self, args: Any) -> None:
         if len(args.args) != 1:
             raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
-        from gpu_notebook.cluster import get_manager
-
         c = get_manager().use(cluster_named(args.args[0]).name)
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
 
@@ -418,11 +397,8 @@ class ClusterMagics(Magics):
 
 
 def _saved_cloud_states() -> list[Any]:
-    try:
-        from gpu_notebook.cloud import active_states
-    except ImportError:
-        return []
-    return active_states()
+    """The cloud clusters an earlier kernel started and did not tear down (their saved state)."""
+    return list(active_states())
 
 
 def _saved_cloud(name: str) -> bool:

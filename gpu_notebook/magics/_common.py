@@ -15,15 +15,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
+from gpu_notebook.cluster import Cluster, get_manager
 from gpu_notebook.errors import GpuNotebookError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.cluster import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -143,8 +141,6 @@ class reported:
 
 def current_cluster() -> Cluster:
     """The current cluster, or a :class:`MagicError` that says how to start one."""
-    from gpu_notebook.cluster import get_manager
-
     try:
         return get_manager().require_current()
     except LookupError as exc:  # require_current's "no cluster is running: start one with ..."
@@ -153,8 +149,6 @@ def current_cluster() -> Cluster:
 
 def cluster_named(name: str) -> Cluster:
     """The cluster called ``name``, or a :class:`MagicError` that lists the clusters there are."""
-    from gpu_notebook.cluster import get_manager
-
     try:
         cluster: Cluster = get_manager().get(name)
     except KeyError as exc:  # get's "no cluster named 'x'; clusters: ..."

@@ -10,7 +10,11 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 
+from gpu_notebook.catalog import get_catalog
+from gpu_notebook.cluster import get_manager
+from gpu_notebook.cost import attach_policies, cost_meter_for, describe, watcher_for
 from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported, usage_errors
+from gpu_notebook.widgets import cost_view
 
 COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
 
@@ -64,8 +68,6 @@ class CostMagics(Magics):
 
     @staticmethod
     def _meter() -> Any:
-        from gpu_notebook.cluster import get_manager
-        from gpu_notebook.cost import cost_meter_for
 
         cluster = get_manager().current
         if cluster is None:
@@ -79,8 +81,6 @@ class CostMagics(Magics):
         if args.text:
             print(meter.snapshot())
             return
-        from gpu_notebook.widgets import cost_view
-
         view = cost_view(meter, interval=args.refresh)
         if hasattr(view, "show"):
             self._widgets.append(view)
@@ -92,8 +92,6 @@ class CostMagics(Magics):
         print(self._meter().snapshot())
 
     def _cmd_policies(self, args: Any) -> None:
-        from gpu_notebook.cluster import get_manager
-        from gpu_notebook.cost import attach_policies, describe, watcher_for
 
         cluster = get_manager().current
         if cluster is None:
@@ -111,7 +109,6 @@ class CostMagics(Magics):
         print(f"cluster {cluster.name!r}: {describe(w)}")
 
     def _cmd_catalog(self, args: Any) -> None:
-        from gpu_notebook.catalog import get_catalog
 
         cat = get_catalog()
         rows = cat.table(cloud=args.cloud, gpu=args.gpu, region=args.region)
@@ -149,7 +146,6 @@ class CostMagics(Magics):
         )
 
     def _cmd_refresh(self, args: Any) -> None:
-        from gpu_notebook.catalog import get_catalog
 
         clouds = [args.cloud] if args.cloud else None
         regions = [args.region] if args.region else None

@@ -10,6 +10,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.distributed import CellResult, format_ranks, parse_ranks
+from gpu_notebook.doctor import parse_size
 from gpu_notebook.magics._common import (
     BadArguments,
     MagicError,
@@ -85,8 +86,6 @@ def _result_size(text: str) -> int:
     """``--max-result``: ``256M``, ``2G``, ``65536``; ``0`` (or ``none``) for no limit."""
     if text.strip().lower() in ("0", "none", "unlimited"):
         return 0
-    from gpu_notebook.doctor._bench import parse_size
-
     return parse_size(text)
 
 

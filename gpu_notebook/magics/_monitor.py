@@ -12,6 +12,7 @@ from IPython.display import HTML, display
 from traitlets import Float
 
 from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported
+from gpu_notebook.monitor import monitor_for, running_monitor
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
@@ -100,8 +101,6 @@ class MonitorMagics(Magics):
 
     @staticmethod
     def _monitor(args: Any) -> Any:
-        from gpu_notebook.monitor import monitor_for
-
         return monitor_for(
             local=args.local,
             interval=args.interval,
@@ -119,8 +118,6 @@ class MonitorMagics(Magics):
 
     @staticmethod
     def _running(args: Any) -> Any:
-        from gpu_notebook.monitor import running_monitor
-
         return running_monitor(local=args.local)
 
     def _cmd_stop(self, args: Any) -> None:

@@ -17,12 +17,12 @@ def _run(ip, cell: str):
 
 
 def _catalog_raising(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> None:
-    import gpu_notebook.catalog
+    import gpu_notebook.magics._cost
 
     def get_catalog():
         raise exc
 
-    monkeypatch.setattr(gpu_notebook.catalog, "get_catalog", get_catalog)
+    monkeypatch.setattr(gpu_notebook.magics._cost, "get_catalog", get_catalog)
 
 
 def test_our_error_is_one_line_and_the_cell_does_not_fail(ip, monkeypatch: pytest.MonkeyPatch) -> None:

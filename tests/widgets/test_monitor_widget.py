@@ -258,3 +258,27 @@ def test_busy_kernel_refreshes_less_often(wire: Wire) -> None:
         assert deferred >= 3 and busy_refreshes <= 3  # at most the first one plus one per busy_interval
     finally:
         mon.stop()
+
+
+def test_busy_kernel_defers_timer_ticks(wire: Wire) -> None:
+    # the same policy as above without depending on how much CPU this machine gives the main thread
+    from gpu_notebook.widgets import MonitorWidget
+
+    mon = Monitor.local(nvml=lambda: FakeNVML(1), interval=0.1, pull_interval=0.1).start()
+    try:
+        now = [1000.0]
+        w = MonitorWidget(mon, interval=0.1, busy_interval=2.0, autostart=False, clock=lambda: now[0])
+        load = [0.9]
+        w._load.share = lambda: load[0]  # the main thread used 90% of a core since the last tick
+        refreshes = w.refreshes
+        for _ in range(5):
+            now[0] += 0.1
+            w._tick()
+        assert w.deferred == 5 and w.refreshes == refreshes  # busy, and the last refresh is under 2 s old
+        now[0] += 2.0
+        w._tick()  # busy, but busy_interval has passed: one refresh
+        load[0] = 0.1
+        w._tick()  # idle: refresh at interval
+        assert w.deferred == 5 and w.refreshes + w.unchanged + w.skipped == refreshes + 2  # both ticks tried
+    finally:
+        mon.stop()
