@@ -283,6 +283,7 @@ class WorkerGroup:
         self._end_workers()
 
     def _end_workers(self) -> None:
+        """Ask every worker (ranked or only started) to leave the process group, kill them, free the reservation."""
         ray = _ray()
         actors = [w.actor for w in self.workers] + self._spawned
         if actors:
@@ -578,9 +579,11 @@ class WorkerGroup:
         return []
 
     def _recover(self, why: str, say: Progress) -> str:
+        """Rebuild the group after ``why`` unless it is being stopped; the note for the cell."""
         return _recovery.rebuild(why, self.size, lambda: self._stopping, lambda: self._restart(say), say)
 
     def _interrupt(self, ranks: Sequence[int], workers: Sequence[Worker] | None = None) -> None:
+        """Raise KeyboardInterrupt in the running code of ``ranks`` (those not known dead)."""
         ray = _ray()
         workers = self.workers if workers is None else workers
         try:
@@ -593,6 +596,7 @@ class WorkerGroup:
 
 
 def _kill(actors: Sequence[Any]) -> None:
+    """End the actors' processes now (no restart)."""
     ray = _ray()
     for a in actors:
         try:
