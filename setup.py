@@ -13,8 +13,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "gpu_notebook.checkpoint._planes",
-            ["gpu_notebook/checkpoint/_planes.c"],
+            "gpu_notebook.checkpoint.format._planes",
+            ["gpu_notebook/checkpoint/format/_planes.c"],
             extra_compile_args=[] if sys.platform == "win32" else ["-O3"],
             optional=os.environ.get("GPU_NOTEBOOK_BUILD_NATIVE", "") != "require",
         )

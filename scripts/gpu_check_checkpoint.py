@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpu_notebook.checkpoint import Checkpointer
-    from gpu_notebook.checkpoint._codec import native_kernels
+    from gpu_notebook.checkpoint.format.codec import native_kernels
 
     dev = torch.device("cpu" if args.cpu else "cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"FAIL: restored {k} differs (or is on {g.device})")
                     ok = False
             del host
-        pinned = len(ck._pinned)
+        pinned = ck._buffers.n_pinned
         print(f"page-locked snapshot buffers: {pinned} (parameters {n_params / 1e6:.0f} M)")
         if dev.type == "cuda" and pinned == 0:
             print("FAIL: the GPU snapshot did not use page-locked buffers")

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from gpu_notebook.checkpoint import Checkpointer
-    from gpu_notebook.checkpoint._codec import native_kernels
+    from gpu_notebook.checkpoint.format.codec import native_kernels
 
     cores = os.cpu_count() or 1
     threads = [t for t in (1, 2, 4, 8, 16) if t <= max(2, cores)]

@@ -11,7 +11,7 @@ The format is described in ``docs/checkpoint-format.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 __all__ = [
     "Checkpointer",
@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointList",
     "GcResult",
     "DiffResult",
+    "ShowResult",
     "Store",
     "LocalStore",
     "S3Store",
@@ -40,10 +41,10 @@ __all__ = [
     "FORMAT_VERSION",
     "PreemptionWatcher",
     "PreemptionNotice",
-    "FakeMetadataServer",
     "detect_cloud",
 ]
 
+from .._lazy import lazy_module
 from ._errors import (
     CheckpointError,
     CheckpointSaveError,
@@ -55,42 +56,30 @@ from ._errors import (
     StoreError,
     UnsafeValueError,
 )
-from ._manifest import FORMAT_VERSION, CheckpointInfo, CheckpointList
-from ._store import LocalStore, ObjectInfo, Store, open_store
+from .format.manifest import FORMAT_VERSION, CheckpointInfo, CheckpointList
+from .stores import LocalStore, ObjectInfo, S3Store, Store, open_store
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._checkpointer import Checkpointer, DiffResult, GcResult, SaveHandle, current
-    from ._fake_metadata import FakeMetadataServer
     from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
-    from ._s3 import S3Store
+    from .checkpointer import Checkpointer, current
+    from .results import DiffResult, GcResult, ShowResult
+    from .save.handle import SaveHandle
 
-_LAZY = {
-    "Checkpointer": "._checkpointer",
-    "SaveHandle": "._checkpointer",
-    "GcResult": "._checkpointer",
-    "DiffResult": "._checkpointer",
-    "current": "._checkpointer",
-    "S3Store": "._s3",
-    "rng_state": "._rng",
-    "set_rng_state": "._rng",
-    "PreemptionWatcher": "._preemption",
-    "PreemptionNotice": "._preemption",
-    "detect_cloud": "._preemption",
-    "FakeMetadataServer": "._fake_metadata",
-}
-
-
-def __getattr__(name: str) -> Any:
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(mod, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    __all__,
+    {
+        "Checkpointer": ".checkpointer",
+        "SaveHandle": ".save.handle",
+        "current": ".checkpointer",
+        "GcResult": ".results",
+        "DiffResult": ".results",
+        "ShowResult": ".results",
+        "rng_state": "._rng",
+        "set_rng_state": "._rng",
+        "PreemptionWatcher": "._preemption",
+        "PreemptionNotice": "._preemption",
+        "detect_cloud": "._preemption",
+    },
+)

@@ -13,6 +13,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .._display import fmt_bytes
+
 __all__ = ["Progress", "in_notebook"]
 
 ProgressFn = Callable[[str, int, int, float], None]
@@ -30,18 +32,10 @@ def in_notebook() -> bool:
     return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
 
 
-def _fmt(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
-
-
 def describe(label: str, done: int, total: int, elapsed: float) -> str:
     speed = done / elapsed if elapsed > 0 else 0.0
     pct = 100.0 * done / total if total else 100.0
-    return f"{label}: {_fmt(done)} / {_fmt(total)} ({pct:.0f}%) at {_fmt(speed)}/s, {elapsed:.1f} s"
+    return f"{label}: {fmt_bytes(done)} / {fmt_bytes(total)} ({pct:.0f}%) at {fmt_bytes(speed)}/s, {elapsed:.1f} s"
 
 
 class _NotebookLine:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_notebook.checkpoint._codec import (
+from gpu_notebook.checkpoint.format.codec import (
     FRAME_MAGIC,
     _encode_variant,
     _median_offset,

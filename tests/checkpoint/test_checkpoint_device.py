@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from gpu_notebook.checkpoint import Checkpointer
-from gpu_notebook.checkpoint._tree import flatten, wait_for_copies
+from gpu_notebook.checkpoint.format.tree import flatten, wait_for_copies
+from gpu_notebook.checkpoint.snapshot import BufferPool
 
 pytestmark = pytest.mark.timeout(180)
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_checkpoint.py"
@@ -24,12 +25,12 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_ch
 def test_pinned_request_without_cuda_gives_ordinary_recyclable_memory(tmp_path: pathlib.Path) -> None:
     ck = Checkpointer(tmp_path, progress=False)
     try:
-        a = ck._alloc(1024, pinned=True)
+        a = ck._buffers.alloc(1024, pinned=True)
         assert isinstance(a, np.ndarray) and a.nbytes == 1024 and a.flags.writeable
         if not torch.cuda.is_available():
-            assert a.base is None and len(ck._pinned) == 0
-        ck._recycle({"x": {"data": a}})
-        assert ck._alloc(1024) is a  # ordinary memory goes back to the ordinary pool
+            assert a.base is None and ck._buffers.n_pinned == 0
+        ck._buffers.recycle({"x": {"data": a}})
+        assert ck._buffers.alloc(1024) is a  # ordinary memory goes back to the ordinary pool
     finally:
         ck.close()
 
@@ -39,13 +40,15 @@ def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path)
     ck = Checkpointer(tmp_path, progress=False)
     try:
         pinned = torch.empty(64, dtype=torch.uint8).numpy()  # a tensor-backed array, like a pinned one
-        ck._pinned[id(pinned)] = pinned
+        ck._buffers._pinned[id(pinned)] = pinned
         plain = np.empty(64, dtype=np.uint8)
         view = np.empty(128, dtype=np.uint8)[:64]  # a view: never recycled (its owner may be in use)
-        ck._recycle({"a": {"data": pinned}, "b": {"data": plain}, "c": {"data": view}, "d": {"data": plain}})
-        assert ck._alloc(64, pinned=True) is pinned
-        assert ck._alloc(64) is plain
-        got = ck._alloc(64)
+        ck._buffers.recycle(
+            {"a": {"data": pinned}, "b": {"data": plain}, "c": {"data": view}, "d": {"data": plain}}
+        )
+        assert ck._buffers.alloc(64, pinned=True) is pinned
+        assert ck._buffers.alloc(64) is plain
+        got = ck._buffers.alloc(64)
         assert got is not view and got is not plain and got is not pinned
     finally:
         ck.close()
@@ -95,10 +98,10 @@ def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: 
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
         ck.save(state, 0, block=True)
         ck._executor.submit(lambda: None).result(timeout=60)  # the buffers are faulted in after the save
-        ready = {id(b) for lst in ck._free.values() for b in lst}
-        assert sorted(ck._free) == [400, 4000] and len(ready) == 2  # one touched buffer per tensor
+        ready = {id(b) for lst in ck._buffers._free.values() for b in lst}
+        assert sorted(ck._buffers._free) == [400, 4000] and len(ready) == 2  # one touched buffer per tensor
         ck.save(state, 1, block=True)
-        used = {id(sh["data"]) for sh in ck._shadow.values()}
+        used = {id(sh["data"]) for sh in ck._lineage.shadow.values()}
         assert used == ready  # the second snapshot went into them
         assert torch.equal(ck.restore()["a"], state["a"])
     finally:
@@ -114,14 +117,14 @@ def test_first_save_resolves_before_the_next_buffers_are_faulted_in(
 
     release = threading.Event()
     started = threading.Event()
-    real = Checkpointer._prefault
+    real = BufferPool.prefault
 
-    def slow_prefault(self: Checkpointer, leaves: list) -> None:
+    def slow_prefault(self: BufferPool, leaves: list) -> None:
         started.set()
         assert release.wait(60)
         real(self, leaves)
 
-    monkeypatch.setattr(Checkpointer, "_prefault", slow_prefault)
+    monkeypatch.setattr(BufferPool, "prefault", slow_prefault)
     ck = Checkpointer(tmp_path, progress=False, preemption=None)
     try:
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import gpu_notebook.checkpoint._checkpointer as ckmod
+import gpu_notebook.checkpoint.checkpointer as ckmod
 from gpu_notebook.checkpoint import Checkpointer
-from gpu_notebook.checkpoint._manifest import FORMAT_VERSION, doc_hash, hash_fn
+from gpu_notebook.checkpoint.format.manifest import FORMAT_VERSION, doc_hash, hash_fn
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -226,7 +226,7 @@ def test_a_full_base_bounds_what_a_restore_reads(tmp_path: Path) -> None:
             w = w + torch.randn(100_000, generator=g) * 1e-3 * w.abs()
             ckpt.save({"w": w}, step=step, block=True)
         kinds[ratio] = ["B" if c.is_base else "d" for c in ckpt.list()]
-        reads[ratio] = [ckpt.show(c.id)["restore"]["bytes"] for c in ckpt.list()]
+        reads[ratio] = [ckpt.show(c.id).restore["bytes"] for c in ckpt.list()]
         assert torch.equal(Checkpointer(tmp_path / str(ratio)).restore()["w"], w)
     full = reads[3.0][0]
     assert max(reads[None]) > 3 * full, reads  # the test means something: unbounded chains read more
@@ -266,7 +266,7 @@ def test_small_tensors_are_packed(tmp_path: Path) -> None:
 def test_pack_size_follows_the_previous_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a save closes its packs at a share of what the previous save of its kind wrote, so that most packs are
     # uploaded while the encoding goes on and the one uploaded after it is small
-    from gpu_notebook.checkpoint import _checkpointer as ck_mod
+    from gpu_notebook.checkpoint.save import plan as ck_mod
 
     monkeypatch.setattr(ck_mod, "_PACK_MIN", 64 * 1024)
     g = torch.Generator().manual_seed(0)
@@ -322,7 +322,7 @@ def test_restore_decodes_chains_as_their_frames_arrive(tmp_path: Path) -> None:
     for threads in (1, 3):
         reader = Checkpointer(SlowOldReads(tmp_path), threads=threads)
         got = reader.restore()
-        assert reader.show()["restore"]["max_depth"] == 3
+        assert reader.show().restore["max_depth"] == 3
         for k, v in state.items():
             assert torch.equal(got[k].view(torch.int32), v.view(torch.int32)), (threads, k)
         assert got["tied"].data_ptr() != got["w0"].data_ptr()
@@ -489,7 +489,7 @@ def test_encoding_choices_are_reused_across_saves_and_stay_bit_exact(tmp_path: P
     for step in range(6):
         _train(model, opt, 2)
         ckpt.save({"model": model, "optim": opt, "step": step}, block=True)
-    assert ckpt._hints  # choices made by the first delta were remembered
+    assert ckpt._lineage.hints  # choices made by the first delta were remembered
     got = ckpt.restore()
     for k, v in model.state_dict().items():
         assert torch.equal(got["model"][k].view(torch.uint8), v.view(torch.uint8)), k
@@ -652,7 +652,7 @@ def test_gc_keeps_delta_chain_bases(tmp_path: Path) -> None:
     before = {c.step: ckpt.restore(c.id)["w"] for c in ckpt.list()}
     res = ckpt.gc(keep=2, grace_s=0)  # keeps steps 4 and 5; 5 is a delta on 4
     assert [c.step for c in ckpt.list()] == [4, 5]
-    assert len(res["manifests"]) == 4 and res["objects"]
+    assert len(res.manifests) == 4 and res.objects
     for c in ckpt.list():
         assert torch.equal(ckpt.restore(c.id)["w"], before[c.step])
     res = ckpt.gc(keep=1, grace_s=0)  # keep step 5 only: its base (step 4's chunks) must survive
@@ -673,8 +673,8 @@ def test_gc_grace_window_protects_new_objects(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save({"w": torch.randn(1000), "step": 0}, block=True)
     ckpt.store.put("objects/ff/ff" + "0" * 62, b"in-flight upload")
-    assert ckpt.gc(keep=1, grace_s=3600)["objects"] == []
-    assert ckpt.gc(keep=1, grace_s=0)["objects"] == ["objects/ff/ff" + "0" * 62]
+    assert ckpt.gc(keep=1, grace_s=3600).objects == []
+    assert ckpt.gc(keep=1, grace_s=0).objects == ["objects/ff/ff" + "0" * 62]
 
 
 _KILL_CHILD = textwrap.dedent(
@@ -724,7 +724,7 @@ def test_killed_in_the_middle_of_a_save_leaves_previous_checkpoints_loadable(tmp
     assert [c.step for c in ckpt.list()] == [1]  # the half-written save is invisible
     torch.manual_seed(0)
     assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
-    orphans = ckpt.gc(keep=1, grace_s=0)["objects"]
+    orphans = ckpt.gc(keep=1, grace_s=0).objects
     assert orphans  # the killed save's objects were there, unreferenced
     torch.manual_seed(0)
     assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
@@ -807,23 +807,19 @@ def test_list_show_diff_displays(tmp_path: Path) -> None:
     lst = ck.list()
     assert "step" in repr(lst) and "<table>" in lst._repr_html_()
     shown = ck.show(lst[1].id)
-    assert "model/0.weight" in shown["tensors"] and "model/0.weight" in repr(shown)
+    assert "model/0.weight" in shown.tensors and "model/0.weight" in repr(shown)
     # what a restore reads: the delta and its base, every frame once
     base, delta = ck.show(lst[0].id), shown
-    assert base["restore"]["max_depth"] == 0 and delta["restore"]["max_depth"] == 1
-    assert base["restore"]["bytes"] == first_objects  # the first checkpoint needs every object it wrote
-    new = delta["stats"]["new_bytes"]
-    assert new < delta["restore"]["bytes"] <= base["restore"]["bytes"] + new
+    assert base.restore["max_depth"] == 0 and delta.restore["max_depth"] == 1
+    assert base.restore["bytes"] == first_objects  # the first checkpoint needs every object it wrote
+    new = delta.stats["new_bytes"]
+    assert new < delta.restore["bytes"] <= base.restore["bytes"] + new
     assert "a restore reads" in repr(delta) and "deep" in repr(delta)
     # ... which list() reports per checkpoint too (its own column)
-    assert [c.restore_bytes for c in lst] == [base["restore"]["bytes"], delta["restore"]["bytes"]]
+    assert [c.restore_bytes for c in lst] == [base.restore["bytes"], delta.restore["bytes"]]
     assert "restore reads" in repr(lst) and "<th>restore reads</th>" in lst._repr_html_()
     d = ck.diff(lst[0].id, lst[1].id)
-    assert (
-        "model/0.weight" in d["changed"]
-        and d["values"]["lr"] == (0.1, 0.05)
-        and d["values"]["step"] == (0, 1)
-    )
+    assert "model/0.weight" in d.changed and d.values["lr"] == (0.1, 0.05) and d.values["step"] == (0, 1)
     assert "model/0.weight" in repr(d)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import gpu_notebook.checkpoint._codec as codec
+import gpu_notebook.checkpoint.format.codec as codec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,7 +49,9 @@ def test_kernels_are_built_in_the_test_environment() -> None:
     """The test command installs with a compiler: a silent fallback to numpy would go unnoticed otherwise."""
     if os.environ.get("GPU_NOTEBOOK_NATIVE", "1") == "0":
         pytest.skip("disabled by GPU_NOTEBOOK_NATIVE=0")
-    assert codec.native_kernels(), "gpu_notebook.checkpoint._planes did not build: is a C compiler installed?"
+    assert codec.native_kernels(), (
+        "gpu_notebook.checkpoint.format._planes did not build: is a C compiler installed?"
+    )
     so = pathlib.Path(codec._native.__file__)
     src = pathlib.Path(codec.__file__).with_name("_planes.c")
     assert so.stat().st_mtime >= src.stat().st_mtime, (
@@ -253,14 +255,14 @@ def test_truncated_or_garbled_zstd_plane_is_a_value_error() -> None:
 
 
 def test_environment_variable_turns_the_kernels_off() -> None:
-    code = "import gpu_notebook.checkpoint._codec as c; print(c.native_kernels())"
+    code = "import gpu_notebook.checkpoint.format.codec as c; print(c.native_kernels())"
     env = {**os.environ, "GPU_NOTEBOOK_NATIVE": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
     env["GPU_NOTEBOOK_NATIVE"] = "1"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     try:
-        import gpu_notebook.checkpoint._planes  # type: ignore[import-not-found]  # noqa: F401
+        import gpu_notebook.checkpoint.format._planes  # type: ignore[import-not-found]  # noqa: F401
 
         built = True
     except ImportError:

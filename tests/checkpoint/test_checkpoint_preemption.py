@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from gpu_notebook.checkpoint import Checkpointer
-from gpu_notebook.checkpoint._fake_metadata import FakeMetadataServer
 from gpu_notebook.checkpoint._preemption import (
     PreemptionNotice,
     PreemptionWatcher,
     detect_cloud,
     poll_once,
 )
+from gpu_notebook.testing.cloud_metadata import FakeMetadataServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,14 +244,18 @@ def test_full_or_delta_depends_on_the_time_left(tmp_path: Path) -> None:
     try:
         now = time.time()
         notice = PreemptionNotice("gcp", "preempt", now + 30, now)
-        assert ck._preemption_full(notice) is False  # nothing measured yet and only 30 s: a delta
-        assert ck._preemption_full(PreemptionNotice("aws", "terminate", now + 120, now)) is True
-        ck._rates[True], ck._last_raw = 1e9, 10 * 10**9  # a full save would take 10 s
-        assert ck._preemption_full(notice) is True  # 10 s <= half of 30 s
-        ck._rates[True] = 0.5e9  # 20 s
-        assert ck._preemption_full(notice) is False
+
+        def full(n: PreemptionNotice) -> bool:
+            return ck._preemption.full_save(n, ck._lineage.rates.get(True), ck._lineage.last_raw)
+
+        assert full(notice) is False  # nothing measured yet and only 30 s: a delta
+        assert full(PreemptionNotice("aws", "terminate", now + 120, now)) is True
+        ck._lineage.rates[True], ck._lineage.last_raw = 1e9, 10 * 10**9  # a full save would take 10 s
+        assert full(notice) is True  # 10 s <= half of 30 s
+        ck._lineage.rates[True] = 0.5e9  # 20 s
+        assert full(notice) is False
         ck.on_preemption = "full"
-        assert ck._preemption_full(notice) is True
+        assert full(notice) is True
         with pytest.raises(ValueError, match="on_preemption"):
             Checkpointer(tmp_path, on_preemption="later")
     finally:
@@ -290,7 +294,7 @@ def test_save_full_forces_a_base(tmp_path: Path) -> None:
             m[0].weight.add_(1e-3)
         b = ck.save({"model": m}, 2, block=True, full=True).result()
         assert a is not None and not a.is_base and b is not None and b.is_base
-        assert ck.show(b.id)["restore"]["max_depth"] == 0
+        assert ck.show(b.id).restore["max_depth"] == 0
     finally:
         ck.close()
 
@@ -378,7 +382,11 @@ def test_checkpointer_auto_watcher_on_a_laptop(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr("gpu_notebook.checkpoint._preemption._HYPERVISOR_UUID", Path("/nonexistent"))
     ck = Checkpointer(tmp_path, progress=False)
     try:
-        assert ck._watcher is not None and ck._watcher.cloud is None and not ck._watcher.active
+        assert (
+            ck._preemption.watcher is not None
+            and ck._preemption.watcher.cloud is None
+            and not ck._preemption.watcher.active
+        )
         assert ck.maybe_save({"x": torch.zeros(3)}, 0) is not None and ck.preempted is None
     finally:
         ck.close()

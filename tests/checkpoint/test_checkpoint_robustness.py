@@ -87,16 +87,16 @@ def test_gc_dry_run_reports_what_a_real_run_deletes(tmp_path: Path) -> None:
         ck.save({"x": torch.randn(20_000), "step": step}, block=True)
     dry = ck.gc(keep=2, grace_s=0, dry_run=True)
     real = ck.gc(keep=2, grace_s=0)
-    assert dry["objects"] and sorted(dry["objects"]) == sorted(real["objects"])
-    assert dry["manifests"] == real["manifests"] and dry["bytes"] == real["bytes"]
-    for cid in real["kept"]:
+    assert dry.objects and sorted(dry.objects) == sorted(real.objects)
+    assert dry.manifests == real.manifests and dry.bytes == real.bytes
+    for cid in real.kept:
         ck.restore(cid)
 
 
 def test_read_only_checkpointer_refuses_to_gc(tmp_path: Path) -> None:
     _three(tmp_path)
     ro = Checkpointer(tmp_path, read_only=True)
-    assert ro.gc(keep=1, grace_s=0, dry_run=True)["manifests"]  # a dry run only reads
+    assert ro.gc(keep=1, grace_s=0, dry_run=True).manifests  # a dry run only reads
     with pytest.raises(CheckpointError, match="read_only"):
         ro.gc(keep=1, grace_s=0)
 
@@ -284,4 +284,4 @@ def test_a_save_that_reuses_an_orphan_object_makes_it_new_again(tmp_path: Path) 
     assert [p for p in (tmp_path / "objects").rglob("*") if p.is_file()] == objects  # reused, not rewritten
     assert all(p.stat().st_mtime > old + 1e6 for p in objects)
     res = Checkpointer(tmp_path, preemption=None).gc(keep=1)  # default grace: nothing of it goes
-    assert not res["objects"]
+    assert not res.objects

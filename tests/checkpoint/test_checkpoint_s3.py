@@ -26,7 +26,7 @@ from gpu_notebook.checkpoint import (
     StoreError,
     open_store,
 )
-from gpu_notebook.checkpoint import _s3 as s3mod
+from gpu_notebook.checkpoint.stores import s3 as s3mod
 
 pytest.importorskip("moto")
 
@@ -84,7 +84,7 @@ def test_round_trip_over_http_with_deltas_and_gc(s3: S3Server, bucket: str) -> N
     ):
         assert secret not in manifest  # credentials never end up in a manifest
     res = ckpt.gc(keep=1, grace_s=0)
-    assert len(res["manifests"]) == 3 and res["objects"]
+    assert len(res.manifests) == 3 and res.objects
     assert ckpt.restore()["step"] == 3
 
 

@@ -60,14 +60,16 @@ _INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _local = threading.local()
 
 
+try:
+    from . import _planes as _compiled  # type: ignore[attr-defined]
+except ImportError:  # optional: built at install time where a C compiler is there
+    _compiled = None
+
+
 def _load_native() -> Any:
     if os.environ.get("GPU_NOTEBOOK_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"):
         return None
-    try:
-        from . import _planes  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _planes
+    return _compiled
 
 
 #: the compiled kernels (``_planes.c``), or None: the numpy reference path
@@ -466,6 +468,8 @@ def frame_info(frame: bytes | memoryview) -> dict[str, Any]:
 
 def _read_planes(mv: memoryview, pos: int, heads: list[tuple[int, int]], plane_len: int) -> list[Any]:
     """The planes of a frame whose payloads start at ``pos``: decompressed bytes, or views of stored ones."""
+    import zstandard
+
     zd = _zd()
     bufs: list[Any] = []
     for kind, clen in heads:
@@ -476,7 +480,7 @@ def _read_planes(mv: memoryview, pos: int, heads: list[tuple[int, int]], plane_l
         if kind == _KIND_ZSTD:
             try:
                 dec = zd.decompress(payload, max_output_size=plane_len)
-            except Exception as err:  # zstandard.ZstdError
+            except zstandard.ZstdError as err:
                 raise ValueError(f"plane does not decompress: {err}") from None
             if len(dec) != plane_len:
                 raise ValueError("plane has the wrong length")

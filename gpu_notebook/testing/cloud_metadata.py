@@ -1,7 +1,8 @@
-"""A stand-in for a cloud's instance metadata service on loopback: preemption drills without a cloud.
+"""A fake of a cloud's instance metadata service on loopback: spot preemption drills without a cloud.
 
-``FakeMetadataServer("aws" | "gcp" | "azure")`` answers the requests :mod:`._preemption` makes the way the real
-service does (as documented by each cloud), including the parts a client can get wrong:
+Public, for testing your own training loop's preemption handling (as the library's tests do).
+``FakeMetadataServer("aws" | "gcp" | "azure")`` answers the requests :class:`gpu_notebook.checkpoint.PreemptionWatcher`
+makes the way the real service does (as documented by each cloud), including the parts a client can get wrong:
 
 * AWS (IMDSv2): ``PUT /latest/api/token`` needs ``X-aws-ec2-metadata-token-ttl-seconds`` (1-21600), else 400;
   a ``GET`` without a valid ``X-aws-ec2-metadata-token`` is 401 (IMDSv2 required, the default for new
@@ -16,6 +17,9 @@ service does (as documented by each cloud), including the parts a client can get
   scale set reach all its VMs); ``/metadata/instance/compute/name?format=text`` is the VM's name.
 
 Use it to check that a training loop saves and stops on a notice::
+
+    from gpu_notebook.checkpoint import Checkpointer, PreemptionWatcher
+    from gpu_notebook.testing.cloud_metadata import FakeMetadataServer
 
     with FakeMetadataServer("aws") as md:
         ckpt = Checkpointer(path, preemption=PreemptionWatcher("aws", url=md.url, interval_s=0.2))

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._errors import ObjectMissingError, StoreError
-from ._store import ObjectInfo, Store
+from .._errors import ObjectMissingError, StoreError
+from .base import ObjectInfo, Store
 
 __all__ = ["S3Store", "S3RequestError"]
 

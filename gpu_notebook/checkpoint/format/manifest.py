@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._errors import FormatVersionError, IntegrityError, ObjectMissingError
+from ..._display import fmt_bytes
+from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, ObjectMissingError, StoreError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
@@ -88,14 +89,34 @@ def check_version(doc: dict[str, Any], what: str) -> None:
         )
 
 
+def open_format(store: Any, version: int, *, read_only: bool, write_marker: bool) -> None:
+    """Check that ``store`` is reachable and is a checkpoint store this library reads; unless ``read_only``, make
+    it one: write its ``FORMAT`` marker (create-only: a no-op when it exists) if ``write_marker`` (rank 0) or
+    nobody wrote it yet. A store that cannot be written to fails here, before training starts, and not in the
+    first background save."""
+    store.check(write=not read_only)
+    doc = {"format": FORMAT_NAME, "version": version}
+    if not read_only and (write_marker or not store.exists("FORMAT")):
+        store.put("FORMAT", json.dumps(doc).encode(), create_only=True)
+    try:
+        existing = json.loads(store.get("FORMAT"))
+    except ObjectMissingError:
+        if read_only:
+            raise StoreError(
+                f"{store.url} is not a checkpoint store (it has no FORMAT marker): check the path"
+            ) from None
+        return  # pragma: no cover - raced with another rank
+    except ValueError as e:
+        raise StoreError(f"{store.url}/FORMAT is not valid JSON: {e}") from e
+    check_version(existing, f"store {store.url}")
+
+
 def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
     """Fetch and validate one manifest."""
     key = manifest_key(ckpt_id)
     try:
         raw = store.get(key)
     except ObjectMissingError:
-        from ._errors import NoCheckpointError
-
         raise NoCheckpointError(f"no checkpoint {ckpt_id!r} in {store.url}") from None
     try:
         doc = json.loads(raw)
@@ -183,17 +204,9 @@ class CheckpointInfo:
     def __repr__(self) -> str:
         kind = "base" if self.is_base else "delta"
         return (
-            f"<Checkpoint {self.id} step={self.step} {kind} {_fmt_bytes(self.raw_bytes)} state, "
-            f"{_fmt_bytes(self.new_bytes)} written>"
+            f"<Checkpoint {self.id} step={self.step} {kind} {fmt_bytes(self.raw_bytes)} state, "
+            f"{fmt_bytes(self.new_bytes)} written>"
         )
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def _fmt_time(t: float) -> str:
@@ -212,10 +225,10 @@ class CheckpointList(list):  # type: ignore[type-arg]
                     str(c.step),
                     _fmt_time(c.created_at),
                     "base" if c.is_base else "delta",
-                    _fmt_bytes(c.raw_bytes),
-                    _fmt_bytes(c.new_bytes),
+                    fmt_bytes(c.raw_bytes),
+                    fmt_bytes(c.new_bytes),
                     f"{c.ratio:.3f}",
-                    _fmt_bytes(c.restore_bytes),
+                    fmt_bytes(c.restore_bytes),
                     str(c.world_size),
                 ]
             )

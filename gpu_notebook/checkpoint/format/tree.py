@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import UnsafeValueError
+from .._errors import UnsafeValueError
 
 __all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES"]
 

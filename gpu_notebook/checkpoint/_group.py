@@ -1,0 +1,75 @@
+"""The process group as a checkpointer sees it: this process's rank and the world size, a session token the
+ranks share (their shards meet under one checkpoint id), and the one collective every agreement uses."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import uuid
+
+__all__ = ["rank_world", "session_token", "agree_min"]
+
+
+def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
+    """Rank and world size: explicit, else torch.distributed (if initialised), else env, else 0/1; and whether
+    a torch.distributed process group is up."""
+    dist_ok = False
+    if "torch" in sys.modules:
+        try:
+            import torch.distributed as dist
+
+            dist_ok = dist.is_available() and dist.is_initialized()
+        except (ImportError, AttributeError, RuntimeError):  # pragma: no cover - torch without distributed
+            dist_ok = False
+    if rank is None:
+        if dist_ok:
+            import torch.distributed as dist
+
+            rank = dist.get_rank()
+        else:
+            rank = int(os.environ.get("RANK", "0"))
+    if world_size is None:
+        if dist_ok:
+            import torch.distributed as dist
+
+            world_size = dist.get_world_size()
+        else:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(rank), int(world_size), dist_ok
+
+
+def session_token(world_size: int, dist_ok: bool) -> str:
+    """Eight hex digits naming this run's checkpoints; the same on every rank (broadcast from rank 0 through the
+    process group, else derived from the rendezvous environment)."""
+    tok = uuid.uuid4().hex[:8]
+    if world_size > 1 and dist_ok:
+        import torch.distributed as dist
+
+        box = [tok]
+        dist.broadcast_object_list(box, src=0)
+        tok = box[0]
+    elif world_size > 1:
+        seed = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+        tok = hashlib.sha256(seed.encode()).hexdigest()[:8]
+    return tok
+
+
+def agree_min(value: int) -> int | None:
+    """The smallest ``value`` over the ranks of the process group (a collective: every rank must call it),
+    or None when there is no process group."""
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        import torch
+
+        dev = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            dev = torch.device("cuda", torch.cuda.current_device())
+        t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+    except ImportError:
+        return None

@@ -1,0 +1,580 @@
+"""The :class:`Checkpointer`: snapshot on the training thread, encode and upload in the background.
+
+The class is the public face of the package; the work is done by its parts: ``snapshot`` (the host copy a
+save takes on the training thread, into recycled buffers), ``save`` (the background pipeline: plan, encode,
+commit), ``restore`` (decode, and load ``into=`` objects), ``inspect`` and ``gc`` (reading and cleaning a
+store), ``policy`` (when :meth:`maybe_save` saves, spot preemption included), ``format`` (the bytes) and
+``stores`` (where they go). One save is in flight at most.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
+from ._group import agree_min, rank_world, session_token
+from ._progress import Progress
+from .format.manifest import (
+    FORMAT_VERSION,
+    CheckpointInfo,
+    CheckpointList,
+    blake3_available,
+    hash_fn,
+    open_format,
+)
+from .gc import collect
+from .inspect import Inspector
+from .policy import Preemption, due
+from .restore.flow import restore_checkpoint
+from .results import DiffResult, GcResult, ShowResult
+from .save.commit import Committer
+from .save.handle import SaveHandle
+from .save.lineage import Lineage
+from .save.persist import SaveOptions, persist, persist_with_retries
+from .snapshot import BufferPool, Snapshot
+from .stores import Store, open_store
+
+__all__ = ["Checkpointer", "SaveHandle", "current"]
+
+log = logging.getLogger("gpu_notebook.checkpoint")
+
+_current: weakref.ref[Checkpointer] | None = None
+
+
+def current() -> Checkpointer | None:
+    """The most recently created (or used) :class:`Checkpointer` in this process, or None."""
+    return _current() if _current is not None else None
+
+
+def _set_current(c: Checkpointer) -> None:
+    global _current
+    _current = weakref.ref(c)
+
+
+class Checkpointer:
+    """Lossless delta checkpoints of training state into a local folder or S3.
+
+    Parameters
+    ----------
+    store
+        A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
+    full_every
+        Every ``full_every``-th checkpoint is a full base, so delta chains stay at most that long.
+    max_restore_ratio
+        Also write a full base as soon as restoring the next delta would read more than this many times the
+        bytes of a full checkpoint (the delta chains' frames add up; a restore reads and decodes all of them).
+        This bounds restore time where deltas save little (full fp32 training: a base about every 4-5 saves at
+        3.0) and leaves long chains where they save much (fine-tuning). None: only ``full_every`` decides.
+    chunk_mb
+        Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
+    pack_kb, pack_max_mb
+        Encoded frames smaller than ``pack_kb`` are packed together into objects of up to ``pack_max_mb``
+        (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each); a pack
+        is closed and uploaded earlier, while the encoding goes on, once it holds 1 / (2 x threads) of what
+        the previous save of the same kind wrote (at least 4 MiB). Restore reads them with ranged GETs of at
+        most ``pack_max_mb``.
+    level
+        zstd level (1 is fast; 3 compresses a little better).
+    on_busy
+        What ``save()`` does while the previous save is still uploading: ``"wait"`` or ``"skip"``.
+    every_steps, every_minutes
+        Policy for :meth:`maybe_save` (either or both; the default suggestion for spot instances is 15 min).
+    retries, retry_backoff_s
+        A failed background save is retried this many times, with exponential backoff.
+    threads
+        Threads that encode and upload chunks in parallel.
+    sharded
+        In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
+        rank 0 writes (False, the default, right for DDP).
+    rank, world_size
+        Override the rank/world size (default: torch.distributed, else ``RANK``/``WORLD_SIZE``).
+    allow_pickle
+        Pickle values without a safe representation (restore then also needs ``allow_pickle=True``).
+    progress
+        None (auto: a progress line in notebooks for big transfers), False, True, or a callable
+        ``(label, done_bytes, total_bytes, elapsed_s)``.
+    commit_timeout_s
+        How long rank 0 waits for the other ranks' shards of a sharded save.
+    preemption
+        ``"auto"``: on a cloud VM, watch the metadata service for a spot preemption notice (see
+        :class:`PreemptionWatcher`); a :class:`PreemptionWatcher` to use; None: do not watch.
+    on_preemption
+        What :meth:`maybe_save` writes on a notice: ``"auto"`` (a full base if it fits in half the time left,
+        else a delta), ``"full"`` or ``"delta"``.
+    hash
+        ``"blake3"`` (format version 3, the default when the package is installed) or ``"sha256"`` (version 2).
+    read_only
+        Only read the store (list, show, diff, restore): nothing is written, not even the store's ``FORMAT``
+        marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
+        Works with read-only credentials.
+    current
+        Make this the current checkpointer (the store ``%gpu_checkpoint`` uses by default).
+    store_options
+        Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
+
+    Examples
+    --------
+    >>> ckpt = Checkpointer("/tmp/run1", every_steps=100)          # doctest: +SKIP
+    >>> ckpt.maybe_save({"model": model, "optim": opt, "step": step}, step)  # doctest: +SKIP
+    >>> state = ckpt.restore(into={"model": model, "optim": opt})  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store,
+        *,
+        full_every: int = 10,
+        max_restore_ratio: float | None = 3.0,
+        chunk_mb: float = 4.0,
+        pack_kb: int = 8192,
+        pack_max_mb: float = 16.0,
+        level: int = 1,
+        on_busy: str = "wait",
+        every_steps: int | None = None,
+        every_minutes: float | None = None,
+        retries: int = 3,
+        retry_backoff_s: float = 1.0,
+        threads: int | None = None,
+        sharded: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        allow_pickle: bool = False,
+        progress: bool | Callable[[str, int, int, float], None] | None = None,
+        commit_timeout_s: float = 600.0,
+        preemption: Any = "auto",
+        on_preemption: str = "auto",
+        hash: str | None = None,
+        read_only: bool = False,
+        current: bool = True,
+        **store_options: Any,
+    ) -> None:
+        if on_busy not in ("wait", "skip"):
+            raise ValueError("on_busy must be 'wait' or 'skip'")
+        if on_preemption not in ("auto", "full", "delta"):
+            raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        if max_restore_ratio is not None and max_restore_ratio < 1:
+            raise ValueError("max_restore_ratio must be >= 1 (or None)")
+        # format version 3 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
+        self.hash = hash or ("blake3" if blake3_available() else "sha256")
+        self._h = hash_fn(self.hash)
+        self._version = FORMAT_VERSION if self.hash == "blake3" else 2
+        self.store: Store = open_store(store, **store_options)
+        self.read_only = bool(read_only)
+        self.full_every = int(full_every)
+        self.max_restore_ratio = None if max_restore_ratio is None else float(max_restore_ratio)
+        self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
+        self.pack_bytes = int(pack_kb * 1024)
+        self.pack_max = int(pack_max_mb * 2**20)
+        self.level = int(level)
+        self.on_busy = on_busy
+        self.every_steps = every_steps
+        self.every_minutes = every_minutes
+        self.retries = int(retries)
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.threads = threads or max(2, min(8, os.cpu_count() or 2))
+        self.allow_pickle = allow_pickle
+        self.progress = progress
+        self.commit_timeout_s = commit_timeout_s
+        self.rank, self.world_size, dist_ok = rank_world(rank, world_size)
+        self.sharded = bool(sharded) and self.world_size > 1
+        self._token = session_token(self.world_size, dist_ok)
+        self._seq = 0
+        self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)
+        self._lock = threading.Lock()
+        self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
+        self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-io")
+        self._inflight: SaveHandle | None = None
+        self._errors: list[BaseException] = []
+        self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
+        self._buffers = BufferPool()
+        self._lineage = Lineage()  # what the next delta is computed against: this rank's last snapshot
+        self._last_save_step: int | None = None
+        self._last_save_time: float | None = None
+        self._created = time.time()  # the every_minutes clock starts here
+        # spot preemption: a watcher of the metadata service; maybe_save() saves at once on a notice
+        self._preemption = Preemption(None if self.read_only else preemption, on_preemption, self.world_size)
+        self._inspect = Inspector(self.store, self.threads)
+        self.last_info: CheckpointInfo | None = None
+        open_format(self.store, self._version, read_only=self.read_only, write_marker=self.rank == 0)
+        if current:
+            _set_current(self)
+
+    def __repr__(self) -> str:
+        last = f" last={self.last_info.id}" if self.last_info else ""
+        ranks = f" rank={self.rank}/{self.world_size}" if self.world_size > 1 else ""
+        return f"<Checkpointer {self.store.url}{ranks}{last}>"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<b>Checkpointer</b> {html.escape(repr(self))}"
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for the save in flight (if ``wait``) and stop the background threads."""
+        self._preemption.stop()
+        if wait:
+            try:
+                self.wait()
+            finally:
+                self._executor.shutdown(wait=True)
+                self._pool.shutdown(wait=True)
+        else:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ save
+    def _raise_pending(self) -> None:
+        with self._lock:
+            errs, self._errors = self._errors, []
+        if errs:
+            raise CheckpointSaveError(f"background checkpoint save failed: {errs[-1]}") from errs[-1]
+
+    def save(
+        self, state: Any, step: int | None = None, *, block: bool = False, full: bool | None = None
+    ) -> SaveHandle:
+        """Snapshot ``state`` now and write it in the background.
+
+        Parameters
+        ----------
+        state
+            Usually a dict such as ``{"model": model, "optim": optimizer, "step": step}``.
+        step
+            Training step; defaults to ``state["step"]`` if it is an int, else one after the newest step in the
+            store (then counting up), so that a resumed run's checkpoints come after the ones it resumed from.
+        block
+            Wait until the checkpoint is committed.
+        full
+            True: write a full base now (no delta), whatever ``full_every`` says; None: as ``full_every`` says.
+
+        Returns
+        -------
+        SaveHandle
+            ``.result()`` waits and gives the :class:`CheckpointInfo`.
+
+        Raises
+        ------
+        CheckpointSaveError
+            An earlier background save failed for good (raised once, here or from :meth:`wait`).
+        """
+        self._check_writable("save")
+        _set_current(self)
+        self._raise_pending()
+        if step is None:
+            s = state.get("step") if isinstance(state, dict) else None
+            step = int(s) if isinstance(s, int | np.integer) else self._next_auto_step()
+        step = int(step)
+        if self._auto_step is not None:
+            self._auto_step = max(self._auto_step, step + 1)
+        if step < 0:
+            raise ValueError("step must be >= 0")
+        if self.world_size > 1 and not self.sharded and self.rank != 0:
+            # replicated state: rank 0 writes it; other ranks only keep the policy clock in step
+            self._last_save_step, self._last_save_time = step, time.time()
+            return SaveHandle(None, step, None)
+        prev = self._inflight
+        busy = prev is not None and not prev.done()
+        if self.sharded and self.on_busy == "skip":
+            # every rank skips, or none does: a shard missing from a checkpoint would stall its commit
+            agreed = agree_min(0 if busy else 1)
+            busy = busy if agreed is None else agreed == 0
+        if busy:
+            if self.on_busy == "skip":
+                log.warning("checkpoint at step %s skipped: the previous save is still uploading", step)
+                return SaveHandle(None, step, None, skipped=True)
+            self._wait_inflight()
+            self._raise_pending()
+        seq = self._seq
+        if self.sharded:  # the ranks' shards meet under one id: agree on its counter (it could drift apart)
+            agreed = agree_min(-seq)
+            seq = seq if agreed is None else -agreed
+        snap = self._buffers.take(state, step, self.allow_pickle)
+        snap.full = bool(full)
+        ckpt_id = f"{step:012d}-{self._token}{seq:04d}"
+        # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
+        # and updated in place from the background; shown first from there, it could land under another cell
+        snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
+        self._seq = seq + 1
+        self._last_save_step, self._last_save_time = step, time.time()
+        handle = SaveHandle(ckpt_id, step, self._executor.submit(self._persist, snap, ckpt_id))
+        self._inflight = handle
+        if block:
+            self.wait()
+        return handle
+
+    def _check_writable(self, what: str) -> None:
+        if self.read_only:
+            raise CheckpointError(
+                f"cannot {what}: this Checkpointer of {self.store.url} was opened read_only=True"
+            )
+
+    def _next_auto_step(self) -> int:
+        """The step of a save given none: one after the newest step in the store (so that a run resumed in a new
+        process goes on after its checkpoints instead of starting again at 0 below them), then counting up."""
+        if self._auto_step is None:
+            self._auto_step = max(self._inspect.steps(), default=-1) + 1
+        step = self._auto_step
+        if self.sharded:  # every rank must save under the same step
+            agreed = agree_min(-step)
+            step = step if agreed is None else -agreed
+        return step
+
+    def _save_options(self) -> SaveOptions:
+        committer = Committer(
+            self.store, self._version, self.rank, self.world_size, self.sharded, self.commit_timeout_s
+        )
+        return SaveOptions(
+            store=self.store,
+            hash_fn=self._h,
+            full_every=self.full_every,
+            max_restore_ratio=self.max_restore_ratio,
+            chunk_bytes=self.chunk_bytes,
+            pack_bytes=self.pack_bytes,
+            pack_max=self.pack_max,
+            level=self.level,
+            threads=self.threads,
+            progress=self.progress,
+            committer=committer,
+        )
+
+    def _prefault_later(self, task: Callable[[], None]) -> None:
+        try:
+            self._executor.submit(task)
+        except RuntimeError:  # closed meanwhile
+            pass
+
+    def _persist(self, snap: Snapshot, ckpt_id: str) -> CheckpointInfo | None:
+        """The background job of one save: persist it (with retries); record a failure for good."""
+        opts = self._save_options()
+
+        def once() -> CheckpointInfo | None:
+            info = persist(
+                snap, ckpt_id, opts, self._lineage, self._buffers, self._pool, self._seq, self._prefault_later
+            )
+            self.last_info = info
+            return info
+
+        info, err = persist_with_retries(once, ckpt_id, self.retries, self.retry_backoff_s)
+        if err is None:
+            return info
+        msg = (
+            f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        )
+        log.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=1)
+        with self._lock:
+            self._errors.append(err)
+            self.failures.append((ckpt_id, msg))
+        raise CheckpointSaveError(msg) from err
+
+    def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
+        """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None.
+
+        On a spot preemption notice (see ``preemption``) it saves at once, whatever the policy, and waits until
+        the checkpoint is committed: a full base when the measured save speed says one fits in half the time
+        left (the checkpoint a resume restores is then a single base), else a delta. After that it saves no
+        more; :attr:`preempted` tells the training loop to stop. In a multi-rank job every rank must call it at
+        the same steps (a notice on any node is agreed on with one small all-reduce per call).
+        """
+        pre = self._preemption
+        notice = pre.agreed_notice()
+        if notice is not None:
+            if pre.saved:
+                return None
+            full = pre.full_save(notice, self._lineage.rates.get(True), self._lineage.last_raw)
+            t0 = time.perf_counter()
+            # the save in flight is waited for whatever on_busy says: this save must not be skipped
+            self._wait_inflight()
+            handle = self.save(state, step, full=full, block=True)
+            pre.saved = True  # (not before: a save that raised saved nothing, the next call tries again)
+            log.warning(
+                "preemption notice (%s): saved a %s checkpoint at step %s in %.1f s",
+                notice,
+                "full" if full else "delta",
+                step,
+                time.perf_counter() - t0,
+            )
+            return handle
+        is_due = force or due(
+            step,
+            self.every_steps,
+            self.every_minutes,
+            self._last_save_step,
+            self._last_save_time,
+            self._created,
+        )
+        if self.world_size > 1 and self.every_minutes is not None and not force:
+            # a clock decides: the ranks could disagree by a hair; any rank due makes every rank save
+            agreed = agree_min(0 if is_due else 1)
+            is_due = is_due if agreed is None else agreed == 0
+        return self.save(state, step) if is_due else None
+
+    @property
+    def on_preemption(self) -> str:
+        """What :meth:`maybe_save` writes on a preemption notice: ``"auto"``, ``"full"`` or ``"delta"``."""
+        return self._preemption.on_preemption
+
+    @on_preemption.setter
+    def on_preemption(self, value: str) -> None:
+        self._preemption.on_preemption = value
+
+    @property
+    def preempted(self) -> Any:
+        """The :class:`PreemptionNotice` once this machine (or, in a job, any rank's) got one, else None."""
+        return self._preemption.notice
+
+    def _wait_inflight(self) -> None:
+        """Wait for the save in flight to end (its failure is recorded by the job and raised by the next save)."""
+        if self._inflight is not None:
+            self._inflight.wait_quietly()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
+        """Wait for the save in flight; raise :class:`CheckpointSaveError` if a save failed for good."""
+        h = self._inflight
+        if h is not None and h._future is not None:
+            done, _ = cf.wait([h._future], timeout)
+            if not done:
+                raise cf.TimeoutError()
+        self._raise_pending()
+        return self.last_info
+
+    # ------------------------------------------------------------------ query
+    @property
+    def unreadable(self) -> list[tuple[str, CheckpointError]]:
+        """(id, error) of each manifest the last :meth:`list` could not read."""
+        return self._inspect.unreadable
+
+    def list(self) -> CheckpointList:
+        """All committed checkpoints, oldest first (by step, then commit time)."""
+        return self._inspect.list()
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest checkpoint (highest step, then latest), or None if the store is empty."""
+        return self._inspect.latest()
+
+    def manifest(self, ckpt_id: str | None = None) -> dict[str, Any]:
+        """The raw manifest of a checkpoint (latest by default)."""
+        return self._inspect.resolve(ckpt_id, None)
+
+    def show(self, ckpt_id: str | None = None) -> ShowResult:
+        """Summary of one checkpoint: info, what a restore of it reads, and per tensor dtype, shape, chunks,
+        transforms and stored bytes."""
+        return self._inspect.show(ckpt_id)
+
+    def diff(self, a: str, b: str) -> DiffResult:
+        """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
+        return self._inspect.diff(a, b)
+
+    def gc(self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False) -> GcResult:
+        """Delete all but the newest ``keep`` checkpoints and every object no kept checkpoint needs.
+
+        Objects referenced by a kept checkpoint (including the bases of its delta chains) are never deleted.
+        Unreferenced objects newer than ``grace_s`` seconds are kept too: they may belong to a save that is
+        still uploading. A manifest that cannot be read (damaged, or of a newer format version than this
+        library's) makes gc refuse before it deletes anything: the objects it needs cannot be told apart.
+        """
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        if not dry_run:
+            self._check_writable("gc")
+        self.wait()
+        return collect(self._inspect, keep, grace_s, dry_run)
+
+    # ------------------------------------------------------------------ restore
+    def restore(
+        self,
+        ckpt_id: str | None = None,
+        *,
+        step: int | None = None,
+        into: Any = None,
+        allow_pickle: bool | None = None,
+        verify: bool = True,
+        missing_ok: bool = False,
+        map_location: Any = None,
+        fallback: bool = False,
+    ) -> Any:
+        """Load a checkpoint (latest by default) and return its state.
+
+        Parameters
+        ----------
+        ckpt_id
+            Checkpoint id (or a unique prefix, or ``"latest"``).
+        step
+            Restore the newest checkpoint at this step.
+        into
+            Objects to load into in place, shaped like the saved state: e.g. ``{"model": model,
+            "optim": optimizer}``. Objects with ``load_state_dict`` get their state dict; tensors are
+            copied into; dicts and lists are matched key by key. Shapes are checked first.
+        allow_pickle
+            Allow pickled values (default: the Checkpointer's setting).
+        verify
+            Check every chunk's decoded bytes against its hash (a delta chain end to end).
+        missing_ok
+            Return None instead of raising :class:`NoCheckpointError` when the store is empty.
+        map_location
+            Move restored tensors to this device.
+        fallback
+            For the latest checkpoint (no ``ckpt_id`` or ``step``): when its data is missing or corrupted
+            (:class:`ObjectMissingError`, :class:`IntegrityError`: a lost object, a partial copy of the store),
+            restore the newest older checkpoint that is intact instead, with a warning naming each one skipped
+            and why. Meant for resuming a run; without it the error is raised. Other errors are always raised.
+            In a job with a process group (``world_size`` > 1), every rank must call it (as with
+            :meth:`maybe_save`): the ranks agree, so that all of them restore the same checkpoint.
+
+        Returns
+        -------
+        The saved state with modules/optimizers replaced by their state dicts (plain values as saved).
+
+        Raises
+        ------
+        NoCheckpointError, IntegrityError, ObjectMissingError, FormatVersionError, ShapeMismatchError
+        """
+        _set_current(self)
+        self._wait_inflight()
+        try:
+            doc = self._inspect.resolve(ckpt_id, step)
+        except NoCheckpointError:
+            if missing_ok:
+                return None
+            raise
+        allow = self.allow_pickle if allow_pickle is None else allow_pickle
+        got = restore_checkpoint(
+            doc,
+            inspector=self._inspect,
+            rank=self.rank,
+            world_size=self.world_size,
+            agree_min=agree_min,
+            decode={
+                "threads": self.threads,
+                "pack_max": self.pack_max,
+                "progress": self.progress,
+                "verify": verify,
+                "allow_pickle": allow,
+            },
+            fallback=fallback,
+            latest=ckpt_id in (None, "latest") and step is None,
+            into=into,
+            map_location=map_location,
+        )
+        self._lineage.restored(got.doc, got.shard, got.datas, self.rank, self.hash)
+        self._last_save_step = int(got.doc.get("step", 0))
+        self._last_save_time = time.time()
+        self.last_info = CheckpointInfo.from_manifest(got.doc)
+        return got.state

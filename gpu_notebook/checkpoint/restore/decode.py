@@ -1,0 +1,326 @@
+"""Decoding one shard of a checkpoint into fresh host memory.
+
+Every chunk is one chain of frames (a full frame, then the deltas on it, oldest first), decoded in place into the
+memory of the tensor handed back: the base frame into it, then each delta over it. The same bytes twice (tied
+weights) are decoded once and copied.
+
+Read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object (at most
+``pack_max`` bytes, gaps under ``_GAP_BYTES``), requested at once by their own pool (I/O bound: as many in flight
+as the store allows), the objects holding the oldest frames of the chains first (the first thing every chain
+decodes); a read's bytes are dropped once its last frame is decoded. (Reads are not split further: a save's
+several packs already come down in parallel, and some S3-compatible servers read a whole object for every ranged
+GET.)
+
+A chain's next frame is decoded as soon as its bytes are here, by whichever thread is free; a thread goes on with
+the same chain while it can (its bytes are still in the cache). With a local store everything is here at once:
+each chain is decoded start to end in one go; from S3 the old frames (fetched first) are decoded while the newer
+ones are still coming in.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._errors import CheckpointError, IntegrityError, ObjectMissingError
+from .._progress import Progress
+from ..format.codec import decode_chunk
+from ..format.manifest import doc_hash, hash_fn, walk_chunks
+from ..format.tree import leaf_from_bytes
+from ..stores import Store
+
+__all__ = ["decode_shard"]
+
+#: restore reads frames of one object separated by at most this many unneeded bytes with one ranged GET (a
+#: request costs a round trip, about what a few MB take to arrive)
+_GAP_BYTES = 4 << 20
+#: chains of chunks under this many bytes are decoded one after another by one task (see ``save.persist``)
+_TINY_BYTES = 64 * 1024
+
+Entry = dict[str, Any]
+
+
+class _Chain:
+    """One chunk to restore: its frames (a full one, then the deltas on it), decoded in turn into ``dst``."""
+
+    __slots__ = ("name", "idx", "entry", "chain", "dst", "level", "groups")
+
+    def __init__(self, name: str, idx: int, entry: Entry, chain: list[Entry], dst: np.ndarray):
+        self.name = name
+        self.idx = idx
+        self.entry = entry  # the end of the chain (what the manifest lists)
+        self.chain = chain  # oldest first
+        self.dst = dst
+        self.level = 0  # the next frame to decode
+        self.groups: list[int] = []  # the read that brings each frame
+
+
+def decode_shard(
+    doc: dict[str, Any],
+    shard: dict[str, Any],
+    *,
+    store: Store,
+    threads: int,
+    pack_max: int,
+    progress: Any,
+    verify: bool,
+    allow_pickle: bool,
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The leaves of ``shard`` decoded: (leaf name -> value, leaf name -> its bytes)."""
+    leaves = shard["leaves"]
+    if not allow_pickle:  # refuse pickles before fetching anything
+        for name, lf in leaves.items():
+            if lf.get("kind") == "pickle":
+                leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
+    prog = Progress(f"restore {doc['id']}", sum(lf["nbytes"] for lf in leaves.values()), progress)
+    dec = _ShardDecoder(doc, store, threads, pack_max, verify)
+    dec.plan(leaves)
+    dec.run(prog)
+    values = {
+        name: leaf_from_bytes({**lf, "name": name}, dec.datas[name], allow_pickle=allow_pickle)
+        for name, lf in leaves.items()
+    }
+    return values, dec.datas
+
+
+class _ShardDecoder:
+    """The chains of one shard, the reads that bring their frames, and the threads that decode them."""
+
+    def __init__(self, doc: dict[str, Any], store: Store, threads: int, pack_max: int, verify: bool) -> None:
+        self.doc = doc
+        self.store = store
+        self.threads = threads
+        self.pack_max = pack_max
+        self.verify = verify
+        self.hv = hash_fn(doc_hash(doc))  # the hash this checkpoint was written with
+        self.datas: dict[str, np.ndarray] = {}
+        self.chains: list[_Chain] = []
+        self.copies: list[
+            tuple[_Chain, np.ndarray]
+        ] = []  # (the chain that decodes these bytes, another home)
+        self.groups: list[tuple[str, int, int]] = []  # object, start, end of each ranged read
+        self.group_of: dict[tuple[str, int], int] = {}  # (object, frame offset) -> its read
+        self.left: list[int] = []  # frames of each read still to decode
+        self.futures: dict[int, cf.Future[bytes | memoryview]] = {}
+        self._left_lock = threading.Lock()
+        self.prog: Progress | None = None
+        # the threads' work queue: one chain, or the tiny chains together (they cost more in locking and Python
+        # than in decoding: one thread goes through them while the others decode big chains in C)
+        self._cond = threading.Condition()
+        self._arrived: set[int] = set()
+        self._waiting: dict[int, list[_Chain]] = {}
+        self._ready: collections.deque[list[_Chain]] = collections.deque()
+        self._todo = 0
+        self._failed: list[BaseException] = []
+
+    # ---------------------------------------------------------------- planning
+    def plan(self, leaves: dict[str, Any]) -> None:
+        first_of: dict[str, _Chain] = {}
+        for name, lf in leaves.items():
+            n = int(lf["nbytes"])
+            if sum(int(c["len"]) for c in lf["chunks"]) != n:
+                raise IntegrityError(
+                    f"tensor {name!r} of checkpoint {self.doc['id']} has chunks that do not add up to {n} bytes"
+                )
+            self.datas[name] = np.empty(n, dtype=np.uint8)
+            off = 0
+            for i, c in enumerate(lf["chunks"]):
+                ln = int(c["len"])
+                dst = self.datas[name][off : off + ln]
+                off += ln
+                same = first_of.get(c["raw"])
+                if same is not None and same.entry["len"] == ln:
+                    self.copies.append((same, dst))
+                    continue
+                ch = _Chain(name, i, c, walk_chunks(c)[::-1], dst)
+                first_of[c["raw"]] = ch
+                self.chains.append(ch)
+        self.chains.sort(key=lambda ch: -int(ch.entry["len"]))  # big first: the threads finish together
+        self._group_reads()
+
+    def _group_reads(self) -> None:
+        frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
+        age: dict[str, int] = {}  # object -> how far from the end of a chain its oldest frame is
+        for ch in self.chains:
+            for k, e in enumerate(ch.chain):
+                fr = frames_of.setdefault(e["obj"], {})
+                fr[int(e["off"])] = int(e["size"])
+                age[e["obj"]] = max(age.get(e["obj"], 0), len(ch.chain) - 1 - k)
+        order = sorted(frames_of, key=lambda key: -age[key])  # stable: then by first use
+        for key in order:
+            lo = hi = -1
+            members: list[int] = []
+            for off, size in sorted(frames_of[key].items()):
+                end = off + size
+                if members and (end - lo > self.pack_max or off - hi > _GAP_BYTES):
+                    self.groups.append((key, lo, hi))
+                    members = []
+                if not members:
+                    lo, hi = off, end
+                members.append(off)
+                hi = max(hi, end)
+                self.group_of[(key, off)] = len(self.groups)
+            if members:
+                self.groups.append((key, lo, hi))
+        self.left = [0] * len(self.groups)
+        for ch in self.chains:
+            ch.groups = [self.group_of[(e["obj"], int(e["off"]))] for e in ch.chain]
+            for gi in ch.groups:
+                self.left[gi] += 1
+
+    # ---------------------------------------------------------------- frames
+    def _where(self, name: str, idx: int, e: Entry) -> str:
+        return f"tensor {name!r} chunk {idx} (object {e['obj']}) of checkpoint {self.doc['id']}"
+
+    def _fetch(self, name: str, idx: int, e: Entry, reread: bool = False) -> bytes | memoryview:
+        key = e["obj"]
+        gi = self.group_of[(key, int(e["off"]))]
+        try:
+            if reread:
+                return self.store.get_range(key, e["off"], e["size"])
+            blob = self.futures[gi].result()
+        except ObjectMissingError:
+            raise ObjectMissingError(key, f"needed by {self._where(name, idx, e)}") from None
+        with self._left_lock:
+            self.left[gi] -= 1
+            if self.left[gi] <= 0:
+                self.futures.pop(gi, None)  # the last frame of this read: let its bytes go
+        o = int(e["off"]) - self.groups[gi][1]
+        if o or len(blob) != e["size"]:
+            return memoryview(blob)[o : o + int(e["size"])]  # no copy
+        return blob
+
+    def _corrupt_frame(
+        self, name: str, idx: int, e: Entry, frame: bytes | memoryview
+    ) -> IntegrityError | None:
+        if len(frame) != e["size"] or self.hv(frame) != e["hash"]:
+            return IntegrityError(
+                f"corrupted data: stored bytes of {self._where(name, idx, e)} do not match their hash"
+            )
+        return None
+
+    def _diagnose(self, name: str, idx: int, e: Entry) -> IntegrityError:
+        """Find which frame of a chain that decoded to the wrong bytes is at fault (slow path)."""
+        for link in reversed(walk_chunks(e)):  # oldest base first
+            frame = self._fetch(name, idx, link, reread=True)
+            err = self._corrupt_frame(name, idx, link, frame)
+            if err is not None:
+                return err
+        return IntegrityError(
+            f"corrupted data: decoded bytes of {self._where(name, idx, e)} do not match their hash"
+        )
+
+    def _step(self, ch: _Chain) -> None:
+        """Decode the next frame of a chain (its bytes have arrived) into the chain's memory."""
+        e = ch.chain[ch.level]
+        frame = self._fetch(ch.name, ch.idx, e)
+        try:
+            decode_chunk(frame, ch.dst if ch.level else None, ch.dst)
+        except ValueError as err:
+            raise self._corrupt_frame(ch.name, ch.idx, e, frame) or self._diagnose(
+                ch.name, ch.idx, ch.entry
+            ) from err
+        ch.level += 1
+        if ch.level == len(ch.chain):
+            # a delta's decoded bytes depend on every byte of its base: checking the end checks the chain
+            if self.verify and self.hv(ch.dst.data) != ch.entry["raw"]:
+                raise self._diagnose(ch.name, ch.idx, ch.entry)
+            assert self.prog is not None
+            self.prog.add(int(ch.entry["len"]))
+
+    # ---------------------------------------------------------------- scheduling
+    def _wait_for(self, ch: _Chain) -> bool:
+        """With ``_cond`` held: True if the chain's next frame is here, else park it until it is."""
+        gi = ch.groups[ch.level]
+        if gi in self._arrived:
+            return True
+        self._waiting.setdefault(gi, []).append(ch)
+        return False
+
+    def _make_ready(self, chs: list[_Chain]) -> None:
+        """With ``_cond`` held: queue chains whose next frame is here, the tiny ones together and first, then
+        the big ones biggest first (so that the threads finish together)."""
+        tiny = [ch for ch in chs if int(ch.entry["len"]) < _TINY_BYTES]
+        if tiny:
+            self._ready.append(tiny)
+        self._ready.extend([ch] for ch in chs if int(ch.entry["len"]) >= _TINY_BYTES)
+        self._cond.notify_all()
+
+    def _on_arrival(self, gi: int) -> None:
+        with self._cond:
+            self._arrived.add(gi)
+            self._make_ready(self._waiting.pop(gi, []))
+
+    def _worker(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._ready and self._todo and not self._failed:
+                    cond.wait()
+                if self._failed or not self._todo:
+                    return
+                item = self._ready.popleft()
+            try:
+                for ch in item:
+                    while True:
+                        self._step(ch)
+                        with cond:
+                            if ch.level == len(ch.chain):
+                                self._todo -= 1
+                                if not self._todo:
+                                    cond.notify_all()
+                                break
+                            if not self._wait_for(ch):
+                                break
+            except BaseException as err:  # noqa: BLE001 - handed to the caller by run()
+                with cond:
+                    self._failed.append(err)
+                    cond.notify_all()
+                return
+
+    def _decode_all(self) -> None:
+        n_workers = max(1, min(self.threads, len(self.chains)))
+        if n_workers == 1:
+            self._worker()
+            return
+        pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="gnb-ckpt-restore")
+        try:
+            for f in [pool.submit(self._worker) for _ in range(n_workers)]:
+                f.result()
+        except BaseException:  # e.g. KeyboardInterrupt: the workers stop at their next frame
+            with self._cond:
+                self._failed.append(CheckpointError("restore interrupted"))
+                self._cond.notify_all()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def run(self, prog: Progress) -> None:
+        """Fetch and decode every chain into :attr:`datas`."""
+        self.prog = prog
+        io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
+        fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
+        store = self.store
+        self.futures = {
+            i: fetch_pool.submit(store.get_range, key, lo, hi - lo)
+            for i, (key, lo, hi) in enumerate(self.groups)
+        }
+        self._todo = len(self.chains)
+        with self._cond:
+            self._make_ready([ch for ch in self.chains if self._wait_for(ch)])
+        for gi, fut in list(self.futures.items()):
+            fut.add_done_callback(lambda _f, gi=gi: self._on_arrival(gi))  # type: ignore[misc]
+        try:
+            self._decode_all()
+        finally:
+            fetch_pool.shutdown(wait=True, cancel_futures=True)
+        if self._failed:
+            raise self._failed[0]
+        for src, dst in self.copies:
+            dst[:] = src.dst
+            prog.add(dst.nbytes)
+        prog.finish()

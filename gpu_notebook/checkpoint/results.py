@@ -1,0 +1,95 @@
+"""What the inspection and clean-up methods of a :class:`Checkpointer` return: dataclasses with a readable
+``repr`` (what ``%gpu_checkpoint show|diff|gc`` prints)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._display import fmt_bytes
+from .format.manifest import CheckpointInfo
+
+__all__ = ["GcResult", "DiffResult", "ShowResult"]
+
+
+@dataclass
+class GcResult:
+    """What :meth:`Checkpointer.gc` removed (or, in a dry run, would remove)."""
+
+    kept: list[str]  # ids of the checkpoints kept
+    manifests: list[str] = field(default_factory=list)  # ids of the checkpoints deleted
+    objects: list[str] = field(default_factory=list)  # keys of the objects deleted
+    bytes: int = 0  # their size
+
+    def __repr__(self) -> str:
+        return (
+            f"gc: kept {len(self.kept)} checkpoint(s), deleted {len(self.manifests)} checkpoint(s) and "
+            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB"
+        )
+
+
+@dataclass
+class DiffResult:
+    """What differs between two checkpoints (see :meth:`Checkpointer.diff`)."""
+
+    a: str  # the two checkpoint ids
+    b: str
+    changed: dict[str, dict[str, int]]  # tensor -> {"chunks": n, "chunks_changed": m}
+    unchanged: list[str]
+    added: list[str]
+    removed: list[str]
+    values: dict[str, tuple[Any, Any]]  # path of a plain value -> (in a, in b)
+
+    def __repr__(self) -> str:
+        lines = [f"diff {self.a} -> {self.b}:"]
+        lines.append(
+            f"  tensors: {len(self.changed)} changed, {len(self.unchanged)} unchanged, "
+            f"{len(self.added)} added, {len(self.removed)} removed"
+        )
+        for name, info in list(self.changed.items())[:30]:
+            lines.append(f"  ~ {name}: {info['chunks_changed']}/{info['chunks']} chunk(s) changed")
+        for name in self.added[:10]:
+            lines.append(f"  + {name}")
+        for name in self.removed[:10]:
+            lines.append(f"  - {name}")
+        for path, (va, vb) in list(self.values.items())[:30]:
+            lines.append(f"  {path}: {va!r} -> {vb!r}")
+        return "\n".join(lines)
+
+
+@dataclass
+class ShowResult:
+    """One checkpoint in detail (see :meth:`Checkpointer.show`)."""
+
+    info: CheckpointInfo
+    restore: dict[str, int]  # what a restore reads: "bytes", "objects", "max_depth" (of the delta chains)
+    stats: dict[str, Any]  # the manifest's stats (raw/new/reused bytes, stall and persist seconds)
+    writer: dict[str, Any]  # the code that wrote it
+    #: tensor -> dtype, shape, nbytes, stored (bytes), chunks, transforms ({name: count}), max_depth
+    tensors: dict[str, dict[str, Any]]
+
+    def __repr__(self) -> str:
+        info, st, w = self.info, self.stats, self.writer
+        lines = [
+            repr(info),
+            f"  parent={info.parent} world_size={info.world_size} writer={w.get('lib')} "
+            f"{w.get('version', '')} host={w.get('host', '')}",
+            f"  snapshot stall {st.get('stall_s', 0):.3f} s, persist {st.get('persist_s', 0):.3f} s, "
+            f"{st.get('new_objects', 0)} new object(s)",
+        ]
+        rs = self.restore
+        if rs:
+            raw = max(1, int(st.get("raw_bytes", 0)))
+            lines.append(
+                f"  a restore reads {fmt_bytes(rs['bytes'])} ({rs['bytes'] / raw:.2f}x the state) from {rs['objects']} "
+                f"object(s): delta chains up to {rs['max_depth']} deep (bounded by full_every and max_restore_ratio)"
+            )
+        for name, t in list(self.tensors.items())[:50]:
+            tr = ",".join(f"{k}:{v}" for k, v in t["transforms"].items())
+            lines.append(
+                f"  {name:40s} {t['dtype']:9s} {str(t['shape']):18s} {t['nbytes']:>11d} B -> "
+                f"{t['stored']:>11d} B  [{tr}] depth {t['max_depth']}"
+            )
+        if len(self.tensors) > 50:
+            lines.append(f"  ... {len(self.tensors) - 50} more tensors")
+        return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""Snapshots: the host-memory copy of the state a save writes, and the pool of buffers it is copied into.
+
+Taking a snapshot is the only work a save does on the training thread, so its buffers are reused from one save
+to the next (a fresh allocation page-faults on first write, which lengthens the training stall), and copies from
+a GPU go into page-locked buffers (asynchronous device-to-host copies; see :func:`format.tree.flatten`).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ._progress import Progress
+from .format.tree import Leaf, flatten
+
+__all__ = ["Snapshot", "BufferPool"]
+
+
+class Snapshot:
+    """A flattened, host-memory copy of the state at one step."""
+
+    def __init__(self, tree: Any, leaves: list[Leaf], step: int, stall_s: float):
+        self.tree = tree
+        self.leaves = leaves
+        self.step = step
+        self.stall_s = stall_s
+        self.created_at = time.time()
+        self.full = False  # write a full base whatever the schedule says
+        self.progress: Progress | None = None  # shown by save() on its own thread: in the cell that saved
+
+    @property
+    def nbytes(self) -> int:
+        return sum(lf.nbytes for lf in self.leaves)
+
+
+class BufferPool:
+    """Host buffers for snapshot copies, recycled by size: those of the snapshot a delta was last computed
+    against become free once the next save is committed."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}  # recycled snapshot buffers, by size
+        self._free_pinned: dict[int, list[np.ndarray]] = {}  # ... page-locked ones (copies from GPUs)
+        self._pinned: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+    @property
+    def n_pinned(self) -> int:
+        """How many page-locked buffers this pool has handed out that are still alive."""
+        return len(self._pinned)
+
+    def take(self, state: Any, step: int, allow_pickle: bool) -> Snapshot:
+        """Copy ``state`` into buffers of this pool (the training thread waits for this)."""
+        t0 = time.perf_counter()
+        tree, leaves = flatten(state, allow_pickle=allow_pickle, copy=True, alloc=self.alloc)
+        return Snapshot(tree, leaves, step, time.perf_counter() - t0)
+
+    def alloc(self, nbytes: int, pinned: bool = False) -> np.ndarray:
+        """A host buffer for a snapshot copy: a recycled one of that size, else a new one. ``pinned``: page-locked
+        (for asynchronous copies from a GPU; falls back to ordinary memory where that is unavailable)."""
+        lst = (self._free_pinned if pinned else self._free).get(nbytes)
+        if lst:
+            return lst.pop()
+        if pinned:
+            try:
+                import torch
+
+                if torch.cuda.is_available():
+                    a = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+                    self._pinned[id(a)] = a
+                    return a
+            except Exception:  # noqa: BLE001 - out of page-locked memory, no driver: use pageable memory
+                pass
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def prefault(self, leaves: list[Leaf]) -> None:
+        """Ordinary host buffers for the next snapshot, their pages touched (a fresh allocation page-faults on
+        first write, which would otherwise lengthen the next save's training stall)."""
+        for leaf in leaves:
+            d = leaf.data
+            if (
+                not isinstance(d, np.ndarray)
+                or not d.nbytes
+                or self._pinned.get(id(d)) is d
+                or d.base is not None
+            ):
+                continue
+            buf = np.empty(d.nbytes, dtype=np.uint8)
+            buf.fill(0)
+            self._free.setdefault(d.nbytes, []).append(buf)
+
+    def recycle(self, shadow: dict[str, dict[str, Any]]) -> None:
+        """Make the buffers of a snapshot no longer needed (``shadow``: what a delta was computed against) the
+        free ones."""
+        free: dict[int, list[np.ndarray]] = {}
+        free_pinned: dict[int, list[np.ndarray]] = {}
+        seen: set[int] = set()
+        for sh in shadow.values():
+            d = sh["data"]
+            if sh.get("check") or not isinstance(d, np.ndarray) or not d.nbytes or id(d) in seen:
+                continue  # (restored buffers are the caller's tensors: never reused)
+            seen.add(id(d))
+            if self._pinned.get(id(d)) is d:
+                free_pinned.setdefault(d.nbytes, []).append(d)
+            elif d.base is None:
+                free.setdefault(d.nbytes, []).append(d)
+        self._free = free
+        self._free_pinned = free_pinned
