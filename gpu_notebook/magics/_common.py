@@ -4,7 +4,9 @@ A magic reports three kinds of failure, each as one short message on stderr and 
 traceback: a usage mistake (:class:`~IPython.core.error.UsageError`: the message, the usage, where the help
 is), one of our errors (:class:`~gpu_notebook.errors.GpuNotebookError`: ``Error: <message>``), and an
 optional dependency that is not installed (``Error: ...: pip install 'gpu_notebook[EXTRA]'``). Anything else is
-a bug and keeps its traceback. :class:`reported` does that around a magic's body.
+a bug and keeps its traceback; an error with its own notebook display (``_render_traceback_``: the per-rank
+report of a failed ``%%distributed`` cell) fails the cell and shows that. :class:`reported` does this around a
+magic's body.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class reported:
         if isinstance(exc, UsageError):
             print_usage(self.magic_func, str(exc))
             return True
+        if hasattr(exc, "_render_traceback_"):
+            return False  # an error with its own display (DistributedError's per-rank report) fails the cell
         if isinstance(exc, GpuNotebookError):
             msg = str(exc)
             error(msg.strip("'\"") if self.strip_quotes else msg)

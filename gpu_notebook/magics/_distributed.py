@@ -9,7 +9,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.distributed import CellResult, format_ranks, parse_ranks
+from gpu_notebook.distributed import format_ranks, parse_ranks
 from gpu_notebook.doctor import parse_size
 from gpu_notebook.magics._common import (
     BadArguments,
@@ -136,16 +136,12 @@ class DistributedMagics(Magics):
             args = parse(self.distributed, line)
         except BadArguments:
             return None
-        failed: tuple[CellResult, int] | None = None
         with reported(self.distributed):
-            failed = self._run(args, line, cell)
-        if failed is not None:  # the cell fails, with each rank's error (DistributedError's own display)
-            result, world_size = failed
-            result.raise_for_failures(world_size)
+            self._run(args, line, cell)
         return None
 
-    def _run(self, args: Any, line: str, cell: str) -> tuple[CellResult, int] | None:
-        """Run the cell and show its output and values; when a rank failed, the result and the world size."""
+    def _run(self, args: Any, line: str, cell: str) -> None:
+        """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
         cluster = cluster_named(args.cluster) if args.cluster else current_cluster()
         count = getattr(self.shell, "execution_count", None)
         # run's own ValueError is about its arguments: a bad --workers selection
@@ -172,10 +168,9 @@ class DistributedMagics(Magics):
             hint = _push_hint(result.failures, self._ns)
             if hint:
                 result.note = f"{result.note}\n{hint}" if result.note else hint
-            return result, cluster.world_size
-        if result.note:
+            result.raise_for_failures(cluster.world_size)
+        elif result.note:
             print(result.note, file=sys.stderr)
-        return None
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send to every worker")

@@ -91,3 +91,14 @@ def test_bad_arguments_is_a_usage_error_and_ours_are_rooted() -> None:
 )
 def test_missing_extra(exc: ImportError, expect: str | None) -> None:
     assert missing_extra(exc) == expect
+
+
+def test_an_error_with_its_own_display_fails_the_cell(ip, monkeypatch: pytest.MonkeyPatch) -> None:
+    # as DistributedError (the per-rank report of a failed %%distributed cell): IPython shows its display
+    class Rendered(GpuNotebookError):
+        def _render_traceback_(self) -> list[str]:
+            return ["--- rank 1: it failed"]
+
+    _catalog_raising(monkeypatch, Rendered("it failed"))
+    res, _ = _run(ip, "%gpu_cost catalog --cloud aws")
+    assert isinstance(res.error_in_exec, Rendered)
