@@ -488,8 +488,6 @@ class MonitorWidget(LiveView):
         FigureWidget); the header (numbers and advice, one message) is sent only when it changed and only if
         it still fits in the budget.
         """
-        from plotly.basedatatypes import Undefined  # "leave this trace's property alone" in a restyle
-
         with self._lock:
             now = self.clock()
             version = self._data_version()
@@ -506,36 +504,8 @@ class MonitorWidget(LiveView):
             self._version = version
             self._last_refresh = now
             before = self.rate.total
-            since = now - self.window_s
-            cache: dict[str, list[dict[str, Any]]] = {}
-            idx: list[int] = []
-            xs: list[Any] = []
-            ys: list[Any] = []
-            zs: list[Any] = []
-            heat_at: int | None = None
-            for i, (metric, _kind, key) in enumerate(self._traces):
-                if metric == "heat":
-                    heat_at = i
-                    continue
-                t, y = self._series(metric, key, since, now, cache)
-                mark = (len(t), float(t[-1]) if len(t) else math.nan)
-                if not force and self._sent.get(i) == mark:
-                    continue  # this trace got nothing new (a stale node): do not resend it
-                self._sent[i] = mark
-                idx.append(i)
-                xs.append(_to_ms(t))
-                ys.append(_y_out(y))
-                zs.append(Undefined)
-            if heat_at is not None:
-                z, hx, hy = self._heat()
-                idx.append(heat_at)
-                xs.append(hx)
-                ys.append(hy)
-                zs.append(z)
+            restyle, idx = self._restyle(now, force)
             if idx:
-                restyle: dict[str, Any] = {"x": xs, "y": ys}
-                if heat_at is not None:
-                    restyle["z"] = zs
                 self._push(restyle, idx)
                 self._fig_cost = max(1, self.rate.total - before)
             if now - self._advice_at >= 10.0:
@@ -546,6 +516,42 @@ class MonitorWidget(LiveView):
                 self.header.value = header
             self.refreshes += 1
             return True
+
+    def _restyle(self, now: float, force: bool) -> tuple[dict[str, Any], list[int]]:
+        """The restyle of the traces whose data changed since they were last sent (all with ``force``), and
+        their indices; the heat map, when shown, is always in it."""
+        from plotly.basedatatypes import Undefined  # "leave this trace's property alone" in a restyle
+
+        since = now - self.window_s
+        cache: dict[str, list[dict[str, Any]]] = {}
+        idx: list[int] = []
+        xs: list[Any] = []
+        ys: list[Any] = []
+        zs: list[Any] = []
+        heat_at: int | None = None
+        for i, (metric, _kind, key) in enumerate(self._traces):
+            if metric == "heat":
+                heat_at = i
+                continue
+            t, y = self._series(metric, key, since, now, cache)
+            mark = (len(t), float(t[-1]) if len(t) else math.nan)
+            if not force and self._sent.get(i) == mark:
+                continue  # this trace got nothing new (a stale node): do not resend it
+            self._sent[i] = mark
+            idx.append(i)
+            xs.append(_to_ms(t))
+            ys.append(_y_out(y))
+            zs.append(Undefined)
+        if heat_at is not None:
+            z, hx, hy = self._heat()
+            idx.append(heat_at)
+            xs.append(hx)
+            ys.append(hy)
+            zs.append(z)
+        restyle: dict[str, Any] = {"x": xs, "y": ys}
+        if heat_at is not None:
+            restyle["z"] = zs
+        return restyle, idx
 
     thread_name = "gpu_notebook-monitor-widget"
 
