@@ -145,21 +145,37 @@ def flatten(
     UnsafeValueError
         A value has no safe representation (naming its path) and ``allow_pickle`` is False.
     """
-    leaves: list[Leaf] = []
-    seen_names: set[str] = set()
+    f = _Flattener(allow_pickle, copy, alloc)
+    try:
+        tree = f.walk(state, "")
+    finally:
+        wait_for_copies(f.pending)
+    return tree, f.leaves
 
-    def add_leaf(leaf: Leaf) -> str:
+
+class _Flattener:
+    """One walk of :func:`flatten`: the leaves found so far (with unique names) and the devices copied from."""
+
+    def __init__(self, allow_pickle: bool, copy: bool, alloc: Callable[..., np.ndarray] | None) -> None:
+        self.allow_pickle = allow_pickle
+        self.copy = copy
+        self.alloc = alloc
+        self.leaves: list[Leaf] = []
+        self.seen_names: set[str] = set()
+        self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
+
+    def add_leaf(self, leaf: Leaf) -> str:
         name = leaf.name
         i = 1
-        while name in seen_names:
+        while name in self.seen_names:
             name = f"{leaf.name}~{i}"
             i += 1
         leaf.name = name
-        seen_names.add(name)
-        leaves.append(leaf)
+        self.seen_names.add(name)
+        self.leaves.append(leaf)
         return name
 
-    def walk(obj: Any, path: str) -> Any:
+    def walk(self, obj: Any, path: str) -> Any:
         if obj is None or isinstance(obj, bool | str):
             return obj
         if isinstance(obj, int):
@@ -169,67 +185,82 @@ def flatten(
                 return {"$float": repr(obj)}
             return float(obj)
         if isinstance(obj, dict):
-            if all(isinstance(k, str) for k in obj) and not any(k.startswith("$") for k in obj):
-                return {k: walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k)) for k, v in obj.items()}
-            return {
-                "$dict": [
-                    [walk(k, f"{path}/$key"), walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k))]
-                    for k, v in obj.items()
-                ]
-            }
+            return self._dict(obj, path)
         if isinstance(obj, list):
-            return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+            return [self.walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
         if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-            return {"$tuple": [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
+            return {"$tuple": [self.walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
         if isinstance(obj, bytes | bytearray):
             return {"$bytes": base64.b64encode(bytes(obj)).decode()}
         if isinstance(obj, np.ndarray):
-            if obj.dtype.name not in DTYPES or obj.dtype.hasobject:
-                return pickled(obj, path)
-            arr = np.ascontiguousarray(obj).astype(obj.dtype.newbyteorder("<"), copy=True)
-            return {
-                "$ndarray": add_leaf(
-                    Leaf(path, "ndarray", arr.dtype.name, list(obj.shape), arr.reshape(-1).view(np.uint8))
-                )
-            }
+            return self._ndarray(obj, path)
         if isinstance(obj, np.generic):
-            return walk(obj.item(), path)
-        mod = type(obj).__module__ or ""
-        if mod.startswith("torch"):
+            return self.walk(obj.item(), path)
+        if (type(obj).__module__ or "").startswith("torch"):
+            node = self._torch(obj, path)
+            if node is not None:
+                return node
+        if hasattr(obj, "state_dict") and callable(obj.state_dict):
+            return self._state(obj, path)
+        return self.pickled(obj, path)
+
+    def _dict(self, obj: dict[Any, Any], path: str) -> Any:
+        if all(isinstance(k, str) for k in obj) and not any(k.startswith("$") for k in obj):
+            return {k: self.walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k)) for k, v in obj.items()}
+        return {
+            "$dict": [
+                [self.walk(k, f"{path}/$key"), self.walk(v, f"{path}/{_key_str(k)}" if path else _key_str(k))]
+                for k, v in obj.items()
+            ]
+        }
+
+    def _ndarray(self, obj: np.ndarray, path: str) -> Any:
+        if obj.dtype.name not in DTYPES or obj.dtype.hasobject:
+            return self.pickled(obj, path)
+        arr = np.ascontiguousarray(obj).astype(obj.dtype.newbyteorder("<"), copy=True)
+        return {
+            "$ndarray": self.add_leaf(
+                Leaf(path, "ndarray", arr.dtype.name, list(obj.shape), arr.reshape(-1).view(np.uint8))
+            )
+        }
+
+    def _torch(self, obj: Any, path: str) -> Any:
+        """The node of a torch value (None: not one of torch's value types)."""
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
+                return self.pickled(obj, path)
+            return {"$tensor": self.add_leaf(_tensor_leaf(path, obj, self.copy, self.alloc, self.pending))}
+        if isinstance(obj, torch.dtype):
+            return {"$dtype": str(obj).replace("torch.", "")}
+        if isinstance(obj, torch.device):
+            return {"$device": str(obj)}
+        if isinstance(obj, torch.Size):
+            return {"$size": list(obj)}
+        return None
+
+    def _state(self, obj: Any, path: str) -> Any:
+        kind = "other"
+        try:
             import torch
 
-            if isinstance(obj, torch.Tensor):
-                if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
-                    return pickled(obj, path)
-                return {"$tensor": add_leaf(_tensor_leaf(path, obj, copy, alloc, pending))}
-            if isinstance(obj, torch.dtype):
-                return {"$dtype": str(obj).replace("torch.", "")}
-            if isinstance(obj, torch.device):
-                return {"$device": str(obj)}
-            if isinstance(obj, torch.Size):
-                return {"$size": list(obj)}
-        if hasattr(obj, "state_dict") and callable(obj.state_dict):
-            kind = "other"
-            try:
-                import torch
-
-                if isinstance(obj, torch.nn.Module):
-                    kind = "module"
-                elif isinstance(obj, torch.optim.Optimizer):
-                    kind = "optimizer"
-            except ImportError:  # pragma: no cover
-                pass
-            return {
-                "$state": {
-                    "kind": kind,
-                    "class": type(obj).__qualname__,
-                    "value": walk(obj.state_dict(), path),
-                }
+            if isinstance(obj, torch.nn.Module):
+                kind = "module"
+            elif isinstance(obj, torch.optim.Optimizer):
+                kind = "optimizer"
+        except ImportError:  # pragma: no cover
+            pass
+        return {
+            "$state": {
+                "kind": kind,
+                "class": type(obj).__qualname__,
+                "value": self.walk(obj.state_dict(), path),
             }
-        return pickled(obj, path)
+        }
 
-    def pickled(obj: Any, path: str) -> Any:
-        if not allow_pickle:
+    def pickled(self, obj: Any, path: str) -> Any:
+        if not self.allow_pickle:
             raise UnsafeValueError(
                 f"{path or '<root>'}: a {type(obj).__qualname__} has no safe representation; store plain values, "
                 "tensors, arrays or objects with state_dict(), or pass allow_pickle=True"
@@ -237,14 +268,7 @@ def flatten(
         import pickle
 
         raw = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
-        return {"$pickle": add_leaf(Leaf(path, "pickle", "uint8", [raw.nbytes], raw))}
-
-    pending: set[Any] = set()  # devices with asynchronous copies to host in flight
-    try:
-        tree = walk(state, "")
-    finally:
-        wait_for_copies(pending)
-    return tree, leaves
+        return {"$pickle": self.add_leaf(Leaf(path, "pickle", "uint8", [raw.nbytes], raw))}
 
 
 def wait_for_copies(devices: set[Any]) -> None:
