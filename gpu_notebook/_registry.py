@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import builtins
-import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -217,34 +216,14 @@ _active_checkpointer: weakref.ref[Any] | None = None
 
 
 def set_active_checkpointer(checkpointer: Any) -> None:
-    """Record the most recently created (or used) Checkpointer of this process (held weakly)."""
+    """Record the most recently created (or used) Checkpointer of this process (held weakly); None forgets it."""
     global _active_checkpointer
-    _active_checkpointer = weakref.ref(checkpointer)
+    _active_checkpointer = None if checkpointer is None else weakref.ref(checkpointer)
 
 
 def active_checkpointer() -> Any:
-    """The Checkpointer a budget stop waits for and names, or None.
-
-    One recorded with :func:`set_active_checkpointer`; else the checkpoint package's own ``current()``, read
-    only if that package is loaded (nothing to wait for otherwise), so this module does not import it.
-    """
-    found = _active_checkpointer() if _active_checkpointer is not None else None
-    if found is not None:
-        return found
-    for name in _CHECKPOINTER_MODULES:
-        module = sys.modules.get(name)
-        current = vars(module).get("current") if module is not None else None
-        if callable(current):
-            return current()
-    return None
-
-
-# where the checkpoint package keeps ``current()``; vars(), not getattr: a lazy package attribute would import it
-_CHECKPOINTER_MODULES = (
-    "gpu_notebook.checkpoint._checkpointer",
-    "gpu_notebook.checkpoint.checkpointer",
-    "gpu_notebook.checkpoint",
-)
+    """The Checkpointer a budget stop waits for and names (the last one recorded), or None."""
+    return _active_checkpointer() if _active_checkpointer is not None else None
 
 
 _AT_EXIT: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()

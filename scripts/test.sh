@@ -22,6 +22,7 @@ export RAY_USAGE_STATS_ENABLED=0
 if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then every test
     echo "==> ruff, import-linter and mypy"
     .venv/bin/ruff check gpu_notebook tests benchmarks scripts
+    .venv/bin/ruff format --check gpu_notebook tests benchmarks scripts
     .venv/bin/lint-imports
     .venv/bin/mypy gpu_notebook
 fi

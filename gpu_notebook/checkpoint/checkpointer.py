@@ -15,11 +15,12 @@ import os
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._group import agree_min, rank_world, session_token
@@ -48,17 +49,19 @@ __all__ = ["Checkpointer", "SaveHandle", "current"]
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
-_current: weakref.ref[Checkpointer] | None = None
-
 
 def current() -> Checkpointer | None:
-    """The most recently created (or used) :class:`Checkpointer` in this process, or None."""
-    return _current() if _current is not None else None
+    """The most recently created (or used) :class:`Checkpointer` in this process, or None.
+
+    It is kept in :mod:`gpu_notebook._registry` (held weakly), where a budget stop finds it without importing
+    this package.
+    """
+    found = _registry.active_checkpointer()
+    return found if isinstance(found, Checkpointer) else None
 
 
 def _set_current(c: Checkpointer) -> None:
-    global _current
-    _current = weakref.ref(c)
+    _registry.set_active_checkpointer(c)
 
 
 class Checkpointer:

@@ -141,10 +141,12 @@ def test_store_checkpointers_are_reused_and_never_become_current(
 
 
 def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpu_notebook.checkpoint import checkpointer as _checkpointer
+    from gpu_notebook import _registry
 
     ck, ids = store
-    _checkpointer._current = None  # no training checkpointer in this kernel: the magic's store decides
+    _registry.set_active_checkpointer(
+        None
+    )  # no training checkpointer in this kernel: the magic's store decides
     ip.run_line_magic("gpu_checkpoint", f"use {ck.store.url}")
     assert "(4 checkpoints)" in capsys.readouterr().out
     ip.run_line_magic("gpu_checkpoint", "gc --keep 2 --grace 0")  # `use` is read-only; gc reopens it to write
