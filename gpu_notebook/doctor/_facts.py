@@ -502,7 +502,7 @@ def collect_facts(listen: bool = False, kernel_probe: str = "auto") -> Facts:
         facts["world_size"] = dist_info["world_size"]
     try:
         _torch_facts(facts, kernel_probe)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - a broken torch install is a finding to report, not a crash
         facts["probe_errors"]["torch"] = f"{type(exc).__name__}: {exc}"[:300]
         for key, default in (
             ("torch_cuda", None),

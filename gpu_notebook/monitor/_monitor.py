@@ -316,13 +316,13 @@ class Monitor:
         while not self._stop.wait(self.pull_interval):
             try:
                 self.pull()
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the pull thread must outlive a failed round
                 pass
             k += 1
             if self.cluster is not None and self.kind == "cluster":
                 try:
                     self._background_sync(full=k % 15 == 0)
-                except Exception:  # noqa: BLE001
+                except Exception:  # noqa: BLE001 - as above: retried next round
                     pass
 
     def pull(self) -> int:

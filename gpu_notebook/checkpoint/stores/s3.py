@@ -291,7 +291,7 @@ class S3Store(Store):
         for attempt in range(self.retries + 1):
             try:
                 return fn()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - classified just below: retried or re-raised
                 retryable = self._retryable(e)
                 if retryable and attempt < self.retries:
                     time.sleep(delay * (0.5 + random.random()))
