@@ -25,11 +25,15 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from gpu_notebook.errors import GpuNotebookError
+
 __all__ = [
     "LOCAL",
     "ClusterManager",
+    "NoClusterError",
     "PerCluster",
     "RegisteredCluster",
+    "UnknownClusterError",
     "active_checkpointer",
     "cost_meters",
     "current_cluster",
@@ -41,6 +45,17 @@ __all__ = [
 ]
 
 _MISSING = object()
+
+
+class NoClusterError(GpuNotebookError, LookupError):
+    """No cluster is running, and the call needs one (the message says how to start one)."""
+
+
+class UnknownClusterError(GpuNotebookError, KeyError):
+    """No cluster has that name (the message lists the clusters there are)."""
+
+    def __str__(self) -> str:  # KeyError's own str() quotes the message
+        return str(self.args[0]) if self.args else ""
 
 
 class RegisteredCluster(Protocol):
@@ -75,7 +90,7 @@ class ClusterManager(Generic[C]):
     def require_current(self) -> C:
         c = self.current
         if c is None:
-            raise LookupError(
+            raise NoClusterError(
                 "no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())"
             )
         return c
@@ -100,7 +115,9 @@ class ClusterManager(Generic[C]):
             if name in self._clusters:
                 return self._clusters[name]
         if default is _MISSING:
-            raise KeyError(f"no cluster named {name!r}; clusters: {', '.join(self._clusters) or 'none'}")
+            raise UnknownClusterError(
+                f"no cluster named {name!r}; clusters: {', '.join(self._clusters) or 'none'}"
+            )
         return default
 
     def list(self) -> builtins.list[C]:

@@ -15,8 +15,6 @@ from gpu_notebook.magics._common import (
     BadArguments,
     MagicError,
     Option,
-    cluster_named,
-    current_cluster,
     error,
     option,
     options,
@@ -320,7 +318,7 @@ class ClusterMagics(Magics):
             raise UsageError(
                 "scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4"
             )
-        print(current_cluster().scale(int(args.args[0]), progress=progress_printer()))
+        print(get_manager().require_current().scale(int(args.args[0]), progress=progress_printer()))
 
     def _cmd_restart(self, args: Any) -> None:
         print(self._pick(args).restart(progress=progress_printer()))
@@ -348,7 +346,7 @@ class ClusterMagics(Magics):
                 raise UsageError("--iters must be at least 1")
         elif args.steps < 1:
             raise UsageError("--steps must be at least 1")
-        cluster = current_cluster()
+        cluster = get_manager().require_current()
         if kind == "allreduce":
             show(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
         else:
@@ -375,7 +373,7 @@ class ClusterMagics(Magics):
     def _cmd_use(self, args: Any) -> None:
         if len(args.args) != 1:
             raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
-        c = get_manager().use(cluster_named(args.args[0]).name)
+        c = get_manager().use(args.args[0])
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
 
     def _cmd_logs(self, args: Any) -> None:
@@ -392,8 +390,8 @@ class ClusterMagics(Magics):
         if args.args:
             if len(args.args) > 1:
                 raise UsageError(f"{args.command} takes at most one cluster name")
-            return cluster_named(args.args[0])
-        return current_cluster()
+            return get_manager().get(args.args[0])
+        return get_manager().require_current()
 
 
 def _saved_cloud_states() -> list[Any]:

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
 
-from gpu_notebook.cluster import Cluster, get_manager
 from gpu_notebook.errors import GpuNotebookError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -143,23 +142,6 @@ class reported:
         return False
 
 
-def current_cluster() -> Cluster:
-    """The current cluster, or a :class:`MagicError` that says how to start one."""
-    try:
-        return get_manager().require_current()
-    except LookupError as exc:  # require_current's "no cluster is running: start one with ..."
-        raise MagicError(str(exc)) from None
-
-
-def cluster_named(name: str) -> Cluster:
-    """The cluster called ``name``, or a :class:`MagicError` that lists the clusters there are."""
-    try:
-        cluster: Cluster = get_manager().get(name)
-    except KeyError as exc:  # get's "no cluster named 'x'; clusters: ..."
-        raise MagicError(str(exc.args[0]) if exc.args else str(exc)) from None
-    return cluster
-
-
 @contextmanager
 def usage_errors(*types: type[Exception]) -> Iterator[None]:
     """Inside, one of ``types`` (not one of ours) means a value the user typed is wrong: a UsageError.
@@ -250,8 +232,6 @@ __all__ = [
     "BadArguments",
     "MagicError",
     "Option",
-    "cluster_named",
-    "current_cluster",
     "error",
     "help_name",
     "missing_extra",

@@ -9,13 +9,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from gpu_notebook.cluster import get_manager
 from gpu_notebook.distributed import format_ranks, parse_ranks
 from gpu_notebook.doctor import parse_size
 from gpu_notebook.magics._common import (
     BadArguments,
     MagicError,
-    cluster_named,
-    current_cluster,
     parse,
     progress_printer,
     reported,
@@ -142,7 +141,7 @@ class DistributedMagics(Magics):
 
     def _run(self, args: Any, line: str, cell: str) -> None:
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
-        cluster = cluster_named(args.cluster) if args.cluster else current_cluster()
+        cluster = get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
         count = getattr(self.shell, "execution_count", None)
         # run's own ValueError is about its arguments: a bad --workers selection
         with usage_errors(ValueError):
@@ -192,7 +191,7 @@ class DistributedMagics(Magics):
             missing = [n for n in args.names if n not in self._ns]
             if missing:
                 raise MagicError(f"not defined in the notebook: {', '.join(missing)}")
-            cluster = current_cluster()
+            cluster = get_manager().require_current()
             if cluster.running:  # (a stopped one says so in push)
                 with usage_errors(ValueError):  # a bad --workers selection
                     parse_ranks(args.workers, cluster.world_size)
@@ -223,7 +222,7 @@ class DistributedMagics(Magics):
         except BadArguments:
             return None
         with reported(self.gpu_pull, strip_quotes=True):
-            cluster = current_cluster()
+            cluster = get_manager().require_current()
             if cluster.running and not 0 <= args.rank < cluster.world_size:
                 raise UsageError(
                     f"rank {args.rank} out of range: this cluster has ranks 0-{cluster.world_size - 1}"
