@@ -2,8 +2,8 @@
 
 ``%load_ext gpu_notebook`` calls :func:`register`; ``%unload_ext gpu_notebook`` calls :func:`unregister`.
 Every magic always exists once the extension is loaded: a magics module that cannot be imported (a package it
-needs is missing) is replaced by a stand-in whose magics say what failed and which extra to install, so a
-notebook never meets ``UsageError: Line magic function `%gpu_monitor` not found``.
+needs is missing) is replaced by a stand-in whose magics fail the cell saying what failed and which extra to
+install, so a notebook never meets ``UsageError: Line magic function `%gpu_monitor` not found``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, magics_class
 
-from gpu_notebook.magics._common import error
+from gpu_notebook.magics._common import MissingExtra, shown_short
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,11 @@ class UnavailableMagics(Magics):
             self.magics["cell"][name] = self._say
 
     def _say(self, line: str = "", cell: str | None = None) -> None:
-        error(
-            f"{' and '.join(self.part.names)} could not be loaded ({self.reason}): "
-            f"pip install 'gpu_notebook[{self.part.extra}]', then restart the kernel"
+        raise shown_short(
+            MissingExtra(
+                f"{' and '.join(self.part.names)} could not be loaded ({self.reason}): "
+                f"pip install 'gpu_notebook[{self.part.extra}]', then restart the kernel"
+            )
         )
 
 

@@ -11,7 +11,7 @@ from IPython.display import display
 
 from gpu_notebook import checkpoint
 from gpu_notebook.errors import GpuNotebookError
-from gpu_notebook.magics._common import BadArguments, MagicError, error, parse, reported
+from gpu_notebook.magics._common import MagicError, parse, reported, usage_error
 
 COMMANDS = ["list", "show", "restore", "diff", "gc", "use"]
 #: how many positional ids each command takes (min, max)
@@ -102,22 +102,15 @@ class CheckpointMagics(Magics):
         In [5]: %gpu_checkpoint diff 000000000100 000000000200
         In [6]: %gpu_checkpoint gc --keep 3
         """
-        try:
-            args = parse(self.gpu_checkpoint, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_checkpoint, line)
         lo, hi = _IDS[args.command]
         if not lo <= len(args.ids) <= hi:
-            parser = self.gpu_checkpoint.parser  # type: ignore[attr-defined]
-            error(
-                f"{_IDS_HINT[args.command]}, got {' '.join(args.ids) or 'none'}\n\n{parser.format_usage()}"
-                f"Try %gpu_checkpoint? for help."
+            raise usage_error(
+                self.gpu_checkpoint, f"{_IDS_HINT[args.command]}, got {' '.join(args.ids) or 'none'}"
             )
-            return None
         refused = _refused_value(args)
         if refused:
-            error(refused)
-            return None
+            raise usage_error(self.gpu_checkpoint, refused)
         with reported(self.gpu_checkpoint):
             try:
                 return getattr(self, f"_cmd_{args.command}")(args, checkpoint)

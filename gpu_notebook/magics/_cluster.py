@@ -12,16 +12,15 @@ from gpu_notebook.cloud import CloudLauncher, active_states
 from gpu_notebook.cluster import Cluster, get_manager
 from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local, parse_size
 from gpu_notebook.magics._common import (
-    BadArguments,
     MagicError,
     Option,
-    error,
     option,
     options,
     parse,
     progress_printer,
     reported,
     show,
+    shown_short,
     usage_errors,
 )
 
@@ -44,9 +43,10 @@ START_ARGS = (
     ),
     option(
         "--gpu-visibility",
-        choices=["own", "node"],
-        default="own",
-        help="start: each worker sees only its own GPUs (own) or the node's GPUs of the group (node)",
+        choices=["node", "own"],
+        default="node",
+        help="start: each worker sees its node's workers' GPUs, local rank k's GPU as cuda:k, as under torchrun "
+        "(node, the default), or only its own GPUs, as cuda:0 (own)",
     ),
 )
 #: a cluster launched on cloud GPUs (each needs --cloud)
@@ -183,10 +183,7 @@ class ClusterMagics(Magics):
         In [10]: %gpu_cluster start --cloud aws --region us-east-1 --gpu A100:8 --workers 2 --spot --dry-run
         In [11]: %gpu_cluster stop
         """
-        try:
-            args = parse(self.gpu_cluster, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_cluster, line)
         handler = getattr(self, f"_cmd_{args.command}")
         try:
             with reported(self.gpu_cluster, strip_quotes=True):
@@ -196,11 +193,12 @@ class ClusterMagics(Magics):
             if args.command != "start":
                 raise
             # Cluster.start undid what it had started (local Ray, workers, cloud instances): say so, not Ray's frames
-            error(
-                "interrupted: the cluster was not started, and what had started was shut down. "
-                "Run %gpu_cluster start again when ready."
-            )
-        return None
+            raise shown_short(
+                MagicError(
+                    "interrupted: the cluster was not started, and what had started was shut down. "
+                    "Run %gpu_cluster start again when ready."
+                )
+            ) from None
 
     # ---- subcommands ------------------------------------------------------------------------------------------
     def _refuse_options(self, args: Any, opts: tuple[Option, ...], what: str) -> None:

@@ -1,12 +1,14 @@
 """Helpers shared by the magics: argument parsing, how failures are shown, the current cluster, progress lines.
 
-A magic reports three kinds of failure, each as one short message on stderr and never with our internals'
-traceback: a usage mistake (:class:`~IPython.core.error.UsageError`: the message, the usage, where the help
-is), one of our errors (:class:`~gpu_notebook.errors.GpuNotebookError`: ``Error: <message>``), and an
-optional dependency that is not installed (``Error: ...: pip install 'gpu_notebook[EXTRA]'``). Anything else is
-a bug and keeps its traceback; an error with its own notebook display (``_render_traceback_``: the per-rank
-report of a failed ``%%distributed`` cell) fails the cell and shows that. :class:`reported` does this around a
-magic's body.
+A failing magic fails its cell, so "Run All", nbclient and papermill stop there, and it is shown in one short
+message, never with our internals' traceback. There are three kinds: a usage mistake raises IPython's own
+:class:`~IPython.core.error.UsageError` (IPython prints ``UsageError: <message>`` and no traceback; the message
+ends with the usage and where the help is); one of our errors (:class:`~gpu_notebook.errors.GpuNotebookError`)
+propagates with a ``_render_traceback_`` that IPython calls instead of formatting the traceback
+(``ClusterError: <message>``); an optional dependency that is not installed becomes :class:`MissingExtra`, one of
+ours (``...: pip install 'gpu_notebook[EXTRA]'``). Anything else is a bug and keeps its traceback; an error with
+its own notebook display (the per-rank report of a failed ``%%distributed`` cell) keeps that. :class:`reported`
+does this around a magic's body.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, parse_argstring
@@ -46,30 +48,48 @@ EXTRAS = {
 
 
 class BadArguments(UsageError):
-    """A usage error whose message and usage have already been printed; the magic returns quietly."""
+    """Never raised: :func:`parse` raises a plain :class:`UsageError` (IPython shows only that exact class
+    without a traceback). Kept so that ``except BadArguments`` in a magic still imports."""
 
 
 class MagicError(GpuNotebookError):
     """A failure a magic found itself (no such cluster, a name not defined in the notebook)."""
 
 
+class MissingExtra(MagicError, ImportError):
+    """An optional dependency is not installed; the message says which extra of gpu_notebook installs it."""
+
+
 def parse(magic_func: Callable[..., Any], line: str) -> Any:
-    """Parse a magic's arguments; on a mistake print the error and the usage to stderr and raise BadArguments."""
+    """Parse a magic's arguments; a mistake raises a :class:`UsageError` whose message ends with the usage."""
     try:
         return parse_argstring(magic_func, line)
     except (UsageError, SystemExit) as exc:
         msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
-        print_usage(magic_func, msg)
-        raise BadArguments(msg) from None
+        raise usage_error(magic_func, msg) from None
+
+
+def usage_error(magic_func: Callable[..., Any], msg: str) -> UsageError:
+    """A :class:`UsageError` (that exact class: IPython prints its subclasses with a traceback) whose message is
+    ``msg``, the magic's usage line and where its help is."""
+    parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
+    exc = UsageError(f"{msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.")
+    exc.with_usage = True  # type: ignore[attr-defined]  # reported() leaves it as it is
+    return exc
 
 
 def print_usage(magic_func: Callable[..., Any], msg: str) -> None:
-    """``UsageError: msg``, the magic's usage line and where its help is, on stderr."""
-    parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
-    print(
-        f"UsageError: {msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.",
-        file=sys.stderr,
-    )
+    """``UsageError: msg``, the magic's usage line and where its help is, on stderr (as IPython shows it)."""
+    print(f"UsageError: {usage_error(magic_func, msg)}", file=sys.stderr)
+
+
+def shown_short(exc: BaseException, msg: str | None = None) -> BaseException:
+    """``exc`` with a ``_render_traceback_`` that IPython calls instead of formatting its traceback: one line,
+    ``ClusterError: <message>`` (never our internals' frames). Returns ``exc``, to be raised."""
+    text = str(exc) if msg is None else msg
+    lines = [f"{type(exc).__name__}: {text}"]
+    exc._render_traceback_ = lambda: list(lines)  # type: ignore[attr-defined]
+    return exc
 
 
 def help_name(magic_func: Callable[..., Any]) -> str:
@@ -100,10 +120,10 @@ def missing_extra(exc: ImportError) -> str | None:
 
 
 class reported:
-    """Around a magic's body: show our failures as one message (see the module docstring), let bugs through.
+    """Around a magic's body: our failures fail the cell with one short message (see the module docstring);
+    bugs keep their traceback.
 
-    Used as ``with reported(self.gpu_cost): return self._cmd_show(args)``; a failure shown here makes the
-    magic return ``None``.
+    Used as ``with reported(self.gpu_cost): return self._cmd_show(args)``.
 
     Parameters
     ----------
@@ -122,23 +142,23 @@ class reported:
 
     def __exit__(
         self, etype: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool:
-        if exc is None or isinstance(exc, BadArguments):
-            return exc is not None
+    ) -> Literal[False]:
+        if exc is None:
+            return False
         if isinstance(exc, UsageError):
-            print_usage(self.magic_func, str(exc))
-            return True
+            if type(exc) is UsageError and getattr(exc, "with_usage", False):
+                return False
+            raise usage_error(self.magic_func, str(exc)) from None
         if hasattr(exc, "_render_traceback_"):
-            return False  # an error with its own display (DistributedError's per-rank report) fails the cell
+            return False  # an error with its own display (DistributedError's per-rank report) keeps it
         if isinstance(exc, GpuNotebookError):
             msg = str(exc)
-            error(msg.strip("'\"") if self.strip_quotes else msg)
-            return True
+            shown_short(exc, msg.strip("'\"") if self.strip_quotes else msg)
+            return False
         if isinstance(exc, ImportError):
             missing = missing_extra(exc)
             if missing is not None:
-                error(missing)
-                return True
+                raise shown_short(MissingExtra(missing)) from None
         return False
 
 
@@ -208,7 +228,7 @@ def progress_printer() -> Callable[[str], None]:
 
 
 def error(msg: str) -> None:
-    """``Error: msg`` on stderr."""
+    """``Error: msg`` on stderr: for a note that does not fail the cell (a failure raises instead)."""
     print(f"Error: {msg}", file=sys.stderr)
 
 
@@ -231,6 +251,7 @@ __all__ = [
     "EXTRAS",
     "BadArguments",
     "MagicError",
+    "MissingExtra",
     "Option",
     "error",
     "help_name",
@@ -242,5 +263,7 @@ __all__ = [
     "progress_printer",
     "reported",
     "show",
+    "shown_short",
+    "usage_error",
     "usage_errors",
 ]

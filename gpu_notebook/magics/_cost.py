@@ -13,7 +13,7 @@ from IPython.display import HTML, display
 from gpu_notebook.catalog import get_catalog
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.cost import attach_policies, cost_meter_for, describe, watcher_for
-from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported, usage_errors
+from gpu_notebook.magics._common import MagicError, parse, reported, usage_errors
 from gpu_notebook.widgets import cost_view
 
 COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
@@ -55,10 +55,7 @@ class CostMagics(Magics):
         In [5]: %gpu_cost refresh --cloud azure
         In [6]: %gpu_cost stop
         """
-        try:
-            args = parse(self.gpu_cost, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_cost, line)
         with reported(self.gpu_cost):
             try:
                 return getattr(self, f"_cmd_{args.command}")(args)

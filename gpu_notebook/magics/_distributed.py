@@ -13,7 +13,6 @@ from gpu_notebook.cluster import get_manager
 from gpu_notebook.distributed import format_ranks, parse_ranks
 from gpu_notebook.doctor import parse_size
 from gpu_notebook.magics._common import (
-    BadArguments,
     MagicError,
     parse,
     progress_printer,
@@ -131,10 +130,7 @@ class DistributedMagics(Magics):
         In [2]: %%distributed --workers 0 -o loss --timeout 60
            ...: compute_loss()
         """
-        try:
-            args = parse(self.distributed, line)
-        except BadArguments:
-            return None
+        args = parse(self.distributed, line)
         with reported(self.distributed):
             self._run(args, line, cell)
         return None
@@ -183,10 +179,7 @@ class DistributedMagics(Magics):
         In [1]: lr, batch = 0.1, 64
         In [2]: %gpu_push lr batch
         """
-        try:
-            args = parse(self.gpu_push, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_push, line)
         with reported(self.gpu_push, strip_quotes=True):
             missing = [n for n in args.names if n not in self._ns]
             if missing:
@@ -217,10 +210,7 @@ class DistributedMagics(Magics):
         In [1]: %gpu_pull model --rank 0
         In [2]: %gpu_pull losses --rank 1 --as losses_rank1
         """
-        try:
-            args = parse(self.gpu_pull, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_pull, line)
         with reported(self.gpu_pull, strip_quotes=True):
             cluster = get_manager().require_current()
             if cluster.running and not 0 <= args.rank < cluster.world_size:

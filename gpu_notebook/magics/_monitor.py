@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 from traitlets import Float
 
-from gpu_notebook.magics._common import BadArguments, MagicError, parse, reported
+from gpu_notebook.magics._common import MagicError, parse, reported
 from gpu_notebook.monitor import monitor_for, running_monitor
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
@@ -85,10 +85,7 @@ class MonitorMagics(Magics):
         In [5]: %gpu_monitor csv --path gpu.csv
         In [6]: %gpu_monitor stop
         """
-        try:
-            args = parse(self.gpu_monitor, line)
-        except BadArguments:
-            return None
+        args = parse(self.gpu_monitor, line)
         for name in ("interval", "refresh", "window", "advice_window", "threshold"):
             if getattr(args, name) is None:
                 setattr(args, name, getattr(self, name))

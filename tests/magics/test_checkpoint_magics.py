@@ -7,8 +7,19 @@ from typing import Any
 
 import pytest
 import torch
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
 
 from gpu_notebook.checkpoint import Checkpointer
+from gpu_notebook.errors import GpuNotebookError
+
+
+def failed(ip: Any, line: str, etype: type[BaseException] = GpuNotebookError) -> str:
+    """Run ``%gpu_checkpoint line`` as a cell: it must fail the cell with ``etype``; what IPython showed."""
+    with capture_output() as cap:
+        res = ip.run_cell(f"%gpu_checkpoint {line}")
+    assert isinstance(res.error_in_exec, etype), (line, res.error_in_exec)
+    return cap.stdout + cap.stderr
 
 
 @pytest.fixture()
@@ -67,15 +78,11 @@ def test_bad_arguments_print_usage_not_traceback(
     ip: Any, store: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ck, ids = store
-    assert ip.run_line_magic("gpu_checkpoint", "explode") is None
-    err = capsys.readouterr().err
+    err = failed(ip, "explode", UsageError)
     assert "usage" in err.lower() and "Traceback" not in err
-    ip.run_line_magic("gpu_checkpoint", f"show no-such-id --store {ck.store.url}")
-    assert "no checkpoint 'no-such-id'" in capsys.readouterr().err
-    ip.run_line_magic("gpu_checkpoint", f"diff {ids[0]} --store {ck.store.url}")
-    assert "two checkpoint ids" in capsys.readouterr().err
-    ip.run_line_magic("gpu_checkpoint", f"restore --into nosuchvar --store {ck.store.url}")
-    assert "no variable 'nosuchvar'" in capsys.readouterr().err
+    assert "no checkpoint 'no-such-id'" in failed(ip, f"show no-such-id --store {ck.store.url}")
+    assert "two checkpoint ids" in failed(ip, f"diff {ids[0]} --store {ck.store.url}", UsageError)
+    assert "no variable 'nosuchvar'" in failed(ip, f"restore --into nosuchvar --store {ck.store.url}")
 
 
 def test_restore_fallback_skips_a_damaged_latest(
@@ -98,17 +105,14 @@ def test_wrong_positional_arguments_print_usage(
     ip: Any, store: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ck, ids = store
-    ip.run_line_magic("gpu_checkpoint", f"gc 1 --store {ck.store.url}")  # (meant --keep 1)
-    err = capsys.readouterr().err
+    err = failed(ip, f"gc 1 --store {ck.store.url}", UsageError)  # (meant --keep 1)
     assert "gc takes no checkpoint id (how many to keep: --keep N), got 1" in err
     assert "%gpu_checkpoint [--store STORE]" in err and "Traceback" not in err  # the usage
     assert [c.id for c in ck.list()] == ids  # nothing was deleted
-    ip.run_line_magic("gpu_checkpoint", f"list {ids[0]} --store {ck.store.url}")
-    assert "list takes no checkpoint id" in capsys.readouterr().err
-    ip.run_line_magic("gpu_checkpoint", f"show {ids[0]} {ids[1]} --store {ck.store.url}")
-    assert "show takes at most one checkpoint id" in capsys.readouterr().err
-    ip.run_line_magic("gpu_checkpoint", "use")
-    assert "use takes one store" in capsys.readouterr().err
+    assert "list takes no checkpoint id" in failed(ip, f"list {ids[0]} --store {ck.store.url}", UsageError)
+    err = failed(ip, f"show {ids[0]} {ids[1]} --store {ck.store.url}", UsageError)
+    assert "show takes at most one checkpoint id" in err
+    assert "use takes one store" in failed(ip, "use", UsageError)
 
 
 def test_a_mistyped_store_is_an_error_not_a_new_store(
@@ -116,8 +120,7 @@ def test_a_mistyped_store_is_an_error_not_a_new_store(
 ) -> None:
     typo = tmp_path / "rnu"
     for line in (f"list --store {typo}", f"restore --store {typo}", f"use {typo}"):
-        ip.run_line_magic("gpu_checkpoint", line)
-        err = capsys.readouterr().err
+        err = failed(ip, line)
         assert f"no checkpoint store at {typo}" in err and "Traceback" not in err, line
     assert not typo.exists()
 
@@ -152,5 +155,4 @@ def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixt
     ip.run_line_magic("gpu_checkpoint", "gc --keep 2 --grace 0")  # `use` is read-only; gc reopens it to write
     assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
     assert [c.id for c in ck.list()] == ids[-2:]
-    ip.run_line_magic("gpu_checkpoint", "restore 00000000000")
-    assert "ambiguous" in capsys.readouterr().err
+    assert "ambiguous" in failed(ip, "restore 00000000000")

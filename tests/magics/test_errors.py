@@ -1,4 +1,5 @@
-"""How the magics show failures: our errors and usage mistakes as one line, a bug with its traceback."""
+"""How the magics fail: every failure fails the cell (so Run All, nbclient and papermill stop there); our errors
+and usage mistakes are shown in one short message, a bug keeps its traceback."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from gpu_notebook.errors import GpuNotebookError
-from gpu_notebook.magics._common import BadArguments, missing_extra
+from gpu_notebook.magics._common import MissingExtra, missing_extra
 
 
 def _run(ip, cell: str):
@@ -25,13 +26,15 @@ def _catalog_raising(monkeypatch: pytest.MonkeyPatch, exc: BaseException) -> Non
     monkeypatch.setattr(gpu_notebook.magics._cost, "get_catalog", get_catalog)
 
 
-def test_our_error_is_one_line_and_the_cell_does_not_fail(ip, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_our_error_fails_the_cell_in_one_line(ip, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpu_notebook.catalog import CatalogError
 
     _catalog_raising(monkeypatch, CatalogError("the price list is unreadable"))
     res, cap = _run(ip, "%gpu_cost catalog --cloud aws")
-    assert res.error_in_exec is None
-    assert cap.stderr == "Error: the price list is unreadable\n" and cap.stdout == ""
+    assert isinstance(res.error_in_exec, CatalogError)
+    # IPython shows what _render_traceback_ gives instead of the traceback: no frames of ours
+    assert res.error_in_exec._render_traceback_() == ["CatalogError: the price list is unreadable"]
+    assert cap.stdout + cap.stderr == "CatalogError: the price list is unreadable\n"
 
 
 def test_a_bug_keeps_its_traceback(ip, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,13 +55,16 @@ def test_an_import_error_of_our_own_module_is_a_bug_too(ip, monkeypatch: pytest.
 def test_a_missing_optional_package_names_its_extra(ip, monkeypatch: pytest.MonkeyPatch) -> None:
     _catalog_raising(monkeypatch, ModuleNotFoundError("No module named 'boto3'", name="boto3"))
     res, cap = _run(ip, "%gpu_cost catalog --cloud aws")
-    assert res.error_in_exec is None
-    assert cap.stderr == "Error: No module named 'boto3': pip install 'gpu_notebook[aws]'\n"
+    assert isinstance(res.error_in_exec, MissingExtra) and isinstance(res.error_in_exec, ImportError)
+    assert (
+        cap.stdout + cap.stderr == "MissingExtra: No module named 'boto3': pip install 'gpu_notebook[aws]'\n"
+    )
 
 
-def test_usage_errors_print_the_usage(ip) -> None:
+def test_usage_errors_fail_the_cell_with_the_usage(ip) -> None:
     res, cap = _run(ip, "%gpu_cluster start --workers 0")  # Cluster's own check, before anything starts
-    assert res.error_in_exec is None
+    # exactly UsageError: IPython prints that class as one message, and a subclass with a traceback
+    assert type(res.error_in_exec) is UsageError
     assert (
         cap.stderr.startswith("UsageError: --workers must be at least 1\n")
         and "%gpu_cluster [--name" in cap.stderr
@@ -66,11 +72,32 @@ def test_usage_errors_print_the_usage(ip) -> None:
     assert cap.stderr.rstrip().endswith("Try %gpu_cluster? for help.")
 
 
-def test_bad_arguments_is_a_usage_error_and_ours_are_rooted() -> None:
-    assert issubclass(BadArguments, UsageError)
+@pytest.mark.parametrize(
+    "cell,etype,says",
+    [
+        ("%gpu_cluster scale not-a-number", UsageError, "scale takes one argument"),
+        ("%gpu_cluster bench", UsageError, "bench takes one argument"),
+        ("%gpu_cluster no-such-command", UsageError, "invalid choice"),
+        ("%gpu_cluster use no-such-cluster", GpuNotebookError, "no-such-cluster"),
+        ("%gpu_push not_defined_here", GpuNotebookError, "not defined in the notebook: not_defined_here"),
+        ("%gpu_checkpoint diff only-one", UsageError, "diff takes two checkpoint ids"),
+        ("%gpu_checkpoint restore", GpuNotebookError, "no current checkpoint store"),
+    ],
+)
+def test_failing_magics_fail_the_cell(ip, cell: str, etype: type[BaseException], says: str) -> None:
+    from gpu_notebook import _registry
+
+    _registry.set_active_checkpointer(None)  # (another test's checkpointer must not be restored from)
+    res, cap = _run(ip, cell)
+    assert isinstance(res.error_in_exec, etype), res.error_in_exec
+    shown = cap.stdout + cap.stderr
+    assert says in shown and "Traceback" not in shown and "gpu_notebook/" not in shown
+
+
+def test_ours_are_rooted() -> None:
     from gpu_notebook.magics._common import MagicError
 
-    assert issubclass(MagicError, GpuNotebookError)
+    assert issubclass(MagicError, GpuNotebookError) and issubclass(MissingExtra, GpuNotebookError)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
-"""``%gpu_monitor``: bad values print the usage (no traceback); stop and status never start samplers."""
+"""``%gpu_monitor``: bad values fail the cell with the usage (no traceback); stop and status never start samplers."""
 
 from __future__ import annotations
 
 import pytest
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from gpu_notebook.monitor import _monitor as monitor_mod
@@ -30,8 +31,9 @@ def started(ip, monkeypatch: pytest.MonkeyPatch):
 
 
 def run(ip, line: str):
+    """Run ``%gpu_monitor line`` as a cell: its result (IPython's ExecutionResult) and what it showed."""
     with capture_output() as cap:
-        result = ip.run_line_magic("gpu_monitor", line)
+        result = ip.run_cell(f"%gpu_monitor {line}")
     return result, cap
 
 
@@ -49,7 +51,7 @@ def run(ip, line: str):
 )
 def test_out_of_range_values_print_usage_not_a_traceback(ip, started, line: str) -> None:
     result, cap = run(ip, line)
-    assert result is None
+    assert isinstance(result.error_in_exec, UsageError)  # the cell fails: Run All stops here
     assert (
         "UsageError" in cap.stderr
         and "%gpu_monitor" in cap.stderr

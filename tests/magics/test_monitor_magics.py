@@ -5,6 +5,7 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from gpu_notebook.magics._monitor import MonitorMagics
@@ -26,8 +27,8 @@ def test_help_is_generated_from_magic_arguments(ip) -> None:
 
 def test_bad_arguments_print_usage_not_a_traceback(ip) -> None:
     with capture_output() as cap:
-        result = ip.run_line_magic("gpu_monitor", "explode --local")
-    assert result is None
+        result = ip.run_cell("%gpu_monitor explode --local")
+    assert isinstance(result.error_in_exec, UsageError)  # the cell fails
     assert (
         "[--path PATH]" in cap.stderr
         and "%gpu_monitor" in cap.stderr
