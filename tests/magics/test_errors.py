@@ -81,13 +81,14 @@ def test_usage_errors_fail_the_cell_with_the_usage(ip) -> None:
         ("%gpu_cluster use no-such-cluster", GpuNotebookError, "no-such-cluster"),
         ("%gpu_push not_defined_here", GpuNotebookError, "not defined in the notebook: not_defined_here"),
         ("%gpu_checkpoint diff only-one", UsageError, "diff takes two checkpoint ids"),
-        ("%gpu_checkpoint restore", GpuNotebookError, "no current checkpoint store"),
+        (
+            "%gpu_checkpoint restore --store /nonexistent-gnb-store",
+            GpuNotebookError,
+            "no checkpoint store at",
+        ),
     ],
 )
 def test_failing_magics_fail_the_cell(ip, cell: str, etype: type[BaseException], says: str) -> None:
-    from gpu_notebook import _registry
-
-    _registry.set_active_checkpointer(None)  # (another test's checkpointer must not be restored from)
     res, cap = _run(ip, cell)
     assert isinstance(res.error_in_exec, etype), res.error_in_exec
     shown = cap.stdout + cap.stderr
