@@ -12,7 +12,7 @@ from html import escape
 from typing import Any
 
 from . import _ray_compat
-from ._render import render_kuberay_manifest, render_ray_config, to_yaml
+from ._render import render_kuberay_manifest, render_ray_config, shipped_package, to_yaml
 from ._spec import ClusterSpec, InstanceChoice, Resolved, resolve
 
 __all__ = ["Plan", "make_plan"]
@@ -147,9 +147,12 @@ def make_plan(spec: ClusterSpec, catalog: Any = None) -> Plan:
     if spec.cloud == "kubernetes":
         manifest = render_kuberay_manifest(spec)
         notes.append("Kubernetes: cost depends on your cluster's nodes; no estimate.")
+        if spec.ship_package:
+            notes.append("this kernel's gpu_notebook reaches the pods through Ray's runtime_env at start")
         return Plan(spec, resolved, manifest, "kuberay", notes)
     _ray_compat.check_ray_version()
-    config = render_ray_config(spec, resolved)
+    package = shipped_package(spec)
+    config = render_ray_config(spec, resolved, package)
     _ray_compat.prepare_and_validate(config)
     head = resolved.head
     if head is not None and head.on_demand_per_hour is None:
@@ -159,7 +162,7 @@ def make_plan(spec: ClusterSpec, catalog: Any = None) -> Plan:
             "idle auto-stop runs on the head (gpu_notebook.cloud._idle_watch) and tears the whole "
             "cluster down; Ray's idle_timeout_minutes only removes extra workers"
         )
-    notes.append(
-        f"image {spec.image_or_default}; setup installs {', '.join(spec.pip_or_default) or 'nothing'}"
-    )
+    installs = ", ".join(spec.pip_or_default) or "nothing from the package index"
+    ours = f"; then this kernel's gpu_notebook {package.version}, sent as {package.sdist}" if package else ""
+    notes.append(f"image {spec.image_or_default}; setup installs {installs}{ours}")
     return Plan(spec, resolved, config, "ray", notes)

@@ -2,6 +2,10 @@
 
 The output is plain data (dicts) that ``ray up`` would accept: ``render_ray_config`` for ``aws``, ``gcp`` and
 ``azure``, ``render_kuberay_manifest`` for ``kubernetes``. ``to_yaml`` prints either.
+
+Our own package reaches the VM nodes as this kernel's copy (:mod:`._ship`): its sdist is a ``file_mounts`` entry
+and a setup command installs it; nothing named gpu_notebook is ever fetched from a package index. On Kubernetes
+it travels through Ray's ``runtime_env`` at start instead (the init container installs only the index packages).
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from ._ship import ShippedPackage
+from ._ship import package as ship_package
 from ._spec import (
     DEFAULT_VM_IMAGES,
     ClusterSpec,
@@ -57,12 +63,21 @@ GCP_ACCELERATORS = {
 }
 
 
-def setup_commands(spec: ClusterSpec) -> list[str]:
-    """Commands run in the container on every node: install the same gpu_notebook (and torch), then extras."""
+def shipped_package(spec: ClusterSpec, package: ShippedPackage | None = None) -> ShippedPackage | None:
+    """The package a spec sends to its nodes: ``package`` if given, else this kernel's (None: not shipped)."""
+    if not spec.ship_package:
+        return None
+    return package if package is not None else ship_package()
+
+
+def setup_commands(spec: ClusterSpec, package: ShippedPackage | None = None) -> list[str]:
+    """Commands run in the container on every node: the index packages (torch), our sent sdist, then extras."""
     cmds: list[str] = []
     pkgs = spec.pip_or_default
     if pkgs:
         cmds.append("pip install -q -U " + " ".join(shlex.quote(p) for p in pkgs))
+    if package is not None:
+        cmds.append(package.install_command())
     cmds.extend(spec.setup_commands)
     return cmds
 
@@ -228,7 +243,9 @@ def _auth(spec: ClusterSpec) -> dict[str, Any]:
     return auth
 
 
-def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> dict[str, Any]:
+def render_ray_config(
+    spec: ClusterSpec, resolved: Resolved | None = None, package: ShippedPackage | None = None
+) -> dict[str, Any]:
     """The Ray cluster-launcher config (what ``ray up`` reads) for an ``aws``, ``gcp`` or ``azure`` spec.
 
     Parameters
@@ -236,6 +253,9 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
     spec : ClusterSpec
     resolved : Resolved, optional
         The instances (default: :func:`~gpu_notebook.cloud.resolve` against the catalog).
+    package : ShippedPackage, optional
+        The gpu_notebook to send (default: this kernel's, built by :func:`gpu_notebook.cloud._ship.package`;
+        none when ``spec.ship_package`` is False).
     """
     if spec.cloud == "kubernetes":
         raise ValueError("kubernetes clusters are KubeRay manifests: use render_kuberay_manifest()")
@@ -248,6 +268,7 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
         "node_config": _node_config(spec, head.name, None, 0, False),
     }
     node_types: dict[str, Any] = {HEAD_TYPE: head_type, **_worker_node_types(spec, worker, max_workers)}
+    shipped = shipped_package(spec, package)
     return {
         "cluster_name": spec.name,
         "max_workers": max_workers,
@@ -266,9 +287,9 @@ def render_ray_config(spec: ClusterSpec, resolved: Resolved | None = None) -> di
         "auth": _auth(spec),
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
-        "file_mounts": {},
+        "file_mounts": shipped.file_mounts() if shipped is not None else {},
         "initialization_commands": [],
-        "setup_commands": setup_commands(spec),
+        "setup_commands": setup_commands(spec, shipped),
         "head_start_ray_commands": head_start_commands(spec),
         "worker_start_ray_commands": list(WORKER_START_COMMANDS),
     }
@@ -316,8 +337,9 @@ def _worker_node_types(spec: ClusterSpec, worker: InstanceChoice, max_workers: i
 def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
     """A KubeRay ``RayCluster`` (``ray.io/v1``) for a ``kubernetes`` spec.
 
-    The workers ask for ``nvidia.com/gpu``; gpu_notebook (and torch) are installed by an init container into a
-    shared volume that is put on ``PYTHONPATH``, so the stock Ray image is enough.
+    The workers ask for ``nvidia.com/gpu``; torch (the index packages) is installed by an init container into a
+    shared volume that is put on ``PYTHONPATH``, so the stock Ray image is enough. gpu_notebook itself comes
+    through Ray's ``runtime_env`` when the notebook starts its workers (a manifest carries no files).
     """
     if spec.cloud != "kubernetes":
         raise ValueError("render_kuberay_manifest() is for --cloud kubernetes")
@@ -361,7 +383,7 @@ def render_kuberay_manifest(spec: ClusterSpec) -> dict[str, Any]:
     }
 
 
-_KUBE_SITE = "/opt/gnb-site"  # the shared volume the init container installs gpu_notebook (and torch) into
+_KUBE_SITE = "/opt/gnb-site"  # the shared volume the init container installs torch (the index packages) into
 
 
 def _kube_container(
@@ -384,17 +406,15 @@ def _kube_pod_template(
     container: dict[str, Any],
     tolerations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """A pod with the install-gpu-notebook init container, ``container``, and the shared volume."""
+    """A pod with the init container that installs the index packages, ``container``, and the shared volume."""
+    pkgs = spec.pip_or_default
+    steps = (
+        [f"pip install -q --target {_KUBE_SITE} " + " ".join(shlex.quote(p) for p in pkgs)] if pkgs else []
+    )
     init = {
-        "name": "install-gpu-notebook",
+        "name": "install-packages",
         "image": spec.image_or_default,
-        "command": [
-            "bash",
-            "-lc",
-            f"pip install -q --target {_KUBE_SITE} "
-            + " ".join(shlex.quote(p) for p in spec.pip_or_default)
-            + "".join(f" && {c}" for c in spec.setup_commands),
-        ],
+        "command": ["bash", "-lc", " && ".join([*steps, *spec.setup_commands]) or "true"],
         "volumeMounts": [{"name": "gnb-site", "mountPath": _KUBE_SITE}],
     }
     pod: dict[str, Any] = {"initContainers": [init], "containers": [container]}

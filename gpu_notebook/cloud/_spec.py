@@ -82,14 +82,12 @@ def local_package_version(name: str) -> str | None:
 
 
 def default_pip_packages() -> list[str]:
-    """What setup commands install on every node: the same gpu_notebook (and torch, if installed here)."""
-    pkgs = []
-    gnb = local_package_version("gpu_notebook")
-    pkgs.append(f"gpu_notebook=={gnb}" if gnb else "gpu_notebook")
+    """What setup commands install from the package index on every node: the same torch, if installed here.
+
+    gpu_notebook itself never comes from an index: the nodes get this kernel's own copy (``ship_package``).
+    """
     torch = local_package_version("torch")
-    if torch:
-        pkgs.append(f"torch=={torch}")
-    return pkgs
+    return [f"torch=={torch}"] if torch else []
 
 
 def parse_gpu(text: str) -> tuple[str, int]:
@@ -149,7 +147,11 @@ class ClusterSpec:
     image : str, optional
         Container image for every node (default :func:`default_image`).
     pip_packages : list of str, optional
-        Installed by the setup commands (default :func:`default_pip_packages`).
+        Installed from the package index by the setup commands (default :func:`default_pip_packages`: torch).
+    ship_package : bool
+        Send this kernel's own gpu_notebook to every node and install it there (an sdist through the launcher's
+        ``file_mounts``; on Kubernetes, Ray's ``runtime_env``). False: the image must already have the same
+        version; the start checks every node either way (see :mod:`gpu_notebook.cloud._ship`).
     setup_commands : list of str
         Extra commands after the pip install.
     disk_gb : int
@@ -195,6 +197,7 @@ class ClusterSpec:
     spot_fallback: bool = True
     image: str | None = None
     pip_packages: list[str] | None = None
+    ship_package: bool = True
     setup_commands: list[str] = field(default_factory=list)
     disk_gb: int = 200
     idle_stop_minutes: float | None = None

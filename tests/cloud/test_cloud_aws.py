@@ -60,7 +60,7 @@ def _spec(**kw):
         spot=True,
         idle_stop_minutes=60,
         name="gnb-moto",
-        pip_packages=["gpu_notebook==0.1.0"],
+        pip_packages=["torch==2.13.0"],
         image="rayproject/ray:2.60.0-py311-gpu",
         connect="direct",
     )
@@ -219,11 +219,20 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path)
     assert rec.matching(r"docker pull rayproject/ray:2\.60\.0-py311-gpu")
     (docker_run,) = rec.matching(r"docker run .*--net=host.*rayproject/ray:2\.60\.0-py311-gpu")
     assert "--gpus" not in docker_run and "--runtime=nvidia" not in docker_run  # the head is a CPU node
-    assert rec.matching(r"pip install -q -U gpu_notebook==0\.1\.0")
+    assert rec.matching(r"pip install -q -U torch==2\.13\.0")
+    # our own package is this kernel's copy, sent with the launch (never fetched from an index by name)
+    assert not rec.matching(r"gpu_notebook==")
+    # rsynced to the host, mounted into the container at ~ (/home/ray), installed from there
+    sdist = r"gpu_notebook_dist/[0-9a-f]{16}/gpu_notebook-0\.1\.0\.tar\.gz"
+    assert rec.matching(rf"^rsync .*/gpu_notebook-0\.1\.0\.tar\.gz \S+:/tmp/ray_tmp_mount/gnb-moto/~/{sdist}")
+    assert rec.matching(rf"docker run .*-v /tmp/ray_tmp_mount/gnb-moto/~/{sdist}:/home/ray/{sdist} ")
+    assert rec.matching(
+        rf"pip install -q --force-reinstall --no-deps /home/ray/{sdist} && pip install -q /home/ray/{sdist}"
+    )
     assert rec.matching(r"ray start --head --port=6379 .*--ray-client-server-port=10001")
     assert rec.matching(r"python -m gpu_notebook\.cloud\._idle_watch --minutes 60 ")
     assert rec.matching(r"^rsync .*ray_bootstrap_config\.yaml")
-    installs = [i for i, c in enumerate(cmds) if "pip install -q -U gpu_notebook" in c]
+    installs = [i for i, c in enumerate(cmds) if "gpu_notebook_dist" in c and "pip install" in c]
     starts = [i for i, c in enumerate(cmds) if "ray start --head" in c]
     assert installs[0] < starts[0]
 

@@ -36,7 +36,7 @@ def _spec(**kw):
                 name="gnb-kube",
                 namespace="ml",
                 image="img:1",
-                pip_packages=["gpu_notebook==0.1.0"],
+                pip_packages=["torch==2.13.0"],
             ),
             **kw,
         }

@@ -19,12 +19,20 @@ from gpu_notebook.cloud._render import (
     WORKER_SPOT_TYPE,
     WORKER_TYPE,
 )
+from gpu_notebook.cloud._ship import ShippedPackage
 
 pytest.importorskip("ray")
 yaml = pytest.importorskip("yaml")
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "cloud"
-PINNED = dict(image="rayproject/ray:2.60.0-py311-gpu", pip_packages=["gpu_notebook==0.1.0", "torch==2.13.0"])
+PINNED = dict(image="rayproject/ray:2.60.0-py311-gpu", pip_packages=["torch==2.13.0"])
+# a shipped package with fixed paths and digest, so the golden files do not change with every edit of the code
+GOLDEN_PACKAGE = ShippedPackage(
+    "0.1.0",
+    "0123456789abcdef" * 4,
+    Path("/home/user/.cache/gpu_notebook/packages/0.1.0-0123456789abcdef/tree/gpu_notebook"),
+    Path("/home/user/.cache/gpu_notebook/packages/0.1.0-0123456789abcdef/gpu_notebook-0.1.0.tar.gz"),
+)
 
 # name -> typical request
 REQUESTS = {
@@ -74,7 +82,7 @@ def _render(kw):
     spec = ClusterSpec(**{**PINNED, **kw})
     if spec.cloud == "kubernetes":
         return render_kuberay_manifest(spec)
-    return render_ray_config(spec, resolve(spec))
+    return render_ray_config(spec, resolve(spec), GOLDEN_PACKAGE)
 
 
 @pytest.mark.parametrize("name", sorted(REQUESTS))
@@ -95,9 +103,13 @@ def test_golden_configs_pass_rays_validation(name):
     prepared = rc.prepare_and_validate(config)
     assert prepared["cluster_name"] == REQUESTS[name]["name"]
     assert prepared["provider"]["cache_stopped_nodes"] is False
-    # prepare_config merged setup commands into head/worker setup like `ray up` does
-    assert any("pip install -q -U gpu_notebook==0.1.0" in c for c in prepared["head_setup_commands"])
-    assert any("pip install -q -U gpu_notebook==0.1.0" in c for c in prepared["worker_setup_commands"])
+    # prepare_config merged setup commands into head/worker setup like `ray up` does: every node installs the
+    # sent sdist, and nothing named gpu_notebook comes from a package index
+    sent = GOLDEN_PACKAGE.remote_sdist
+    assert prepared["file_mounts"] == {sent: str(GOLDEN_PACKAGE.sdist)}
+    for key in ("head_setup_commands", "worker_setup_commands"):
+        assert any(f"pip install -q --force-reinstall --no-deps {sent}" in c for c in prepared[key])
+        assert not any("gpu_notebook==" in c for c in prepared[key])
 
 
 @pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
@@ -222,9 +234,20 @@ def test_default_image_and_packages_match_this_machine():
     spec = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-d")
     major, minor = sys.version_info[:2]
     assert spec.image_or_default == f"rayproject/ray:{version('ray')}-py{major}{minor}-gpu"
-    assert f"gpu_notebook=={version('gpu_notebook')}" in spec.pip_or_default
+    assert spec.pip_or_default == [f"torch=={version('torch').split('+')[0]}"]
     cfg = render_ray_config(spec, resolve(spec))
     assert cfg["docker"]["image"] == spec.image_or_default
+    # this kernel's own package is sent, at this kernel's version
+    ((remote, local),) = cfg["file_mounts"].items()
+    assert Path(local).name == f"gpu_notebook-{version('gpu_notebook')}.tar.gz" and Path(local).is_file()
+    assert remote.endswith(Path(local).name) and any(remote in c for c in cfg["setup_commands"])
+
+
+def test_ship_package_off_sends_nothing():
+    spec = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-d", ship_package=False, **PINNED)
+    cfg = render_ray_config(spec, resolve(spec))
+    assert cfg["file_mounts"] == {}
+    assert cfg["setup_commands"] == ["pip install -q -U torch==2.13.0"]
 
 
 def test_kuberay_manifest_shape():
@@ -245,7 +268,9 @@ def test_kuberay_manifest_shape():
     assert worker["image"] == PINNED["image"]
     assert {"name": "PYTHONPATH", "value": "/opt/gnb-site"} in worker["env"]
     init = group["template"]["spec"]["initContainers"][0]
-    assert "pip install -q --target /opt/gnb-site gpu_notebook==0.1.0 torch==2.13.0" in init["command"][-1]
+    assert (
+        init["command"][-1] == "pip install -q --target /opt/gnb-site torch==2.13.0"
+    )  # gpu_notebook: runtime_env
     head = m["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"
     assert {p["containerPort"] for p in head["template"]["spec"]["containers"][0]["ports"]} == {

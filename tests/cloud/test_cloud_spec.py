@@ -98,7 +98,7 @@ def test_plan_prices_on_demand_vs_spot_and_shows_config():
         idle_stop_minutes=60,
         name="gnb-plan",
         image="img:1",
-        pip_packages=["gpu_notebook==0.1.0"],
+        pip_packages=["torch==2.13.0"],
     )
     plan = plan_cluster(spec)
     worker, head = plan.resolved.worker, plan.resolved.head
@@ -112,6 +112,7 @@ def test_plan_prices_on_demand_vs_spot_and_shows_config():
     assert f"${plan.hourly('on_demand'):,.2f}/h all on-demand" in text
     assert "with on-demand fallback" in text and "auto-stop after 60 idle min" in text
     assert "InstanceMarketOptions" in text and "cluster_name: gnb-plan" in text
+    assert "setup installs torch==2.13.0; then this kernel's gpu_notebook 0.1.0, sent as " in text
     html = plan._repr_html_()
     assert "<table>" in html and "p4d.24xlarge" in html and "full config" in html
     assert "p4d.24xlarge x2" in repr(plan)
