@@ -27,10 +27,13 @@ def _free_port() -> int:
 
 
 def _mp_rank(rank: int, world: int, port: int, queue) -> None:  # type: ignore[no-untyped-def]
+    from gpu_notebook.distributed import plan_ranks
     from gpu_notebook.distributed._worker import RankWorker
 
+    # one node, one GPU per rank, node visibility (the default): rank k sees GPUs 0..world-1 and uses cuda:k
+    plan = plan_ranks([{"node_id": "n", "ip": "127.0.0.1", "gpu_ids": [str(r)]} for r in range(world)])[rank]
     w = RankWorker("gpucheck")
-    w.init_process_group(rank, world, rank, world, 0, "127.0.0.1", port, "nccl", str(rank), 0, 120)
+    w.init_process_group(plan, world, 1, "127.0.0.1", port, "nccl", 120)
     out = w.run_cell(CELL, "gpu-check")
     queue.put((rank, out, w.drain_output()))
 

@@ -59,7 +59,8 @@ class Cluster:
     backend
         ``auto`` (NCCL when every worker has a GPU, else gloo), ``gloo`` or ``nccl``.
     gpu_visibility
-        ``own`` (each worker sees only its GPUs) or ``node`` (each sees the node's GPUs of the group).
+        ``node`` (the default: each worker sees its node's workers' GPUs, local rank k's GPU as ``cuda:k``, as
+        under torchrun) or ``own`` (each sees only its GPUs, as ``cuda:0``); see ``docs/distributed.md``.
     **options
         Extras other parts read (``idle_stop``, ``budget``, ``budget_checkpoint_timeout_s``, ``node_pricing``,
         ``cloud``, ``reaper``, ``max_result_bytes`` (the most a rank's value may take, pickled, to come back:
@@ -83,7 +84,7 @@ class Cluster:
         address: str | None = None,
         dashboard: bool = False,
         backend: str = "auto",
-        gpu_visibility: str = "own",
+        gpu_visibility: str = "node",
         timeouts: GroupTimeouts | None = None,
         **options: Any,
     ) -> None:

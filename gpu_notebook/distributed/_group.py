@@ -23,7 +23,7 @@ from gpu_notebook._display import Progress
 from gpu_notebook.distributed import _placement, _recovery
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend
-from gpu_notebook.distributed._ranks import RankPlan, parse_ranks, plan_ranks
+from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
 from gpu_notebook.distributed._recovery import CellRun
 from gpu_notebook.distributed._results import CellResult
 from gpu_notebook.distributed._worker import (
@@ -79,7 +79,7 @@ class WorkerGroup:
         cpus_per_worker: float = 1.0,
         gpus_per_worker: float = 0,
         backend: str = "auto",
-        gpu_visibility: str = "own",
+        gpu_visibility: str = "node",
         strategy: str = "PACK",
         env: dict[str, str] | None = None,
         runtime_env: dict[str, Any] | None = None,
@@ -93,8 +93,8 @@ class WorkerGroup:
             raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError("backend must be 'auto', 'gloo' or 'nccl'")
-        if gpu_visibility not in ("own", "node"):  # checked here, not after workers were started for nothing
-            raise ValueError("gpu_visibility must be 'own' or 'node'")
+        if gpu_visibility not in GPU_VISIBILITIES:  # checked here, not after workers were started for nothing
+            raise ValueError(f"gpu_visibility must be one of {', '.join(map(repr, GPU_VISIBILITIES))}")
         self.size = size
         self.cpus_per_worker = cpus_per_worker
         self.gpus_per_worker = gpus_per_worker
@@ -242,19 +242,10 @@ class WorkerGroup:
             f"initialising torch.distributed ({backend}{': ' + why if why else ''}; world size {self.size}, "
             f"master {master_ip}:{port})"
         )
+        nodes = len({w.plan.node_id for w in workers})
         refs = [
             w.actor.init_process_group.remote(
-                w.plan.rank,
-                self.size,
-                w.plan.local_rank,
-                w.plan.local_world_size,
-                w.plan.node_rank,
-                master_ip,
-                port,
-                backend,
-                w.plan.cuda_visible_devices,
-                w.plan.device_index,
-                self.timeouts.collective,
+                w.plan, self.size, nodes, master_ip, port, backend, self.timeouts.collective
             )
             for w in workers
         ]

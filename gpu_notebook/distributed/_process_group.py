@@ -1,9 +1,9 @@
 """The torch.distributed process group of a worker group: the backend, the torchrun environment, join and leave.
 
 The driver side chooses the backend (:func:`explain_backend`: NCCL only when every rank has a GPU of its own
-that CUDA can use). The rank side (:func:`join`, run in each worker process) sets the torchrun environment
-variables (:func:`torchrun_env`, the one place they are built; the doctor's local group uses it too), then
-initialises ``torch.distributed`` once. User code written for torchrun then runs unchanged: its own
+that CUDA can use). The rank side, run in each worker process, makes the rank's own GPU its current device
+(:func:`select_devices`), sets the torchrun environment variables (:func:`torchrun_env`, the one place they are
+built; the doctor's local group uses it too), then initialises ``torch.distributed`` once (:func:`join`). User code written for torchrun then runs unchanged: its own
 ``init_process_group`` returns quietly on the initialised group and its ``destroy_process_group()`` is ignored
 (:func:`patch_torch_distributed`), because the group belongs to the worker, not to the cell.
 
@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks
 
 __all__ = [
+    "NOT_TORCHRUN",
+    "TORCHRUN_ONLY",
+    "RankDevices",
     "choose_backend",
     "collective_seq",
     "explain_backend",
     "join",
     "leave",
     "patch_torch_distributed",
+    "select_devices",
     "torchrun_env",
 ]
 
@@ -95,6 +100,17 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 # ---- the torchrun environment ----------------------------------------------------------------------------------
+#: What torchrun sets that a rank does not get: the agent's own business, nothing in the worker reads it.
+#: ``TORCHELASTIC_ERROR_FILE`` is where ``@record`` writes a failure for the agent to report (without it,
+#: ``@record`` writes nothing and the traceback comes back with the cell); ``TORCHELASTIC_SIGNALS_TO_HANDLE`` is
+#: the signals the agent forwards to its workers.
+TORCHRUN_ONLY = ("TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE")
+#: What a rank gets that torchrun does not set: ``NODE_RANK`` (Ray Train's and Lightning's name for
+#: ``GROUP_RANK``) and ``ACCELERATE_TORCH_DEVICE`` (the device accelerate, and so the Hugging Face Trainer, use:
+#: the rank's current device, as Ray Train sets it).
+NOT_TORCHRUN = ("NODE_RANK", "ACCELERATE_TORCH_DEVICE")
+
+
 def torchrun_env(
     *,
     rank: int,
@@ -104,25 +120,75 @@ def torchrun_env(
     local_rank: int | None = None,
     local_world_size: int | None = None,
     node_rank: int = 0,
+    nodes: int = 1,
+    run_id: str = "none",
+    agent_store: bool = False,
+    device: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The environment variables torchrun gives a rank, so code written for torchrun finds what it reads.
 
-    ``local_rank`` and ``local_world_size`` default to ``rank`` and ``world_size``: every rank on one node.
+    As torchrun's local agent sets them (one role, ``default``; no restarts), plus ``NODE_RANK`` and,
+    given ``device``, ``ACCELERATE_TORCH_DEVICE`` (see :data:`NOT_TORCHRUN`). ``TORCHELASTIC_RUN_ID`` is what
+    torch's ``is_torchelastic_launched()`` checks, so Lightning takes its "launched by torchrun" path.
 
-    >>> env = torchrun_env(rank=1, world_size=2, master_addr="127.0.0.1", master_port=29500)
+    Parameters
+    ----------
+    rank, world_size, master_addr, master_port
+        The rank, the number of ranks, and where rank 0's store listens.
+    local_rank, local_world_size
+        Default to ``rank`` and ``world_size``: every rank on one node.
+    node_rank, nodes
+        The node's index and the number of nodes (torchrun's ``GROUP_RANK`` and ``GROUP_WORLD_SIZE``).
+    run_id
+        ``TORCHELASTIC_RUN_ID``: torchrun's rendezvous id (``none`` unless given), the same on every rank.
+    agent_store
+        ``TORCHELASTIC_USE_AGENT_STORE``: True when a store already listens on ``master_port`` (torchrun's
+        agent's; a worker group's rank 0's), so a later ``env://`` rendezvous connects to it instead of
+        starting one. Only once that store runs: ``init_process_group(init_method="tcp://...")`` reads it too.
+    device
+        The rank's current device (``"cuda:1"``, ``"cpu"``), for ``ACCELERATE_TORCH_DEVICE``.
+    environ
+        The environment the rank starts from (default ``os.environ``): as under torchrun, an
+        ``OMP_NUM_THREADS`` or ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` set there is kept, and ``OMP_NUM_THREADS``
+        becomes 1 when unset and a node has several ranks.
+
+    Examples
+    --------
+    >>> env = torchrun_env(rank=1, world_size=2, master_addr="127.0.0.1", master_port=29500, environ={})
     >>> env["RANK"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"], env["MASTER_PORT"]
     ('1', '1', '2', '0', '29500')
+    >>> env["TORCHELASTIC_RUN_ID"], env["ROLE_NAME"], env["GROUP_WORLD_SIZE"], env["OMP_NUM_THREADS"]
+    ('none', 'default', '1', '1')
     """
-    return {
+    environ = os.environ if environ is None else environ
+    local_world = world_size if local_world_size is None else local_world_size
+    env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(rank if local_rank is None else local_rank),
-        "LOCAL_WORLD_SIZE": str(world_size if local_world_size is None else local_world_size),
-        "NODE_RANK": str(node_rank),
+        "LOCAL_WORLD_SIZE": str(local_world),
         "GROUP_RANK": str(node_rank),  # torchrun's name for the node's rank
+        "GROUP_WORLD_SIZE": str(nodes),
+        "NODE_RANK": str(node_rank),
+        "ROLE_RANK": str(rank),  # one role: the role's ranks are the ranks
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        # nothing is re-run by itself: a group rebuilt after a failure is a fresh launch, whose cells the user
+        # runs again (as torchrun launched again), so its count starts at 0 as well
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": str(bool(agent_store)),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }
+    if "OMP_NUM_THREADS" not in environ and local_world > 1:  # torchrun's rule, against oversubscription
+        env["OMP_NUM_THREADS"] = "1"
+    if device is not None:
+        env["ACCELERATE_TORCH_DEVICE"] = device
+    return env
 
 
 # ---- joining and leaving (rank side) ---------------------------------------------------------------------------
@@ -156,47 +222,82 @@ def patch_torch_distributed() -> None:
     dist._gpu_notebook_real_destroy = real_destroy  # type: ignore[attr-defined]
 
 
-def join(
-    plan_env: dict[str, str],
-    backend: str,
-    cuda_visible_devices: str | None,
-    device_index: int,
-    timeout_s: float,
-) -> tuple[Any, str]:
+@dataclass(frozen=True)
+class RankDevices:
+    """The devices a rank uses, as :func:`select_devices` chose them."""
+
+    device: Any  # the rank's current torch.device: its first own GPU when CUDA works, else the CPU
+    devices: tuple[Any, ...]  # all its own devices (as Ray Train's get_devices()); (cpu,) without CUDA
+    cuda_index: int | None  # its first own GPU's CUDA index, used or (CUDA not working) that it would use
+
+
+def select_devices(
+    backend: str, cuda_visible_devices: str | None, device_indices: Sequence[int]
+) -> RankDevices:
+    """Set this process's ``CUDA_VISIBLE_DEVICES`` and make the rank's first own GPU its current device.
+
+    Any rank that holds a GPU gets it as its current device, gloo and fractional-GPU ranks too, when CUDA
+    works in the process (NCCL ranks always: NCCL needs it). Without working CUDA (a CPU-only PyTorch build,
+    logical GPUs from Ray) the device is the CPU, CUDA is not initialised, and ``cuda_index`` tells which GPU
+    the rank would use.
+
+    Args:
+        backend: ``"gloo"`` or ``"nccl"``.
+        cuda_visible_devices: this rank's ``CUDA_VISIBLE_DEVICES`` (None: leave it as it is). Set before CUDA
+            is initialised in this process: CUDA reads it once.
+        device_indices: the rank's own GPUs as device indices within the visible ones, current first
+            (:attr:`~gpu_notebook.distributed.RankPlan.device_indices`); empty for a rank without a GPU.
+    """
+    if cuda_visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+    import torch
+
+    cpu = torch.device("cpu")
+    if not device_indices:
+        return RankDevices(cpu, (cpu,), None)
+    first = int(device_indices[0])
+    if backend != "nccl" and not torch.cuda.is_available():
+        return RankDevices(cpu, (cpu,), first)
+    torch.cuda.set_device(first)
+    return RankDevices(
+        torch.device("cuda", first), tuple(torch.device("cuda", int(i)) for i in device_indices), first
+    )
+
+
+def join(plan_env: dict[str, str], backend: str, timeout_s: float) -> str:
     """Set this process's torchrun environment and initialise torch.distributed (once).
+
+    Rank 0 starts the group's store on ``MASTER_ADDR:MASTER_PORT`` and every rank joins it, as under torchrun,
+    where the agent's store listens there (so ``TORCHELASTIC_USE_AGENT_STORE=True`` holds for later
+    rendezvous). The store is made here rather than by a ``tcp://`` rendezvous, which would read that variable.
 
     Args:
         plan_env: what :func:`torchrun_env` built for this rank.
         backend: ``"gloo"`` or ``"nccl"``.
-        cuda_visible_devices: this rank's ``CUDA_VISIBLE_DEVICES`` (None: leave it as it is).
-        device_index: the CUDA device this rank uses, within the visible ones (NCCL only).
         timeout_s: torch.distributed's timeout for a collective.
 
     Returns:
-        ``(device, backend)``: the rank's ``torch.device`` and the backend torch.distributed reports.
+        The backend torch.distributed reports.
     """
-    if cuda_visible_devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
     os.environ.update(plan_env)
-    import torch
     import torch.distributed as dist
 
     patch_torch_distributed()
-    if backend == "nccl":
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        torch.cuda.set_device(device_index)
-        device = torch.device("cuda", device_index)
-    else:
-        device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group.__wrapped__(  # type: ignore[attr-defined]
-            backend,
-            init_method=f"tcp://{plan_env['MASTER_ADDR']}:{plan_env['MASTER_PORT']}",
-            rank=int(plan_env["RANK"]),
-            world_size=int(plan_env["WORLD_SIZE"]),
-            timeout=datetime.timedelta(seconds=timeout_s),
+        rank, world_size = int(plan_env["RANK"]), int(plan_env["WORLD_SIZE"])
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(
+            plan_env["MASTER_ADDR"],
+            int(plan_env["MASTER_PORT"]),
+            world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            multi_tenant=True,
         )
-    return device, str(dist.get_backend())
+        dist.init_process_group.__wrapped__(  # type: ignore[attr-defined]
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    return str(dist.get_backend())
 
 
 def leave() -> None:

@@ -6,6 +6,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+#: The ways a rank's ``CUDA_VISIBLE_DEVICES`` can be set (see :func:`plan_ranks`); the first is the default.
+GPU_VISIBILITIES = ("node", "own")
+
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -18,9 +21,16 @@ class RankPlan:
     node_rank: int
     local_rank: int
     local_world_size: int
-    gpu_ids: tuple[str, ...]
+    gpu_ids: tuple[str, ...]  # the GPUs Ray gave this rank, in numeric order
     cuda_visible_devices: str | None  # what this rank's CUDA_VISIBLE_DEVICES is set to (None: leave as is)
-    device_index: int  # CUDA device index within the visible devices
+    # this rank's own GPUs as CUDA device indices within the visible ones, its current device first (as Ray
+    # Train's get_devices()); empty without a GPU
+    device_indices: tuple[int, ...] = ()
+
+    @property
+    def device_index(self) -> int:
+        """The CUDA device this rank makes current (its first own GPU; 0 without a GPU)."""
+        return self.device_indices[0] if self.device_indices else 0
 
 
 def _gpu_key(gpu_ids: Sequence[str]) -> tuple[int, ...]:
@@ -33,8 +43,23 @@ def _gpu_key(gpu_ids: Sequence[str]) -> tuple[int, ...]:
     return tuple(sorted(keys)) or (10**6,)
 
 
+def _numeric(gpu_ids: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(gpu_ids, key=lambda g: _gpu_key([g])))
+
+
+def _node_union(own_by_local_rank: Sequence[tuple[str, ...]]) -> tuple[str, ...]:
+    """The node's GPUs in local-rank order, each once: local rank k's GPUs come after those of ranks below k.
+
+    So with G GPUs per rank, local rank k's GPUs are devices k*G .. k*G+G-1, whatever ids Ray gave out.
+    """
+    seen: dict[str, None] = {}
+    for own in own_by_local_rank:
+        seen.update(dict.fromkeys(own))
+    return tuple(seen)
+
+
 def plan_ranks(
-    metas: Sequence[dict[str, Any]], driver_ip: str | None = None, gpu_visibility: str = "own"
+    metas: Sequence[dict[str, Any]], driver_ip: str | None = None, gpu_visibility: str = "node"
 ) -> list[RankPlan]:
     """Order workers by node (the driver's node first, then by IP and node id), then by GPU id.
 
@@ -45,17 +70,30 @@ def plan_ranks(
     driver_ip
         The notebook's IP; its node gets the lowest ranks (rank 0 hosts the rendezvous).
     gpu_visibility
-        ``"own"``: each rank sees only its own GPUs (``CUDA_VISIBLE_DEVICES`` = its Ray GPU ids, device 0).
-        ``"node"``: each rank sees every GPU given to the group's ranks on its node (what Ray Train does, so
-        NVLink peer access works and ``cuda:LOCAL_RANK`` indexing of torchrun code matches); the device is the
-        position of its own GPU in that list.
+        ``"node"`` (the default, as torchrun and Ray Train): each rank sees every GPU given to the group's
+        ranks on its node, in local-rank order, so local rank k's GPU is device k (``cuda:LOCAL_RANK`` is
+        right, as under torchrun) and, with G GPUs per rank, its GPUs are devices k*G .. k*G+G-1. NVLink peer
+        access between the node's ranks works. Ranks sharing a GPU (fractional GPUs) see it once: their
+        device is its position in that list, not ``LOCAL_RANK``.
+        ``"own"``: each rank sees only its own GPUs (``CUDA_VISIBLE_DEVICES`` = its Ray GPU ids): its GPU
+        is device 0 whatever its ``LOCAL_RANK``.
 
     Returns
     -------
     list of RankPlan, in rank order.
+
+    Examples
+    --------
+    Two workers with one GPU each: local rank k is device k, as under torchrun.
+
+    >>> metas = [{"node_id": "n", "ip": "x", "gpu_ids": [g]} for g in ("3", "1")]
+    >>> [(p.local_rank, p.cuda_visible_devices, p.device_indices) for p in plan_ranks(metas)]
+    [(0, '1,3', (0,)), (1, '1,3', (1,))]
+    >>> [(p.cuda_visible_devices, p.device_indices) for p in plan_ranks(metas, gpu_visibility="own")]
+    [('1', (0,)), ('3', (0,))]
     """
-    if gpu_visibility not in ("own", "node"):
-        raise ValueError("gpu_visibility must be 'own' or 'node'")
+    if gpu_visibility not in GPU_VISIBILITIES:
+        raise ValueError(f"gpu_visibility must be one of {', '.join(map(repr, GPU_VISIBILITIES))}")
     nodes: dict[str, dict[str, Any]] = {}
     for i, m in enumerate(metas):
         nodes.setdefault(m["node_id"], {"ip": m["ip"], "members": []})["members"].append(i)
@@ -63,16 +101,14 @@ def plan_ranks(
     plans: list[RankPlan] = []
     rank = 0
     for node_rank, node_id in enumerate(order):
+        # ranks without a GPU sort last, so the GPU ranks' local ranks match their devices
         members = sorted(nodes[node_id]["members"], key=lambda i: (_gpu_key(metas[i]["gpu_ids"]), i))
-        node_gpus = sorted({g for i in members for g in metas[i]["gpu_ids"]}, key=lambda g: _gpu_key([g]))
-        for local_rank, i in enumerate(members):
-            own = tuple(metas[i]["gpu_ids"])
-            if not own:
-                visible, device_index = None, 0
-            elif gpu_visibility == "own":
-                visible, device_index = ",".join(own), 0
-            else:
-                visible, device_index = ",".join(node_gpus), node_gpus.index(own[0])
+        owns = [_numeric(metas[i]["gpu_ids"]) for i in members]
+        node_gpus = _node_union(owns)
+        for local_rank, (i, own) in enumerate(zip(members, owns, strict=True)):
+            visible: tuple[str, ...] | None = None
+            if own:
+                visible = own if gpu_visibility == "own" else node_gpus
             plans.append(
                 RankPlan(
                     rank=rank,
@@ -83,8 +119,8 @@ def plan_ranks(
                     local_rank=local_rank,
                     local_world_size=len(members),
                     gpu_ids=own,
-                    cuda_visible_devices=visible,
-                    device_index=device_index,
+                    cuda_visible_devices=",".join(visible) if visible else None,
+                    device_indices=tuple(visible.index(g) for g in own) if visible else (),
                 )
             )
             rank += 1

@@ -267,32 +267,50 @@ class RankWorker:
     # ---- exec group --------------------------------------------------------------------------------------
     def init_process_group(
         self,
-        rank: int,
+        plan: RankPlan,
         world_size: int,
-        local_rank: int,
-        local_world_size: int,
-        node_rank: int,
+        nodes: int,
         master_addr: str,
         master_port: int,
         backend: str,
-        cuda_visible_devices: str | None,
-        device_index: int,
         timeout_s: float,
     ) -> dict[str, Any]:
-        """Join the process group as ``rank`` (the torchrun environment set; see :func:`._process_group.join`)."""
+        """Join the process group as ``plan.rank``, its GPUs and the torchrun environment set first.
+
+        See :func:`._process_group.select_devices` and :func:`._process_group.join`. The namespace gets
+        ``rank``, ``world_size``, ``local_rank``, ``device`` (the current device: the rank's first own GPU, or
+        the CPU) and ``devices`` (all its own devices, as Ray Train's ``get_devices()``).
+        """
+        devs = _process_group.select_devices(backend, plan.cuda_visible_devices, plan.device_indices)
         env = torchrun_env(
-            rank=rank,
+            rank=plan.rank,
             world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
-            node_rank=node_rank,
+            local_rank=plan.local_rank,
+            local_world_size=plan.local_world_size,
+            node_rank=plan.node_rank,
+            nodes=nodes,
             master_addr=master_addr,
             master_port=master_port,
+            run_id=self.group_id,  # the same on every rank of the group, and across its rebuilds
+            agent_store=True,  # rank 0's store listens on MASTER_PORT from join() on
+            device=str(devs.device),
         )
-        device, joined = join(env, backend, cuda_visible_devices, device_index, timeout_s)
-        self.rank = rank
-        self.ns.update(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
-        return {"rank": rank, "backend": joined, "device": str(device)}
+        joined = join(env, backend, timeout_s)
+        self.rank = plan.rank
+        self.ns.update(
+            rank=plan.rank,
+            world_size=world_size,
+            local_rank=plan.local_rank,
+            device=devs.device,
+            devices=list(devs.devices),
+        )
+        return {
+            "rank": plan.rank,
+            "backend": joined,
+            "device": str(devs.device),
+            "devices": [str(d) for d in devs.devices],
+            "cuda_device": None if devs.cuda_index is None else f"cuda:{devs.cuda_index}",
+        }
 
     def run_cell(
         self,

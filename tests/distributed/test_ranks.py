@@ -22,11 +22,18 @@ def test_ranks_are_grouped_by_node_with_the_driver_node_first():
 
 def test_within_a_node_ranks_follow_gpu_ids_numerically():
     metas = [meta("n", "1.1.1.1", ["10"]), meta("n", "1.1.1.1", ["2"]), meta("n", "1.1.1.1", ["0"])]
-    plans = plan_ranks(metas, driver_ip="1.1.1.1")
+    plans = plan_ranks(metas, driver_ip="1.1.1.1", gpu_visibility="own")
     assert [p.gpu_ids for p in plans] == [("0",), ("2",), ("10",)]
     # own: each rank sees only its GPU, as device 0
     assert [p.cuda_visible_devices for p in plans] == ["0", "2", "10"]
     assert {p.device_index for p in plans} == {0}
+
+
+def test_node_visibility_is_the_default():
+    metas = [meta("n", "1.1.1.1", ["10"]), meta("n", "1.1.1.1", ["2"]), meta("n", "1.1.1.1", ["0"])]
+    plans = plan_ranks(metas, driver_ip="1.1.1.1")
+    assert [p.cuda_visible_devices for p in plans] == ["0,2,10"] * 3
+    assert [p.device_index for p in plans] == [0, 1, 2]
 
 
 def test_node_visibility_gives_the_node_union_and_the_matching_device_index():
