@@ -5,6 +5,12 @@ the original descriptors, so Ray's worker log files still get it); ``sys.stdout`
 the same buffer. The driver drains the buffer while a cell runs. At the end of a cell a marker written into the
 pipe behind the cell's output tells when the reader has read all of it (:meth:`Capture.sync`), so the cell's
 output is delivered with the cell and not with the next one.
+
+A forked child (``os.fork``, a DataLoader worker, a fork-started pool) inherits the buffer but nobody drains
+its copy, so there :class:`StreamProxy` writes to file descriptors 1 and 2 instead: they are the pipe, and the
+parent's reader delivers what the child writes, with the rank's prefix. The buffer's locks are taken around
+every fork (``os.register_at_fork``) and made anew in the child, so a fork while another thread prints never
+leaves the child a lock that nobody will release.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 __all__ = ["Capture", "StreamProxy", "flush_std", "split_sync"]
@@ -74,6 +81,8 @@ class Capture:
         self._sync_cond = threading.Condition()
         self._sync_sent = 0
         self._sync_seen = 0
+        self.forked = False  # this is a forked child's copy: its streams write to fds 1 and 2
+        _CAPTURES.add(self)
 
     def write(self, text: str) -> None:
         if text:
@@ -84,6 +93,20 @@ class Capture:
                     joined = "".join(self._chunks)[-4_000_000:]
                     self._chunks = ["[... output truncated ...]\n", joined]
                     self._total = len(joined)
+
+    def _before_fork(self) -> None:
+        self._lock.acquire()
+        self._sync_cond.acquire()
+
+    def _after_fork_in_parent(self) -> None:
+        self._sync_cond.release()
+        self._lock.release()
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._sync_cond = threading.Condition()
+        self._chunks, self._total = [], 0
+        self.forked = True
 
     def drain(self) -> str:
         with self._lock:
@@ -158,29 +181,74 @@ class Capture:
         return True
 
 
+_CAPTURES: weakref.WeakSet[Capture] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for capture in list(_CAPTURES):
+        capture._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for capture in list(_CAPTURES):
+        capture._after_fork_in_parent()
+
+
+def _after_fork_in_child() -> None:
+    for capture in list(_CAPTURES):
+        capture._after_fork_in_child()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
+
+
 class StreamProxy(io.TextIOBase):
-    """A text stream that writes into the capture buffer (used as sys.stdout and sys.stderr)."""
+    """A text stream that writes into the capture buffer (used as sys.stdout and sys.stderr).
+
+    In a forked child it writes whole lines to its file descriptor instead (see the module docstring); a
+    line not ended yet is written by :meth:`flush` (multiprocessing flushes the streams when a child ends).
+    """
 
     def __init__(self, capture: Capture, name: str) -> None:
         super().__init__()
         self._capture = capture
         self.name = name
+        self._pending = ""  # a forked child's unfinished line
 
     def writable(self) -> bool:
         return True
 
     def write(self, s: str) -> int:  # type: ignore[override]
-        self._capture.write(s)
+        if self._capture.forked:
+            self._pending += s
+            if "\n" in s:
+                lines, _, self._pending = self._pending.rpartition("\n")
+                _write_fd(self.fileno(), lines + "\n")
+        else:
+            self._capture.write(s)
         return len(s)
 
     def flush(self) -> None:
-        pass
+        if self._pending:
+            text, self._pending = self._pending, ""
+            _write_fd(self.fileno(), text)
 
     def isatty(self) -> bool:
         return False
 
     def fileno(self) -> int:  # subprocess.run(stdout=sys.stdout) needs a real descriptor: the captured fd
         return 1 if self.name == "<stdout>" else 2
+
+
+def _write_fd(fd: int, text: str) -> None:
+    data = text.encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:  # the pipe is gone (the rank ended before its child): nowhere left to write
+        pass
 
 
 _LIBC: Any = None

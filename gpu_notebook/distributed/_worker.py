@@ -1,7 +1,7 @@
 """The rank worker: one persistent process per rank that runs notebook cells.
 
 A :class:`RankWorker` is wrapped into a Ray actor by :func:`remote_worker_class`. It keeps the user's namespace
-across cells (like an ipyparallel engine), captures everything the process writes (Python threads, C code and
+across cells (like an ipyparallel engine) in a real ``__main__`` module (see :mod:`._main`), captures everything the process writes (Python threads, C code and
 subprocesses; see :mod:`._capture`) into a buffer the driver drains while a cell runs, and joins the
 ``torch.distributed`` process group once (see :mod:`._process_group`).
 
@@ -13,6 +13,9 @@ may have no GPU), values that cannot be pickled become :class:`Unpicklable`, and
 become :class:`TooLarge` (so ``model.state_dict()`` as a cell's last line does not copy every rank's weights
 into the kernel). At the end of a cell, libc's buffers are flushed and the pipe reader is waited for, so
 everything the cell wrote is delivered with the cell.
+
+``sys.exit(0)`` (``exit()``, ``quit()``, ``SystemExit(None)``) ends a rank's cell as a success, with a one-line
+note in its output, as at the end of a script; a non-zero code fails the cell with the code named.
 """
 
 from __future__ import annotations
@@ -32,14 +35,17 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpu_notebook._display import fmt_bytes
-from gpu_notebook.distributed import _process_group
+from gpu_notebook.distributed import _main, _process_group, _script, _shell
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
 
 # Frames of these files are left out of the tracebacks of user code (the torch.distributed wrappers that
 # torchrun-style cells call are in _process_group).
-_OUR_FILES = frozenset(os.path.abspath(f.rstrip("c")) for f in (__file__, _process_group.__file__))
+_OUR_FILES = frozenset(
+    os.path.abspath(f.rstrip("c"))
+    for f in (__file__, _process_group.__file__, _main.__file__, _shell.__file__, _script.__file__)
+)
 
 # Ray reads this attribute (what ``@ray.method(concurrency_group=...)`` sets) when the class becomes an actor;
 # setting it directly keeps ray out of this module's imports.
@@ -148,13 +154,23 @@ def _format_exception(exc: BaseException, cell_file: str | None) -> CellReply:
     }
 
 
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status ``exc`` gives a Python process: None is 0, a number itself, anything else 1."""
+    if exc.code is None:
+        return 0
+    return int(exc.code) if isinstance(exc.code, int) else 1
+
+
 class RankWorker:
     """One rank of a distributed worker group; its namespace persists across cells."""
 
     def __init__(self, group_id: str, env: dict[str, str] | None = None) -> None:
         self.group_id = group_id
         self.rank: int | None = None
-        self.ns: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__}
+        # the cells' module, sys.modules["__main__"], so pickle finds cell-defined classes (see _main)
+        self.main = _main.new_main_module()
+        self.ns: dict[str, Any] = self.main.__dict__
+        self._ipython = _shell.RankShell(self.main)  # !cmd and %magic lines, through IPython (see _shell)
         self._exec_tid: int | None = None  # the thread running a cell or call: what interrupt() interrupts
         self._exec_lock = threading.Lock()  # guards _exec_tid between interrupt() and the end of a cell
         self._cell_started: float | None = None
@@ -162,6 +178,7 @@ class RankWorker:
         if env:
             os.environ.update(env)
         self._capture.capture_fds()
+        _main.install_by_value()
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
 
@@ -238,6 +255,9 @@ class RankWorker:
             self._end_exec(tid)
         # from here on no interrupt can arrive
         ok, payload = box[0] if box else (False, KeyboardInterrupt())
+        status = _exit_status(payload) if not ok and isinstance(payload, SystemExit) else None
+        if status == 0:  # sys.exit(0) at the end of a script: the cell ends there, as a success
+            ok, payload = True, None
         result: CellReply
         if ok:
             try:
@@ -246,9 +266,14 @@ class RankWorker:
                 result = _format_exception(exc, cell_file)
         else:
             result = _format_exception(payload, cell_file)
+            if status is not None:  # the code is what a shell would see: name it
+                message = "" if isinstance(payload.code, int) else f"{payload.code} "
+                result["evalue"] = f"{message}(exit code {status})" if message else f"exit code {status}"
         result["seq"] = collective_seq()
         flush_std()
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
+        if status == 0:
+            self._capture.write("exited with code 0 (the cell ended there; the worker keeps its state)\n")
         return result
 
     def _end_exec(self, tid: int) -> None:
@@ -326,6 +351,7 @@ class RankWorker:
         ``max_result_bytes`` as its size limit (None: no limit).
         """
         filename = f"<{label}>"
+        body = code
         if header is not None:
             code = "\n" + code
         lines = code.splitlines(True)
@@ -335,7 +361,8 @@ class RankWorker:
 
         def work() -> Any:
             self._cell_started = time.time()
-            tree = ast.parse(code, filename, "exec")
+            source = self._ipython.transform(body)
+            tree = ast.parse("\n" + source if header is not None else source, filename, "exec")
             last = None
             tail = tree.body[-1] if tree.body else None
             if isinstance(tail, ast.Expr):
