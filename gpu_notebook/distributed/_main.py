@@ -122,6 +122,6 @@ def install_by_value() -> None:
     _ACTIVE = True
     if _installed:
         return
-    ForkingPickler.reducer_override = _reduce_main  # type: ignore[attr-defined]
+    ForkingPickler.reducer_override = _reduce_main  # type: ignore[method-assign]
     os.register_at_fork(after_in_child=_off_in_forked_child)
     _installed = True

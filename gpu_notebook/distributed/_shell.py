@@ -70,7 +70,7 @@ class RankShell:
             config = Config()
             config.HistoryManager.hist_file = ":memory:"  # not the notebook's history file, from every rank
             ns = self.main.__dict__
-            exits = {name: ns[name] for name in ("exit", "quit") if name in ns}
+            exits: dict[str, Any] = {name: ns[name] for name in ("exit", "quit") if name in ns}
             self._shell = InteractiveShell.instance(config=config, user_module=self.main)
             ns.update(exits)  # IPython's exit() only asks a terminal to quit; ours ends the cell
         return self._shell

@@ -161,6 +161,16 @@ def _exit_status(exc: SystemExit) -> int:
     return int(exc.code) if isinstance(exc.code, int) else 1
 
 
+def _exit_text(exc: SystemExit) -> str:
+    """``"exit code 3"``, or ``"bad input (exit code 1)"`` for ``sys.exit("bad input")``."""
+    status = _exit_status(exc)
+    return (
+        f"exit code {status}"
+        if exc.code is None or isinstance(exc.code, int)
+        else f"{exc.code} (exit code 1)"
+    )
+
+
 class RankWorker:
     """One rank of a distributed worker group; its namespace persists across cells."""
 
@@ -266,9 +276,8 @@ class RankWorker:
                 result = _format_exception(exc, cell_file)
         else:
             result = _format_exception(payload, cell_file)
-            if status is not None:  # the code is what a shell would see: name it
-                message = "" if isinstance(payload.code, int) else f"{payload.code} "
-                result["evalue"] = f"{message}(exit code {status})" if message else f"exit code {status}"
+            if isinstance(payload, SystemExit):  # name the code, as a shell would see it
+                result["evalue"] = _exit_text(payload)
         result["seq"] = collective_seq()
         flush_std()
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
