@@ -3,13 +3,16 @@ worker group.
 
 The modules: ``_cluster`` (the :class:`Cluster`), ``providers/`` (where its Ray comes from: local, address,
 cloud), ``_connect`` (the process's one Ray connection), ``_status`` (what ``status()`` returns), ``_manager``
-(the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`).
+(the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`), ``_runtime_env`` (what
+the workers start with: ``--working-dir``, ``--pip``, ``--env``) and ``_run`` (a script run as torchrun would).
 """
 
 from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster._connect import ConnectError
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._manager import ClusterManager, get_manager
+from gpu_notebook.cluster._run import run_script
+from gpu_notebook.cluster._runtime_env import EnvReport, WorkerSetup, rank_env, worker_setup
 from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
 
 __all__ = [
@@ -18,7 +21,12 @@ __all__ = [
     "ClusterManager",
     "ClusterStatus",
     "ConnectError",
+    "EnvReport",
     "NodeInfo",
     "WorkerInfo",
+    "WorkerSetup",
     "get_manager",
+    "rank_env",
+    "run_script",
+    "worker_setup",
 ]

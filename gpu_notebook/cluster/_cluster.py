@@ -208,13 +208,15 @@ class Cluster:
                 self.address, dashboard=self.dashboard, progress=say
             )
             workers, cpus, gpus = self._size_workers()
+            runtime_env, worker_env = provider.worker_env(self, say)  # --working-dir, --pip, --env
             self.group = WorkerGroup(
                 workers,
                 cpus_per_worker=cpus,
                 gpus_per_worker=gpus,
                 backend=self.backend_request,
                 gpu_visibility=self.gpu_visibility,
-                runtime_env=self.options.get("runtime_env"),
+                env=worker_env,
+                runtime_env=runtime_env,
                 max_result_bytes=self.options.get("max_result_bytes"),
                 timeouts=self.timeouts,
                 log=self.log,

@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cloud import CloudLauncher, active_states
-from gpu_notebook.cluster import Cluster, get_manager
+from gpu_notebook.cluster import Cluster, get_manager, rank_env, worker_setup
 from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local, parse_size
 from gpu_notebook.magics._common import (
     MagicError,
@@ -24,7 +24,7 @@ from gpu_notebook.magics._common import (
     usage_errors,
 )
 
-COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench"]
+COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench", "env"]
 
 NAME = option("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
 #: what a new cluster looks like (local, or connected to an existing Ray at --address)
@@ -47,6 +47,23 @@ START_ARGS = (
         default="node",
         help="start: each worker sees its node's workers' GPUs, local rank k's GPU as cuda:k, as under torchrun "
         "(node, the default), or only its own GPUs, as cuda:0 (own)",
+    ),
+)
+#: what the workers start with (Ray's runtime_env, fixed when they start); values of --env are never shown
+ENV_ARGS = (
+    option("--working-dir", metavar="DIR", help="start: the workers run in a copy of DIR (on every node)"),
+    option(
+        "--pip", nargs="+", action="extend", metavar="PKG", help="start: pip packages the workers install"
+    ),
+    option(
+        "--env",
+        action="append",
+        metavar="KEY[=VALUE]",
+        help="start: a variable for the workers; KEY alone takes the kernel's value (keeps secrets out of "
+        "the notebook); values are never shown",
+    ),
+    option(
+        "--env-file", action="append", metavar="FILE", help="start: KEY=VALUE lines for the workers (.env)"
     ),
 )
 #: a cluster launched on cloud GPUs (each needs --cloud)
@@ -106,7 +123,7 @@ ALL = option("--all", action="store_true", help="stop: every cluster of this ker
 #: the options each subcommand takes; any other option given is a usage error, never ignored
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
 OPTIONS: dict[str, tuple[Option, ...]] = {
-    "start": (NAME, *START_ARGS, *CLOUD_ARGS, *POLICY_ARGS),
+    "start": (NAME, *START_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS),
     "status": (NAME,),
     "stop": (NAME, ALL),
     "scale": (),
@@ -116,10 +133,12 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "restart": (NAME,),
     "doctor": (NAME, LOCAL),
     "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
+    "env": (NAME,),
 }
 EVERY_OPTION = (
     NAME,
     *START_ARGS,
+    *ENV_ARGS,
     *CLOUD_ARGS,
     *POLICY_ARGS,
     *ALLREDUCE_ARGS,
@@ -132,6 +151,7 @@ EVERY_OPTION = (
 # the option groups as decorators, in the order %gpu_cluster? lists them
 name_arg = options(NAME)
 start_args = options(*START_ARGS)
+env_args = options(*ENV_ARGS)
 cloud_args = options(*CLOUD_ARGS)
 policy_args = options(*POLICY_ARGS)
 bench_args = options(*ALLREDUCE_ARGS, *SCALING_ARGS)
@@ -155,10 +175,11 @@ class ClusterMagics(Magics):
         "args",
         nargs="*",
         help="scale: N; use: NAME; bench: allreduce or scaling; "
-        "status, stop, logs, restart, doctor: [NAME] (default: the current cluster)",
+        "status, stop, logs, restart, doctor, env: [NAME] (default: the current cluster)",
     )
     @name_arg
     @start_args
+    @env_args
     @cloud_args
     @policy_args
     @bench_args
@@ -181,7 +202,9 @@ class ClusterMagics(Magics):
         In [8]: %gpu_cluster doctor
         In [9]: %gpu_cluster bench allreduce --max-bytes 64M
         In [10]: %gpu_cluster start --cloud aws --region us-east-1 --gpu A100:8 --workers 2 --spot --dry-run
-        In [11]: %gpu_cluster stop
+        In [11]: %gpu_cluster start --working-dir . --env HF_TOKEN --env NCCL_DEBUG=INFO --env-file .env
+        In [12]: %gpu_cluster env
+        In [13]: %gpu_cluster stop
         """
         args = parse(self.gpu_cluster, line)
         handler = getattr(self, f"_cmd_{args.command}")
@@ -249,6 +272,8 @@ class ClusterMagics(Magics):
                 namespace=args.namespace,
                 connect="direct" if args.no_tunnel else None,
             )
+        # --working-dir, --pip, --env, --env-file: checked before anything starts (no value is ever echoed)
+        setup = worker_setup(args.working_dir, args.pip or (), args.env or (), args.env_file or ())
         with usage_errors(ValueError):  # Cluster's own checks: --workers 0, --cpus-per-worker -1
             cluster = Cluster(
                 name=args.name,
@@ -259,6 +284,7 @@ class ClusterMagics(Magics):
                 dashboard=args.dashboard,
                 backend=args.backend,
                 gpu_visibility=args.gpu_visibility,
+                worker_setup=setup,
                 **extra,
             )
         if args.dry_run:
@@ -373,6 +399,10 @@ class ClusterMagics(Magics):
             raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
         c = get_manager().use(args.args[0])
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
+
+    def _cmd_env(self, args: Any) -> None:
+        """Each rank's effective settings (torchrun variables, NCCL_*, --env names...), secrets as ****."""
+        show(rank_env(self._pick(args)))
 
     def _cmd_logs(self, args: Any) -> None:
         cluster = self._pick(args)

@@ -14,6 +14,8 @@ from gpu_notebook.distributed import format_ranks, parse_ranks
 from gpu_notebook.doctor import parse_size
 from gpu_notebook.magics._common import (
     MagicError,
+    option,
+    options,
     parse,
     progress_printer,
     reported,
@@ -87,6 +89,16 @@ def _result_size(text: str) -> int:
     return parse_size(text)
 
 
+#: where and how code runs on the ranks: the options %%distributed and %gpu_run share
+RANK_ARGS = (
+    option("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)"),
+    option("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted"),
+    option("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank"),
+    option("--cluster", help="run on this cluster instead of the current one"),
+)
+rank_args = options(*RANK_ARGS)
+
+
 @magics_class
 class DistributedMagics(Magics):
     """``%%distributed`` and the variable-moving magics."""
@@ -97,13 +109,10 @@ class DistributedMagics(Magics):
         return self.shell.user_ns
 
     @magic_arguments()
-    @argument("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)")
-    @argument("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted")
+    @rank_args
     @argument(
         "-o", "--out", help="store the per-rank values of the last expression in this notebook variable"
     )
-    @argument("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank")
-    @argument("--cluster", help="run on this cluster instead of the current one")
     @argument(
         "--max-result",
         type=_result_size,

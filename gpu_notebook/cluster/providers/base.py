@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import ClusterManager
+from gpu_notebook.cluster._runtime_env import prepare_for_workers
 from gpu_notebook.distributed import GroupTimeouts
 
 __all__ = ["Provider", "ProviderCluster"]
@@ -39,7 +40,9 @@ class Provider:
        the cluster call :meth:`teardown`. It must not raise for a problem it can work around; say it instead.
     4. :meth:`ranks`, while sizing the worker group: a rank count the provider imposes, else None (``--workers``
        or one per GPU decides).
-    5. :meth:`teardown`, once after a failed start (first, since it is what costs money) and once at stop (after
+    5. :meth:`worker_env`, once connected and before the workers start: their Ray ``runtime_env`` (local paths
+       uploaded) and environment variables.
+    6. :meth:`teardown`, once after a failed start (first, since it is what costs money) and once at stop (after
        the workers ended and the Ray connection closed): end what :meth:`launch` made; return a one-line summary
        for the stop message, '' when there was nothing to end. It is safe to call when nothing was launched.
 
@@ -63,6 +66,16 @@ class Provider:
     def ranks(self) -> int | None:
         """The number of ranks this provider's nodes call for, or None to let the cluster decide."""
         return None
+
+    def worker_env(
+        self, cluster: ProviderCluster, say: Progress
+    ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The rank actors' ``runtime_env`` and environment variables (``--working-dir``, ``--pip``, ``--env``).
+
+        See :func:`gpu_notebook.cluster._runtime_env.prepare_for_workers`; a provider that ships files of its
+        own adds them here.
+        """
+        return prepare_for_workers(cluster.options, say)
 
     def teardown(self, cluster: ProviderCluster, say: Progress | None, reason: str) -> str:
         """End what :meth:`launch` made; '' when there is nothing to end."""

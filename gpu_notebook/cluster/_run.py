@@ -1,0 +1,77 @@
+"""Run a script file or module on a cluster's ranks as torchrun would: what ``%gpu_run`` does.
+
+The script is found in the notebook's filesystem, sent with the call when a worker may not have it (see
+:mod:`gpu_notebook.distributed._script`), and run on every selected rank through the worker group's ``call``,
+so its output streams with rank prefixes and its failures, exits and interrupts are reported as a
+``%%distributed`` cell's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gpu_notebook._display import Progress
+from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._runtime_env import working_dir_of
+from gpu_notebook.distributed import CellResult
+from gpu_notebook.distributed._script import ScriptError, script_for, too_large
+from gpu_notebook.distributed._script import run_script as _run_on_rank
+
+__all__ = ["run_script"]
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def run_script(
+    cluster: Any,
+    target: str,
+    args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    ranks: str | Sequence[int] | None = None,
+    timeout: float | None = None,
+    stream: bool = True,
+    sink: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+) -> CellResult:
+    """Run the file ``target`` (relative to this process's working directory), or the module ``target`` with
+    ``module=True``, with ``args`` on the selected ranks of ``cluster`` (all by default).
+
+    Output streams to ``sink`` (default: stdout) as for :meth:`Cluster.run`; the result's failures name each
+    rank's error. The workers run in their ``--working-dir`` copy when they have one, else in this process's
+    working directory (their shared filesystem on a local cluster).
+
+    Raises
+    ------
+    ScriptError
+        The file does not exist, or it is too large to send to a cluster whose nodes may not have it.
+    ClusterError
+        The cluster is not running.
+    """
+    if not cluster.running or cluster.group is None:
+        raise ClusterError(
+            f"cluster {cluster.name or '?'!r} is not running: start it with %gpu_cluster start"
+        )
+    script = script_for(
+        target, tuple(args), module=module, working_dir=working_dir_of(cluster.options), cwd=os.getcwd()
+    )
+    if not module and script.source is None and script.relpath is None and cluster.kind != "local":
+        raise ScriptError(too_large(script))
+    try:
+        return cluster.group.call(  # type: ignore[no-any-return]
+            _run_on_rank,
+            (script,),
+            ranks=ranks,
+            timeout=timeout,
+            sink=(sink or _stdout) if stream else None,
+            progress=progress,
+        )
+    finally:
+        cluster.last_activity = time.time()

@@ -1,0 +1,69 @@
+"""``%gpu_run``: run a script or module on every rank as torchrun would (thin over
+:func:`gpu_notebook.cluster.run_script`)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from gpu_notebook.cluster import get_manager, run_script
+from gpu_notebook.magics._common import parse, progress_printer, reported, usage_errors
+from gpu_notebook.magics._distributed import rank_args
+
+
+@magics_class
+class RunMagics(Magics):
+    """The ``%gpu_run`` magic."""
+
+    @magic_arguments()
+    @rank_args
+    @argument("-m", "--module", action="store_true", help="run a module (as python -m / torchrun -m)")
+    @argument("target", help="the script file (relative to the notebook's directory), or the module with -m")
+    @argument("args", nargs=argparse.REMAINDER, help="the script's own arguments (its sys.argv[1:])")
+    @line_magic
+    def gpu_run(self, line: str) -> None:
+        """Run a training script on every worker, as ``torchrun`` would run it.
+
+        The script gets ``sys.argv``, ``__file__``, ``__name__ == "__main__"``, the torchrun variables and the
+        working directory as under torchrun; its output, errors and the stop button work as in a
+        ``%%distributed`` cell. Options before the script are gpu_run's; everything after it is the script's.
+        A script not on a worker's node is sent with the call (up to 1 MiB); larger ones go in the workers'
+        ``--working-dir``.
+
+        Examples
+        --------
+        In [1]: %gpu_run train.py --lr 0.1 --epochs 2
+        In [2]: %gpu_run -m mypkg.train --config small.yaml
+        In [3]: %gpu_run --workers 0 --timeout 600 eval.py
+        """
+        args = parse(self.gpu_run, line)
+        with reported(self.gpu_run):
+            # IPython splits a magic's line keeping the quotes; the script gets its arguments as a shell gives them
+            with usage_errors(ValueError):  # shlex: an unclosed quote
+                script_args = shlex.split(" ".join(args.args))
+                target = " ".join(shlex.split(args.target))
+            cluster = get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+            with usage_errors(ValueError):  # a bad --workers selection
+                result = run_script(
+                    cluster,
+                    target,
+                    script_args,
+                    module=args.module,
+                    ranks=args.workers,
+                    timeout=args.timeout,
+                    stream=not args.no_stream,
+                    progress=progress_printer(),
+                )
+            if args.no_stream:
+                for rank in sorted(result.outputs):
+                    for out_line in result.outputs[rank]:
+                        print(f"[rank {rank}] {out_line}")
+            if result.failures:
+                result.raise_for_failures(cluster.world_size)
+            elif result.note:
+                print(result.note, file=sys.stderr)
+        return None
