@@ -185,15 +185,20 @@ class WorkerGroup:
         return self
 
     def _place(self, bundle: dict[str, float], say: Progress) -> None:
-        """Reserve one ``bundle`` per worker (a placement group), waiting up to ``timeouts.placement``."""
+        """Reserve one ``bundle`` per worker (a placement group), waiting up to ``timeouts.placement``; a
+        request the cluster can never hold fails at once (see :mod:`._placement`)."""
         from ray.util.placement_group import placement_group, remove_placement_group
 
-        pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=self.strategy)
+        impossible = _placement.impossible_request(self.size, bundle)
+        if impossible:
+            raise GroupError(impossible)
+        name = f"gpu_notebook-{self.group_id}-{self.generation}"  # who holds what, in another's message
+        pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=self.strategy, name=name)
         self._pg = pg  # before the wait: an interrupt during it removes the reservation
         if not _placement.wait_until_placed(pg, self.timeouts.placement, say):
             remove_placement_group(pg)
             self._pg = None
-            raise GroupError(_placement.placement_error(self.size, bundle, self.timeouts.placement))
+            raise GroupError(_placement.placement_error(self.size, bundle, self.timeouts.placement, pg))
 
     def _spawn(self) -> None:
         """Start one worker actor per bundle of the placement group (into ``_spawned``, not yet ranks)."""
@@ -302,6 +307,10 @@ class WorkerGroup:
         """Replace the workers with ``size`` fresh ones (state is lost)."""
         if size < 1:
             raise ValueError("a worker group needs at least 1 worker")
+        bundle = _placement.worker_bundle(self.cpus_per_worker, self.gpus_per_worker)
+        impossible = _placement.impossible_request(size, bundle)
+        if impossible:  # before the workers end: they stay as they are
+            raise GroupError(impossible)
         self._stopping = None
         self._end_workers()
         self.size = size

@@ -1,16 +1,49 @@
 """Placing a group's workers: one resource bundle per worker, reserved together in a Ray placement group.
 
 The group reserves every worker's resources before it starts any worker, so a group that does not fit fails
-in one clear message (what was asked, what is free, what to change) instead of leaving some ranks waiting.
+in one clear message (what was asked, what there is, what to change) instead of leaving some ranks waiting.
+Two cases differ:
+
+- a request larger than the whole cluster, on a cluster that cannot grow (a local Ray, or a cluster reached
+  by address whose autoscaler cannot launch nodes), can never be placed: it fails at once, naming what is
+  missing and what would fit (:func:`never_fits`);
+- a request that fits the cluster but not what is free now (another notebook holds the rest), or any request
+  on a cluster that can grow, waits with progress up to a deadline, then says who holds what
+  (:func:`placement_error`).
+
+Whether a cluster can grow is what its autoscaler says in the GCS (:func:`cluster_can_grow`): every Ray head
+runs one, and without a cluster config (``ray start --head``, ``ray.init()``) it uses Ray's read-only provider,
+which launches nothing and names each node type after the node's id.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_notebook._display import Progress
 
-__all__ = ["available_text", "fmt_bundle", "placement_error", "wait_until_placed", "worker_bundle"]
+__all__ = [
+    "available_text",
+    "bundles_that_fit",
+    "cluster_can_grow",
+    "fmt_bundle",
+    "holders_text",
+    "impossible_request",
+    "never_fits",
+    "node_resources",
+    "placement_error",
+    "wait_until_placed",
+    "worker_bundle",
+]
+
+#: the node type names of Ray's read-only autoscaler provider: ``node_`` and the node's id (28 bytes, in hex)
+_READONLY_NODE_TYPE = re.compile(r"node_[0-9a-f]{56}")
+#: the flag that changes each resource of a worker
+_FLAGS = {"CPU": "--cpus-per-worker", "GPU": "--gpus-per-worker"}
 
 
 def worker_bundle(cpus: float, gpus: float) -> dict[str, float]:
@@ -29,9 +62,114 @@ def worker_bundle(cpus: float, gpus: float) -> dict[str, float]:
     return bundle
 
 
-def fmt_bundle(bundle: dict[str, float]) -> str:
+def fmt_bundle(bundle: Mapping[str, float]) -> str:
     """``"0.5 CPU, 1 GPU"``."""
     return ", ".join(f"{v:g} {k}" for k, v in bundle.items())
+
+
+def bundles_that_fit(nodes: Sequence[Mapping[str, float]], bundle: Mapping[str, float]) -> int:
+    """How many ``bundle``s the ``nodes`` (each node's total resources) can hold, each bundle on one node.
+
+    What a PACK or SPREAD placement group can get at most; a bundle never straddles two nodes.
+
+    >>> bundles_that_fit([{"CPU": 2}, {"CPU": 3}], {"CPU": 1.5})
+    3
+    >>> bundles_that_fit([{"CPU": 8}], {"CPU": 1, "GPU": 1})
+    0
+    """
+    total = 0
+    for node in nodes:
+        per_node = min(
+            math.floor(node.get(k, 0.0) / v + 1e-9) if v > 0 else math.inf for k, v in bundle.items()
+        )
+        total += int(per_node) if per_node != math.inf else 0
+    return total
+
+
+def _largest_share(
+    nodes: Sequence[Mapping[str, float]], bundle: Mapping[str, float], key: str, size: int
+) -> float | None:
+    """The most of resource ``key`` each of ``size`` workers can have (the rest of ``bundle`` as it is), in
+    hundredths; None when not even 0.01 fits."""
+    total = sum(n.get(key, 0.0) for n in nodes)
+    share = math.floor(total / size * 100) / 100
+    while share >= 0.01:
+        if bundles_that_fit(nodes, {**bundle, key: share}) >= size:
+            return share
+        share = round(share - 0.01, 2)
+    return None
+
+
+def never_fits(size: int, bundle: Mapping[str, float], nodes: Sequence[Mapping[str, float]]) -> str | None:
+    """Why ``size`` workers of ``bundle`` can never be placed on ``nodes`` as they are (each node's total
+    resources), and what would fit; None when they fit.
+
+    >>> print(never_fits(8, {"CPU": 1}, [{"CPU": 2}]))
+    8 workers x 1 CPU need 8 CPU; this cluster has 2 CPU in all (1 node) and cannot grow: use --workers 2 or --cpus-per-worker 0.25
+    >>> never_fits(2, {"CPU": 1}, [{"CPU": 2}]) is None
+    True
+    """
+    fit = bundles_that_fit(nodes, bundle)
+    if fit >= size:
+        return None
+    need = ", ".join(f"{size * v:g} {k}" for k, v in bundle.items())
+    have = ", ".join(f"{sum(n.get(k, 0.0) for n in nodes):g} {k}" for k in bundle)
+    options = [f"--workers {fit}"] if fit >= 1 else []
+    for key, flag in _FLAGS.items():
+        if bundle.get(key, 0) > 0:
+            share = _largest_share(nodes, bundle, key, size)
+            if share is not None and share < bundle[key]:
+                options.append(f"{flag} {share:g}")
+    what = "use " + " or ".join(options) if options else "add nodes that have these resources"
+    where = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    return (
+        f"{size} workers x {fmt_bundle(bundle)} need {need}; this cluster has {have} in all ({where}) "
+        f"and cannot grow: {what}"
+    )
+
+
+def node_resources() -> list[dict[str, float]]:
+    """Each alive node's total resources (Ray's ``ray.nodes()``)."""
+    import ray
+
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster_can_grow() -> bool:
+    """Whether the connected Ray cluster's autoscaler can add nodes; True when it cannot be told.
+
+    The autoscaler (v1) writes its status into the GCS every few seconds. A status whose node types are all
+    the read-only provider's (or no status: no autoscaler) means no node can be added. Autoscaler v2 (KubeRay)
+    and anything this cannot read count as "can grow": the start then waits, as for any cluster that grows.
+    """
+    try:
+        from ray._private import ray_constants
+        from ray.autoscaler.v2.utils import is_autoscaler_v2
+        from ray.experimental import internal_kv
+
+        if is_autoscaler_v2(fetch_from_server=True):
+            return True
+        raw = internal_kv._internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    except Exception:  # noqa: BLE001 - Ray's private state API changes between versions: wait, as before
+        return True
+    if not raw:
+        return False
+    try:
+        report = json.loads(raw).get("autoscaler_report") or {}
+    except (ValueError, AttributeError):
+        return True
+    types = set(report.get("active_nodes") or {}) | set(report.get("pending_launches") or {})
+    types |= set((report.get("node_type_mapping") or {}).values())
+    return any(not _READONLY_NODE_TYPE.fullmatch(str(t)) for t in types)
+
+
+def impossible_request(size: int, bundle: Mapping[str, float]) -> str | None:
+    """Why ``size`` workers of ``bundle`` can never be placed on the connected cluster; None when they may
+    be (they fit its nodes, or it can grow)."""
+    why = never_fits(size, bundle, node_resources())
+    if why is None or cluster_can_grow():
+        return None
+    return why
 
 
 def wait_until_placed(pg: Any, timeout: float, say: Progress) -> bool:
@@ -44,7 +182,7 @@ def wait_until_placed(pg: Any, timeout: float, say: Progress) -> bool:
     import ray
 
     deadline = time.monotonic() + timeout
-    waited_msg = 0.0
+    waited_msg = time.monotonic()
     while True:
         ready, _ = ray.wait([pg.ready()], timeout=1.0)
         if ready:
@@ -54,7 +192,7 @@ def wait_until_placed(pg: Any, timeout: float, say: Progress) -> bool:
             return False
         if now - waited_msg > 5:
             waited_msg = now
-            say(f"waiting for resources ({available_text()})")
+            say(f"waiting for resources ({available_text()}; {holders_text()})")
 
 
 def available_text() -> str:
@@ -72,10 +210,46 @@ def available_text() -> str:
     )
 
 
-def placement_error(size: int, bundle: dict[str, float], timeout: float) -> str:
-    """Why ``size`` workers of ``bundle`` could not be placed, and what to ask for instead."""
+def holders_text(exclude: Any = None) -> str:
+    """Who holds the cluster's CPUs and GPUs: each reserved placement group (a notebook's workers are one)
+    by name or id, and what tasks and actors outside any hold; ``exclude`` is a placement group left out."""
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    try:
+        table = placement_group_table()
+        total = ray.cluster_resources()
+        avail = ray.available_resources()
+    except Exception:  # noqa: BLE001 - only a hint in a message: Ray's state API must not fail the start
+        return "who holds them is unknown"
+    skip = getattr(exclude, "id", None)
+    skip_hex = skip.hex() if skip is not None else None
+    parts: list[str] = []
+    held = {"CPU": 0.0, "GPU": 0.0}
+    for pg_id, info in table.items():
+        if info.get("state") != "CREATED" or pg_id == skip_hex:
+            continue
+        sums = {k: sum(b.get(k, 0.0) for b in info.get("bundles", {}).values()) for k in held}
+        for k in held:
+            held[k] += sums[k]
+        who = f"placement group {info['name']!r}" if info.get("name") else f"placement group {pg_id[:12]}"
+        parts.append(f"{who} holds {fmt_bundle({k: v for k, v in sums.items() if v})}")
+    rest = {
+        k: round(total.get(k, 0.0) - avail.get(k, 0.0) - held[k], 3)
+        for k in held
+        if total.get(k, 0.0) - avail.get(k, 0.0) - held[k] > 1e-3
+    }
+    if rest:
+        parts.append(f"tasks and actors outside placement groups hold {fmt_bundle(rest)}")
+    return "; ".join(parts) if parts else "nothing else holds resources"
+
+
+def placement_error(size: int, bundle: Mapping[str, float], timeout: float, pg: Any = None) -> str:
+    """Why ``size`` workers of ``bundle`` could not be placed within ``timeout`` s, who holds the resources
+    (``pg``, ours, left out), and what to ask for instead."""
     return (
-        f"could not place {size} worker(s) of {fmt_bundle(bundle)} each within "
-        f"{timeout:g} s ({available_text()}). Ask for fewer workers, fewer CPUs per "
-        f"worker (fractions such as --cpus-per-worker 0.5 are allowed) or fewer GPUs, or add nodes."
+        f"could not place {size} worker(s) of {fmt_bundle(bundle)} each within {timeout:g} s "
+        f"({available_text()}; held now: {holders_text(pg)}). Wait for them to be freed (another notebook's "
+        f"cluster: %gpu_cluster stop there), or ask for fewer workers, fewer CPUs per worker (fractions such "
+        f"as --cpus-per-worker 0.5 are allowed) or fewer GPUs, or add nodes."
     )
