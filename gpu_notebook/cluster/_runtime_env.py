@@ -271,6 +271,9 @@ def working_dir_of(options: Mapping[str, Any]) -> str | None:
 
 
 # ---- %gpu_cluster env --------------------------------------------------------------------------------------
+_MASK_NOTE = f"{MASK}: a value given with --env/--env-file, or a secret's (not shown)"
+
+
 @dataclass
 class EnvReport:
     """Each rank's effective settings (see :mod:`gpu_notebook.distributed._settings`); secrets are ``****``."""
@@ -292,16 +295,17 @@ class EnvReport:
         return out
 
     def text(self) -> str:
-        lines = [f"cluster {self.cluster!r}: {len(self.settings)} rank(s); {MASK} = a secret (not shown)"]
-        for name, groups in self.rows():
+        rows = self.rows()
+        width = max((len(name) for name, _ in rows), default=0) + 2
+        lines = [f"cluster {self.cluster!r}: {len(self.settings)} rank(s); {_MASK_NOTE}"]
+        for name, groups in rows:
             if len(groups) == 1:
-                lines.append(f"  {name:<26} {groups[0][1]}")
+                lines.append(f"  {name:<{width}}{groups[0][1]}")
                 continue
             lines.append(f"  {name}")
             for ranks, value in groups:
-                lines.append(
-                    f"    {'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks):<19} {value}"
-                )
+                who = f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
+                lines.append(f"    {who:<{width - 2}}{value}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -317,7 +321,7 @@ class EnvReport:
                 for ranks, value in groups
             )
             body.append(f"<tr><td><code>{html.escape(name)}</code></td><td><code>{cell}</code></td></tr>")
-        head = html.escape(f"cluster {self.cluster!r}: {len(self.settings)} rank(s); {MASK} = a secret")
+        head = html.escape(f"cluster {self.cluster!r}: {len(self.settings)} rank(s); {_MASK_NOTE}")
         return f"<div><b>{head}</b><table>{''.join(body)}</table></div>"
 
 

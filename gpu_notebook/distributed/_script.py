@@ -57,6 +57,7 @@ class Script:
     sha256: str = ""  # the file's content hash: how a rank recognises its own copy
     size: int = 0  # the file's size in bytes
     source: bytes | None = field(default=None, repr=False)  # the file's bytes, when small enough to send
+    limit: int = MAX_SCRIPT_BYTES  # the most that may be sent
     cwd: str | None = None  # where to run it (the notebook's directory); None: the worker's own (working dir)
 
 
@@ -114,6 +115,7 @@ def script_for(
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
         source=data if len(data) <= max_bytes else None,
+        limit=max_bytes,
         cwd=run_in,
     )
 
@@ -122,7 +124,7 @@ def too_large(script: Script) -> str:
     """Why ``script`` was not sent with the call (it is over the size limit) and what to do instead."""
     return (
         f"{script.target} is {fmt_bytes(script.size, binary=True)}, over the "
-        f"{fmt_bytes(MAX_SCRIPT_BYTES, binary=True)} a script sent with the call may take: put it in the "
+        f"{fmt_bytes(script.limit, binary=True)} a script sent with the call may take: put it in the "
         f"workers' working dir (%gpu_cluster start --working-dir DIR), or on a filesystem every node shares"
     )
 

@@ -38,6 +38,7 @@ SHOWN_VARIABLES = (
     "OMP_NUM_THREADS",
 )
 _PREFIXES = ("TORCHELASTIC_", "NCCL_")
+_ALWAYS = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")  # shown as "(not set)" when unset: that is news too
 _SECRET = re.compile(r"TOKEN|SECRET|KEY|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|PRIVATE|SESSION|COOKIE")
 _SECRET_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_", "GCP_", "HF_", "HUGGING", "WANDB_", "OPENAI_", "ANTHROPIC_")
 
@@ -60,7 +61,7 @@ def rank_settings(user_names: Iterable[str] = ()) -> dict[str, str]:
     """This process's effective settings, name -> value (secrets masked): runs on a rank through ``call``."""
     given = frozenset(user_names)
     env = os.environ
-    names = [n for n in SHOWN_VARIABLES if n in env]
+    names = [n for n in SHOWN_VARIABLES if n in env or n in _ALWAYS]
     names += sorted(n for n in env if n.startswith(_PREFIXES) and n not in names)
     names += [n for n in sorted(given) if n not in names]
     out = {

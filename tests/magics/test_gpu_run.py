@@ -42,9 +42,22 @@ def _dumps(text: str) -> dict[str, dict]:
 
 def _torchrun(cwd, *target: str) -> dict[str, dict]:
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-         str(_free_port()), *target, "--lr", "0.1"],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(_free_port()),
+            *target,
+            "--lr",
+            "0.1",
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
     )
     assert proc.returncode == 0, proc.stderr
@@ -73,7 +86,9 @@ def test_a_script_sees_argv_file_name_and_cwd_as_under_torchrun(
     expected = _torchrun(project, *torchrun_args)
     assert set(expected) == {"0", "1"}
     monkeypatch.chdir(project)
-    ip.run_cell("%%distributed\nimport os, sys\nbefore = (list(sys.argv), os.getcwd(), sys.modules['__main__'])\n")
+    ip.run_cell(
+        "%%distributed\nimport os, sys\nbefore = (list(sys.argv), os.getcwd(), sys.modules['__main__'])\n"
+    )
     capsys.readouterr()
     res = ip.run_line_magic("gpu_run", magic_args)
     assert res is None
@@ -89,8 +104,12 @@ def test_a_script_sees_argv_file_name_and_cwd_as_under_torchrun(
     assert res.success and list(ip.user_ns["same"]) == [True, True]
 
 
-def test_a_failing_script_is_one_report_naming_the_ranks_and_the_script_line(ip, shared, tmp_path, monkeypatch):
-    (tmp_path / "bad.py").write_text("import os\nx = 1\nraise ValueError('boom on ' + os.environ['RANK'][:0] + 'rank')\n")
+def test_a_failing_script_is_one_report_naming_the_ranks_and_the_script_line(
+    ip, shared, tmp_path, monkeypatch
+):
+    (tmp_path / "bad.py").write_text(
+        "import os\nx = 1\nraise ValueError('boom on ' + os.environ['RANK'][:0] + 'rank')\n"
+    )
     monkeypatch.chdir(tmp_path)
     res = ip.run_cell("%gpu_run bad.py\n")
     err = res.error_in_exec
