@@ -105,9 +105,11 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 #: ``@record`` writes nothing and the traceback comes back with the cell); ``TORCHELASTIC_SIGNALS_TO_HANDLE`` is
 #: the signals the agent forwards to its workers.
 TORCHRUN_ONLY = ("TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE")
-#: What a rank gets that torchrun does not set: ``NODE_RANK`` (Ray Train's and Lightning's name for
-#: ``GROUP_RANK``) and ``ACCELERATE_TORCH_DEVICE`` (the device accelerate, and so the Hugging Face Trainer, use:
-#: the rank's current device, as Ray Train sets it).
+#: What a rank may get that torchrun does not set: ``NODE_RANK`` (Ray Train's and Lightning's name for
+#: ``GROUP_RANK``) and, on a rank with a CUDA device, ``ACCELERATE_TORCH_DEVICE``: the device accelerate (and so
+#: the Hugging Face Trainer) then uses, the rank's current device, as Ray Train sets it. Without it accelerate
+#: picks ``cuda:LOCAL_RANK % device_count()``, wrong with several GPUs per rank or ranks sharing a GPU; a CPU
+#: rank goes without, so accelerate picks its device as under torchrun.
 NOT_TORCHRUN = ("NODE_RANK", "ACCELERATE_TORCH_DEVICE")
 
 
@@ -147,7 +149,7 @@ def torchrun_env(
         agent's; a worker group's rank 0's), so a later ``env://`` rendezvous connects to it instead of
         starting one. Only once that store runs: ``init_process_group(init_method="tcp://...")`` reads it too.
     device
-        The rank's current device (``"cuda:1"``, ``"cpu"``), for ``ACCELERATE_TORCH_DEVICE``.
+        The rank's current CUDA device (``"cuda:1"``), for ``ACCELERATE_TORCH_DEVICE``; None for a CPU rank.
     environ
         The environment the rank starts from (default ``os.environ``): as under torchrun, an
         ``OMP_NUM_THREADS`` or ``TORCH_NCCL_ASYNC_ERROR_HANDLING`` set there is kept, and ``OMP_NUM_THREADS``

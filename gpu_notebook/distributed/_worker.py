@@ -327,7 +327,7 @@ class RankWorker:
             master_port=master_port,
             run_id=self.group_id,  # the same on every rank of the group, and across its rebuilds
             agent_store=True,  # rank 0's store listens on MASTER_PORT from join() on
-            device=str(devs.device),
+            device=str(devs.device) if devs.device.type == "cuda" else None,  # see NOT_TORCHRUN
         )
         joined = join(env, backend, timeout_s)
         self.rank = plan.rank

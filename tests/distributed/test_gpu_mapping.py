@@ -122,7 +122,7 @@ SCRIPT = textwrap.dedent(
         "num_cpus": 2, "num_gpus": 4, "include_dashboard": False, "dashboard_agent_listen_port": free_port(),
         "temp_dir": tempfile.mkdtemp(prefix="gnbg", dir="/tmp")})
     CELL = ("import os\\n(os.environ['LOCAL_RANK'], os.environ.get('CUDA_VISIBLE_DEVICES'), str(device), "
-            "[str(d) for d in devices], os.environ['ACCELERATE_TORCH_DEVICE'])")
+            "[str(d) for d in devices], os.environ.get('ACCELERATE_TORCH_DEVICE'))")
     out = {}
     for name, workers, gpus, visibility in [("one", 4, 1, "node"), ("two", 2, 2, "node"),
                                             ("half", 4, 0.5, "node"), ("own", 2, 1, "own")]:
@@ -158,7 +158,7 @@ def test_logical_gpus_on_a_local_ray():
     for (_, visible, *_rest), (own, idx) in zip(one["ranks"], one["plans"], strict=True):
         assert visible.split(",")[idx[0]] == own[0]
     # a CPU-only torch: the device is the CPU (CUDA cannot run), and gloo, as explain_backend says
-    assert {(r[2], r[4]) for r in one["ranks"]} == {("cpu", "cpu")} and one["backend"] == "gloo"
+    assert {(r[2], r[4]) for r in one["ranks"]} == {("cpu", None)} and one["backend"] == "gloo"
 
     two = out["two"]
     assert {r[1] for r in two["ranks"]} == {"0,1,2,3"}
