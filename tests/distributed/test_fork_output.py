@@ -111,3 +111,37 @@ def test_forks_while_another_thread_prints_never_deadlock_the_child(ip, shared, 
     assert list(ip.user_ns["hung"]) == [0]
     text = _out(capsys)
     assert "[rank 0] forked child 59 alive" in text
+
+
+FORK_WHILE_LOCKED = """
+import os, sys, threading, time
+from gpu_notebook.distributed._capture import Capture, StreamProxy
+capture = Capture()
+capture.capture_fds()
+out = StreamProxy(capture, "<stdout>")
+held = threading.Event()
+def hold():
+    with capture._lock:  # another thread inside a write when the fork comes
+        held.set()
+        time.sleep(0.3)
+threading.Thread(target=hold).start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    out.write("child line\\n")
+    out.write("unfinished")
+    out.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+capture.sync()
+with open(sys.argv[1], "w") as f:
+    f.write(capture.drain())
+"""
+
+
+def test_capture_in_a_forked_child_writes_through_the_pipe_with_fresh_locks(tmp_path, python_exe):
+    import subprocess
+
+    result = tmp_path / "drained.txt"
+    subprocess.run([python_exe, "-c", FORK_WHILE_LOCKED, str(result)], check=True, timeout=60)
+    assert result.read_text() == "child line\nunfinished"

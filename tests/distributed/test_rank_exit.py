@@ -55,6 +55,8 @@ def test_os_exit_is_a_dead_worker_with_its_rank_pid_and_last_output(ip, shared):
     text = "\n".join(err._render_traceback_())
     assert f"--- rank 1: died: the worker process (pid {pid} on " in text
     assert "| last words of 1" in text
-    res = ip.run_cell("%%distributed -o alive\nimport torch, torch.distributed as dist\n"
-                      "t = torch.ones(1); dist.all_reduce(t); t.item()\n")
+    res = ip.run_cell(
+        "%%distributed -o alive\nimport torch, torch.distributed as dist\n"
+        "t = torch.ones(1); dist.all_reduce(t); t.item()\n"
+    )
     assert res.success and list(ip.user_ns["alive"]) == [2.0, 2.0]

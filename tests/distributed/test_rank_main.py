@@ -36,8 +36,10 @@ def test_sys_argv_is_a_cell_like_list_and_settable(ip, shared):
     assert res.success, res.error_in_exec
     assert list(ip.user_ns["argv"]) == [["<cell>"], ["<cell>"]]
     res = ip.run_cell("%%distributed\nimport sys\nsys.argv = ['train.py', '--lr', '0.1']\n")
-    res = ip.run_cell("%%distributed -o argv\nimport argparse, sys\n"
-                      "p = argparse.ArgumentParser(); p.add_argument('--lr', type=float)\np.parse_args().lr\n")
+    res = ip.run_cell(
+        "%%distributed -o argv\nimport argparse, sys\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--lr', type=float)\np.parse_args().lr\n"
+    )
     assert res.success, res.error_in_exec
     assert list(ip.user_ns["argv"]) == [0.1, 0.1]
     ip.run_cell("%%distributed\nimport sys\nsys.argv = ['<cell>']\n")
@@ -126,3 +128,12 @@ def test_an_error_after_ipython_syntax_points_at_the_notebook_line(ip, shared):
     err = res.error_in_exec
     assert err is not None
     assert "ValueError: line 5 at cell line 5" in "\n".join(err._render_traceback_())
+
+
+def test_which_cells_need_ipython():
+    from gpu_notebook.distributed._shell import uses_ipython_syntax
+
+    needs = ["!nvidia-smi", "  %time f()", "files = !ls", "a, b = %sx ls", "%%timeit\nf()", "if x:\n    !ls"]
+    plain = ["a != b", "x = 5 % 2", "print('!x')", "s = '%d' % 3", "x = 1"]
+    assert [uses_ipython_syntax(c) for c in needs] == [True] * len(needs)
+    assert [uses_ipython_syntax(c) for c in plain] == [False] * len(plain)
