@@ -525,11 +525,12 @@ class Cluster:
         assert self.group is not None
         self.group.push(values, ranks=ranks)
 
-    def pull(self, name: str, rank: int = 0) -> Any:
-        """Bring a variable back from one rank's namespace."""
+    def pull(self, name: str, rank: int = 0, keep_device: bool = False) -> Any:
+        """Bring a variable back from one rank's namespace; its tensors come to the CPU, as a cell's value's
+        do, unless ``keep_device`` (then a CUDA tensor needs a GPU here to be rebuilt)."""
         self._require_running()
         assert self.group is not None
-        return self.group.pull(name, rank)
+        return self.group.pull(name, rank, keep_device=keep_device)
 
 
 def _stdout_sink(text: str) -> None:

@@ -408,13 +408,14 @@ class WorkerGroup:
         ref = ray.put(values)
         ray.get([self.workers[r].actor.push.remote(ref) for r in selected], timeout=300)
 
-    def pull(self, name: str, rank: int = 0) -> Any:
-        """The value of the variable ``name`` in ``rank``'s namespace."""
+    def pull(self, name: str, rank: int = 0, keep_device: bool = False) -> Any:
+        """The value of the variable ``name`` in ``rank``'s namespace, its tensors moved to the CPU on the
+        rank (the notebook may have no GPU) unless ``keep_device``."""
         ray = _ray()
         if not 0 <= rank < self.size:
             raise ValueError(f"rank {rank} out of range: this group has ranks 0-{self.size - 1}")
         try:
-            return ray.get(self.workers[rank].actor.pull.remote(name), timeout=300)
+            return ray.get(self.workers[rank].actor.pull.remote(name, keep_device), timeout=300)
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
             raise type(cause)(str(cause)) if isinstance(cause, (NameError, TypeError)) else cause from None

@@ -392,10 +392,14 @@ class RankWorker:
         self.ns.update(values)
         return sorted(values)
 
-    def pull(self, name: str) -> Any:
+    def pull(self, name: str, keep_device: bool = False) -> Any:
+        """The variable's value; its tensors moved to the CPU as a cell's value's are, unless ``keep_device``."""
         if name not in self.ns:
             raise NameError(f"name {name!r} is not defined on rank {self.rank}")
         value = self.ns[name]
+        torch = sys.modules.get("torch")  # without torch imported there are no tensors to move
+        if not keep_device and torch is not None and isinstance(getattr(torch, "Tensor", None), type):
+            value = _to_cpu(value, torch)
         try:
             import ray.cloudpickle as cp
 

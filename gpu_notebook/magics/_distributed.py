@@ -210,14 +210,23 @@ class DistributedMagics(Magics):
     @argument(
         "--as", dest="as_name", help="store it in the notebook under this name (default: the same name)"
     )
+    @argument(
+        "--device",
+        action="store_true",
+        help="keep tensors on the rank's device (default: they come to the CPU, as a cell's values do)",
+    )
     @line_magic
     def gpu_pull(self, line: str) -> None:
         """Bring a variable back from one worker into the notebook's namespace.
+
+        Its tensors (in lists, tuples and dicts too: a state_dict) come to the CPU, as a cell's values do: the
+        notebook may have no GPU. ``--device`` keeps them on the rank's device.
 
         Examples
         --------
         In [1]: %gpu_pull model --rank 0
         In [2]: %gpu_pull losses --rank 1 --as losses_rank1
+        In [3]: %gpu_pull batch --device
         """
         args = parse(self.gpu_pull, line)
         with reported(self.gpu_pull, strip_quotes=True):
@@ -227,7 +236,7 @@ class DistributedMagics(Magics):
                     f"rank {args.rank} out of range: this cluster has ranks 0-{cluster.world_size - 1}"
                 )
             try:
-                value = cluster.pull(args.name, rank=args.rank)
+                value = cluster.pull(args.name, rank=args.rank, keep_device=args.device)
             except (NameError, TypeError) as exc:  # WorkerGroup.pull: not defined on the rank; not picklable
                 raise MagicError(str(exc)) from None
             target = args.as_name or args.name
