@@ -123,7 +123,8 @@ def never_fits(size: int, bundle: Mapping[str, float], nodes: Sequence[Mapping[s
     what = "use " + " or ".join(options) if options else "add nodes that have these resources"
     where = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
     return (
-        f"{size} workers x {fmt_bundle(bundle)} need {need}; this cluster has {have} in all ({where}) "
+        f"{size} worker{'s' if size != 1 else ''} x {fmt_bundle(bundle)} need{'s' if size == 1 else ''} {need}; "
+        f"this cluster has {have} in all ({where}) "
         f"and cannot grow: {what}"
     )
 

@@ -195,7 +195,7 @@ def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone():
     out = json.loads(
         [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1][len("RESULT ") :]
     )
-    assert "fractions such as --cpus-per-worker 0.5" in out["error"]
+    assert "1 worker x 64 CPU needs 64 CPU" in out["error"] and "cannot grow" in out["error"]
     assert out["failed_state"] == "failed" and out["ray_after_failure"] is False
     assert out["second_started_ray"] is True
     assert "local Ray shut down" not in out["failed_stop"] and "disconnected" not in out["failed_stop"]
