@@ -20,7 +20,7 @@ Why the sdist is written here (``tarfile`` and a generated ``pyproject.toml``/``
 normal install with no project files beside it. The one thing both have is the package directory, so that is
 what is shipped, file for file; the build needs no ``build`` package, no network and no compiler, and takes
 milliseconds. The project metadata (name, dependencies) comes from the installed distribution; the version is
-``gpu_notebook.__version__``, what the nodes report back. Every ``.c`` file is built as the single-file
+the ``__version__`` of the package's ``__init__.py``, what the nodes report back. Every ``.c`` file is built as the single-file
 extension module of its name (``checkpoint/format/_planes.c`` is ``gpu_notebook.checkpoint.format._planes``).
 
 :func:`tree_digest` names the content: a SHA-256 over the shipped files' paths and bytes (compiled files and
@@ -39,8 +39,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
-
-import gpu_notebook
 
 __all__ = ["REMOTE_DIR", "ShippedPackage", "cache_dir", "package", "tree_digest"]
 
@@ -123,7 +121,7 @@ def cache_dir() -> Path:
 
 def source_root() -> Path:
     """The directory of the gpu_notebook this process imports (an editable checkout's or site-packages')."""
-    return Path(gpu_notebook.__file__).resolve().parent
+    return Path(__file__).resolve().parents[1]
 
 
 def package(root: Path | None = None, cache: Path | None = None) -> ShippedPackage:
@@ -137,7 +135,7 @@ def package(root: Path | None = None, cache: Path | None = None) -> ShippedPacka
         Where to keep the artifacts (default :func:`cache_dir`).
     """
     root = (root or source_root()).resolve()
-    version = str(gpu_notebook.__version__) if root == source_root() else _version_in(root)
+    version = _version_in(root)
     digest = tree_digest(str(root))
     where = (cache or cache_dir()) / f"{version}-{digest[:16]}"
     shipped = ShippedPackage(
@@ -149,7 +147,10 @@ def package(root: Path | None = None, cache: Path | None = None) -> ShippedPacka
 
 
 def _version_in(root: Path) -> str:
-    """``__version__ = "..."`` read from a package directory's ``__init__.py`` without importing it."""
+    """``__version__ = "..."`` read from a package directory's ``__init__.py``: what the nodes will import.
+
+    Read, not imported: the package's root imports the layers above this one (the magics, lazily).
+    """
     for line in (root / "__init__.py").read_text().splitlines():
         if line.startswith("__version__"):
             return line.split("=", 1)[1].strip().strip("\"'")

@@ -17,7 +17,7 @@ from typing import Any
 from gpu_notebook import cost
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import get_manager
-from gpu_notebook.cluster import _connect
+from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
 from gpu_notebook.cluster.providers import (
@@ -205,7 +205,10 @@ class Cluster:
         try:
             provider.launched(self, say)
             connection = self.connection = _connect.connect(
-                self.address, dashboard=self.dashboard, progress=say
+                self.address,
+                dashboard=self.dashboard,
+                progress=say,
+                runtime_env=_package_check.job_env(self.address, self.options),
             )
             workers, cpus, gpus = self._size_workers()
             runtime_env, worker_env = provider.worker_env(self, say)  # --working-dir, --pip, --env

@@ -86,8 +86,13 @@ def connect(
     num_gpus: int | None = None,
     dashboard: bool = False,
     progress: Progress | None = None,
+    runtime_env: dict[str, Any] | None = None,
 ) -> RayConnection:
-    """Start a local Ray (``address=None``) or connect to one; reuse the connection this process already has."""
+    """Start a local Ray (``address=None``) or connect to one; reuse the connection this process already has.
+
+    ``runtime_env`` is the job-wide one of a connection to an existing cluster (Ray Client needs our package
+    there: its server on the head unpickles our classes).
+    """
     global _CONNECTION
     say = progress or (lambda msg: None)
     _quiet_env()
@@ -154,7 +159,9 @@ def connect(
     attempts = 3 if address.startswith("ray://") else 1
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+            ray.init(
+                address=address, logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env
+            )
             break
         except Exception as exc:  # noqa: BLE001 - as for a local start: every failure becomes a ConnectError
             # Ray Client starts a server process per client on the head; on a busy head it can miss its start-up

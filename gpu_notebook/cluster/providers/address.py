@@ -1,13 +1,18 @@
 """An existing Ray cluster reached by address (``auto``, ``host:port``, ``ray://host:port`` or ``RAY_ADDRESS``).
 
-We did not start it, so stopping only disconnects; it is left running for its owner.
+We did not start it, so stopping only disconnects; it is left running for its owner. Its nodes may lack our
+package, or have another version: the workers get this kernel's copy, checked on every node at start
+(:mod:`gpu_notebook.cluster._package_check`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpu_notebook._display import Progress
 from gpu_notebook._registry import ClusterManager
+from gpu_notebook.cluster import _package_check
+from gpu_notebook.cluster._runtime_env import prepare_for_workers
 
 from .base import Provider, ProviderCluster
 
@@ -21,6 +26,14 @@ class AddressProvider(Provider):
 
     def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
         return taken.unique_name(address_name(cluster.address or "auto"))
+
+    def worker_env(
+        self, cluster: ProviderCluster, say: Progress
+    ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The base's, plus this kernel's gpu_notebook in ``py_modules``; then every node is checked."""
+        runtime_env, env = prepare_for_workers(_package_check.with_package(cluster.options, say), say)
+        _package_check.check_nodes(runtime_env, say, cluster.options.get("ship_package") is not False)
+        return runtime_env, env
 
 
 def address_name(address: str) -> str:
