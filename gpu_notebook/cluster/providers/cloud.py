@@ -2,8 +2,9 @@
 
 The launch, its reaper and its pricing belong to the cluster's lifetime: the nodes are launched before the
 notebook connects, priced for the cost meter once launched, and torn down (and verified gone) when the cluster
-stops or its start fails. A reaper process tears them down if this kernel dies first. Everything about talking
-to the clouds lives in :mod:`gpu_notebook.cloud`; this module only ties it to a cluster.
+stops or its start fails. A reaper process tears them down if this kernel dies first. Before the workers start,
+every node is checked for this kernel's gpu_notebook (:mod:`gpu_notebook.cluster._package_check`). Everything
+about talking to the clouds lives in :mod:`gpu_notebook.cloud`; this module only ties it to a cluster.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from gpu_notebook import cloud
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import ClusterManager, get_manager
 from gpu_notebook.cloud import _reaper
-from gpu_notebook.cluster import _connect
+from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._runtime_env import prepare_for_workers
 
 from .base import Provider, ProviderCluster
 
@@ -43,6 +45,8 @@ def cloud_spec(cluster: ProviderCluster) -> Any:
     """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
     o = cluster.options
     extra = {k: o[k] for k in _SPEC_KEYS if o.get(k)}
+    if "ship_package" in o:
+        extra["ship_package"] = bool(o["ship_package"])
     return cloud.spec_from_options(
         o["cloud"],
         region=o.get("region"),
@@ -112,6 +116,21 @@ class CloudProvider(Provider):
 
     def ranks(self) -> int | None:
         return int(self._ranks) if self._ranks else None
+
+    def worker_env(
+        self, cluster: ProviderCluster, say: Progress
+    ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+        """The base's; then every node is checked for this kernel's gpu_notebook.
+
+        VM nodes installed it in their setup commands (the sdist in ``file_mounts``); a KubeRay manifest
+        carries no files, so on Kubernetes the workers get it through their ``runtime_env`` here.
+        """
+        options = cluster.options
+        if self.cloud == "kubernetes":
+            options = _package_check.with_package(options, say)
+        runtime_env, env = prepare_for_workers(options, say)
+        _package_check.check_nodes(runtime_env, say, options.get("ship_package") is not False)
+        return runtime_env, env
 
     def teardown(self, cluster: ProviderCluster, say: Progress | None, reason: str) -> str:
         state = self.state
