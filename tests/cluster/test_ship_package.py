@@ -116,6 +116,7 @@ NOTEBOOK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["address", "client"])
 def test_the_ranks_import_the_notebooks_own_package_on_a_head_that_lacks_it(bare_head, tmp_path, how):
     """By the GCS address and through Ray Client (``ray://``), whose uploads take another path."""
@@ -158,6 +159,7 @@ MISMATCH = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_node_without_the_notebooks_package_fails_the_start_and_says_what_to_do(bare_head, tmp_path):
     """``ship_package=False``: the bare node has no gpu_notebook, and the start says so before any worker starts."""
     proc = subprocess.run(
