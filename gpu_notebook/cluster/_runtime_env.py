@@ -240,6 +240,16 @@ def _upload(runtime_env: dict[str, Any]) -> dict[str, Any]:
     return env
 
 
+def _through_ray_client() -> bool:
+    """Whether this kernel reaches Ray through Ray Client (a ``ray://`` address)."""
+    import ray
+
+    try:
+        return bool(ray.util.client.ray.is_connected())
+    except AttributeError:  # a Ray without the client module: no client connection either
+        return False
+
+
 def prepare_for_workers(
     options: Mapping[str, Any], say: Progress
 ) -> tuple[dict[str, Any] | None, dict[str, str]]:
@@ -254,6 +264,12 @@ def prepare_for_workers(
     if setup:
         say(setup.describe())
     if runtime_env.get("working_dir") or runtime_env.get("py_modules"):
+        if _through_ray_client():
+            # Ray's upload for one actor's runtime_env never returns over Ray Client (Ray 2.60): refuse, not hang
+            raise WorkerSetupError(
+                "--working-dir and py_modules cannot be sent to workers over a ray:// (Ray Client) connection; "
+                "connect by the cluster's GCS address (host:6379) instead, or put the files on the nodes"
+            )
         try:
             runtime_env = _upload(runtime_env)
         except (OSError, ValueError) as exc:

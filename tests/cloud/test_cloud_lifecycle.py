@@ -266,10 +266,12 @@ def test_a_cloud_start_with_a_ray_connection_fails_before_launching(
             c.start()
         assert time.monotonic() - t0 < 10
         assert "already connected to" in str(err.value) and "Nothing was launched" in str(err.value)
-        ip.run_cell(
+        res = ip.run_cell(
             "%gpu_cluster start --cloud aws --region us-east-1 --gpu T4:1 --no-tunnel --name gnb-third"
         )
-        assert "Stop the current cluster first (%gpu_cluster stop" in capsys.readouterr().err
+        assert not res.success  # the cell fails, so "Run All" stops there
+        out = capsys.readouterr()
+        assert "Stop the current cluster first (%gpu_cluster stop" in out.out + out.err
     assert launched == []
     ec2 = moto_ec2.client()
     for name in ("gnb-second", "gnb-third"):
