@@ -13,6 +13,7 @@ import time
 import types
 
 import pytest
+from IPython.core.error import UsageError
 
 from gpu_notebook.distributed import WorkerGroup, choose_backend, plan_ranks
 from gpu_notebook.distributed._capture import split_sync
@@ -133,7 +134,9 @@ def test_the_value_size_limit_per_cell_and_per_cluster(ip, shared, capsys):
         group.max_result_bytes = old
     capsys.readouterr()
     ip.user_ns.pop("w", None)
-    assert ip.run_cell("%%distributed -o w --max-result lots\n1\n").success  # usage, not a traceback
+    res = ip.run_cell("%%distributed -o w --max-result lots\n1\n")
+    # a usage error fails the cell, with no traceback of ours
+    assert isinstance(res.error_in_exec, UsageError)
     err = capsys.readouterr().err
     assert "usage" in err.lower() and "--max-result" in err and "w" not in ip.user_ns
     with pytest.raises(ValueError, match=">= 0"):
