@@ -26,4 +26,4 @@ if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then e
     .venv/bin/lint-imports
     .venv/bin/mypy gpu_notebook
 fi
-exec .venv/bin/python -m pytest "$@"
+exec .venv/bin/python -m pytest --durations=20 "$@"  # the slowest tests, to keep the run short
