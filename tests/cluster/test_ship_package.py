@@ -195,3 +195,65 @@ def test_mismatched_versions_and_content_are_each_named() -> None:
         "(content efefefefefef, this kernel's abababababab)",
     ]
     assert issubclass(PackageMismatchError, GpuNotebookError)
+
+
+PIP_NOTEBOOK = textwrap.dedent(
+    """
+    import json, sys
+    from IPython.testing.globalipapp import start_ipython
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "gpu_notebook")
+    from gpu_notebook import get_manager
+    ip.run_line_magic(
+        "gpu_cluster", f"start --name piped --address {sys.argv[1]} --workers 2 --cpus-per-worker 0.5 --pip {sys.argv[2]}"
+    )
+    ip.run_cell("%%distributed -o r\\nimport gnb_tiny_pkg\\n(gnb_tiny_pkg.WHO, gnb_tiny_pkg.__file__)\\n")
+    print("RESULT " + json.dumps({"ranks": list(ip.user_ns["r"]), "stop": get_manager().get("piped").stop()}))
+    """
+)
+
+
+def _tiny_wheel(where: str) -> str:
+    """A one-module wheel written by hand (no build, no index): what ``--pip`` must install on the workers."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "gnb_tiny_pkg/__init__.py": b"WHO = 'installed by --pip'\n",
+        "gnb_tiny_pkg-0.1.dist-info/METADATA": b"Metadata-Version: 2.1\nName: gnb-tiny-pkg\nVersion: 0.1\n",
+        "gnb_tiny_pkg-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append("gnb_tiny_pkg-0.1.dist-info/RECORD,,")
+    path = os.path.join(where, "gnb_tiny_pkg-0.1-py3-none-any.whl")
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("gnb_tiny_pkg-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_pip_installs_a_package_on_the_workers_only(bare_head, tmp_path):
+    """``--pip`` goes to Ray's runtime_env: the workers import a package that neither the node nor the kernel has."""
+    wheel = _tiny_wheel(str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", PIP_NOTEBOOK, bare_head["address"], wheel],
+        cwd=tmp_path,
+        env={**_ENV, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PIP_NO_INDEX": "1"},  # offline, as here
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0 and "RESULT " in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = json.loads(proc.stdout.split("RESULT ", 1)[1])["ranks"]
+    assert [who for who, _ in ranks] == ["installed by --pip"] * 2
+    assert all(
+        "runtime_resources" in file for _, file in ranks
+    )  # in the env Ray built, not the node's Python
+    lacks = subprocess.run([bare_head["python"], "-c", "import gnb_tiny_pkg"], env=_ENV, capture_output=True)
+    assert lacks.returncode != 0  # the node's own Python is untouched
