@@ -23,6 +23,26 @@ from gpu_notebook.magics._common import (
 )
 
 
+def target_cluster(args: Any) -> Any:
+    """The cluster a rank-targeting magic runs on: ``--cluster NAME``, else the current one."""
+    return get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+
+
+def print_buffered(result: Any) -> None:
+    """Print what each rank wrote, after the run (``--no-stream``), prefixed as streamed output is."""
+    for rank in sorted(result.outputs):
+        for out_line in result.outputs[rank]:
+            print(f"[rank {rank}] {out_line}")
+
+
+def conclude(result: Any, world_size: int) -> None:
+    """Fail the cell with the per-rank report when a rank failed; else show the run's note, if any."""
+    if result.failures:
+        result.raise_for_failures(world_size)
+    elif result.note:
+        print(result.note, file=sys.stderr)
+
+
 def _show_values(values: Any) -> None:
     """Print each rank's value like ``%px`` does; identical values from several ranks are shown once."""
     groups: dict[str, list[int]] = {}
@@ -146,7 +166,7 @@ class DistributedMagics(Magics):
 
     def _run(self, args: Any, line: str, cell: str) -> None:
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
-        cluster = get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+        cluster = target_cluster(args)
         count = getattr(self.shell, "execution_count", None)
         # run's own ValueError is about its arguments: a bad --workers selection
         with usage_errors(ValueError):
@@ -161,9 +181,7 @@ class DistributedMagics(Magics):
                 max_result_bytes=args.max_result,
             )
         if args.no_stream:
-            for rank in sorted(result.outputs):
-                for out_line in result.outputs[rank]:
-                    print(f"[rank {rank}] {out_line}")
+            print_buffered(result)
         if args.out:
             self._ns[args.out] = result.values
         if result.ranks and result.values and not _ends_with_semicolon(cell):  # a trailing ; hides values
@@ -172,9 +190,7 @@ class DistributedMagics(Magics):
             hint = _push_hint(result.failures, self._ns)
             if hint:
                 result.note = f"{result.note}\n{hint}" if result.note else hint
-            result.raise_for_failures(cluster.world_size)
-        elif result.note:
-            print(result.note, file=sys.stderr)
+        conclude(result, cluster.world_size)
 
     @magic_arguments()
     @argument("names", nargs="+", help="notebook variables to send to every worker")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.cluster import get_manager, run_script
+from gpu_notebook.cluster import run_script
 from gpu_notebook.magics._common import parse, progress_printer, reported, usage_errors
-from gpu_notebook.magics._distributed import rank_args
+from gpu_notebook.magics._distributed import conclude, print_buffered, rank_args, target_cluster
 
 
 @magics_class
@@ -46,7 +45,7 @@ class RunMagics(Magics):
             with usage_errors(ValueError):  # shlex: an unclosed quote
                 script_args = shlex.split(" ".join(args.args))
                 target = " ".join(shlex.split(args.target))
-            cluster = get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+            cluster = target_cluster(args)
             with usage_errors(ValueError):  # a bad --workers selection
                 result = run_script(
                     cluster,
@@ -59,11 +58,6 @@ class RunMagics(Magics):
                     progress=progress_printer(),
                 )
             if args.no_stream:
-                for rank in sorted(result.outputs):
-                    for out_line in result.outputs[rank]:
-                        print(f"[rank {rank}] {out_line}")
-            if result.failures:
-                result.raise_for_failures(cluster.world_size)
-            elif result.note:
-                print(result.note, file=sys.stderr)
+                print_buffered(result)
+            conclude(result, cluster.world_size)
         return None
