@@ -1,9 +1,9 @@
-/* Fused byte-plane kernels of the checkpoint chunk codec (see _codec.py and docs/checkpoint-format.md).
+/* Fused byte-plane kernels of the checkpoint chunk codec (see codec.py and docs/checkpoint-format.md).
  *
  * forward_split(cur, base, out, width, transform, rotation, permute, offset)
  *     out = the byte planes of the transformed chunk: transform (none / xor / zigzag(sub - offset)), rotate left,
  *     optionally permute into the stable order of the base elements' top exponent bits, split into `width`
- *     planes. One pass over the chunk; exactly the bytes of the numpy reference (_codec._split(_forward(...))).
+ *     planes. One pass over the chunk; exactly the bytes of the numpy reference (codec._split(codec._forward(...))).
  * merge_inverse(planes, base, out, width, transform, rotation, permute, offset)
  *     The inverse: `planes` is a sequence of `width` buffers (the decompressed planes), `out` receives the raw
  *     chunk. One pass (the numpy reference takes about ten). `out` may be `base` itself (a delta decoded in
@@ -12,6 +12,9 @@
  * The permutation is a stable counting sort by an 8-bit key, so it costs a histogram and one pass with 256
  * sequential write (or read) streams instead of a comparison sort. Elements are little-endian (the module
  * refuses to import on a big-endian host). The GIL is released while a kernel runs.
+ *
+ * Portable C99 (scripts/check_c.sh builds it with -std=c99 -Wall -Wextra -pedantic -Werror): compiler extensions
+ * only behind the guards below, `restrict` through RESTRICT (MSVC's C compiler spells it __restrict).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,6 +23,16 @@
 #include <string.h>
 
 #define MAXW 8
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L
+#define RESTRICT restrict
+#elif defined(_MSC_VER)
+#define RESTRICT __restrict
+#elif defined(__GNUC__)
+#define RESTRICT __restrict__
+#else
+#define RESTRICT
+#endif
 
 /* The kernels are compiled once per instruction set and the best one for the CPU is picked when the module
  * loads (GCC function multiversioning through an ifunc: x86-64 with glibc): the byte-plane loops vectorise 1.5-3x
@@ -118,7 +131,7 @@
         if (rot) d = (U)((U)(d << rot) | (U)(d >> (BITS - rot)));                                   \
         return d;                                                                                   \
     }                                                                                               \
-    KERNEL static void forward_##BITS(const U *restrict c, const U *restrict b, uint8_t *restrict out, \
+    KERNEL static void forward_##BITS(const U *RESTRICT c, const U *RESTRICT b, uint8_t *RESTRICT out, \
                                Py_ssize_t n, int t, int rot, int perm, U off) {                     \
         static const U zero = 0;                                                                    \
         if (perm) {                                                                                 \
@@ -274,6 +287,7 @@ static int get_base(PyObject *obj, Py_buffer *view, Py_ssize_t len, int need) {
 }
 
 static PyObject *forward_split(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer cur, out, base;
     PyObject *base_obj;
     int width, t, rot, perm;
@@ -307,6 +321,7 @@ done:
 }
 
 static PyObject *merge_inverse(PyObject *self, PyObject *args) {
+    (void)self;
     PyObject *planes_obj, *base_obj;
     Py_buffer out, base, pv[MAXW];
     int width, t, rot, perm, got = 0;
@@ -362,7 +377,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", "Fused byte-plane codec kernels.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_planes", "Fused byte-plane codec kernels.", -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__planes(void) {
     const uint16_t one = 1;
