@@ -115,7 +115,7 @@ class Checkpointer:
         What :meth:`maybe_save` writes on a notice: ``"auto"`` (a full base if it fits in half the time left,
         else a delta), ``"full"`` or ``"delta"``.
     hash
-        ``"blake3"`` (format version 3, the default when the package is installed) or ``"sha256"`` (version 2).
+        ``"blake3"`` (format version 4, the default when the package is installed) or ``"sha256"`` (version 2).
     read_only
         Only read the store (list, show, diff, restore): nothing is written, not even the store's ``FORMAT``
         marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
@@ -169,7 +169,7 @@ class Checkpointer:
             raise ValueError("full_every must be >= 1")
         if max_restore_ratio is not None and max_restore_ratio < 1:
             raise ValueError("max_restore_ratio must be >= 1 (or None)")
-        # format version 3 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
+        # format version 4 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
         self.hash = hash or ("blake3" if blake3_available() else "sha256")
         self._h = hash_fn(self.hash)
         self._version = FORMAT_VERSION if self.hash == "blake3" else 2

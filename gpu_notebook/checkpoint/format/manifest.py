@@ -2,8 +2,8 @@
 
 Store layout (same for a folder and an S3 prefix)::
 
-    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 3}
-    objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = BLAKE3 (version 3) or
+    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 4}
+    objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = BLAKE3 (versions 3-4) or
                                    SHA-256 (version 2) of the stored bytes
     manifests/<id>.json            one per checkpoint, written last and create-only: the commit point
     shards/<id>/rank-<r>.json      per-rank shard records of a sharded save, before rank 0 commits
@@ -24,9 +24,10 @@ from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, Obj
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
 FORMAT_NAME = "gpu_notebook.checkpoint"
-FORMAT_VERSION = 3
-#: the hash function of each format version: object keys and the chunk fields ``raw`` and ``hash``
-HASH_OF_VERSION = {1: "sha256", 2: "sha256", 3: "blake3"}
+FORMAT_VERSION = 4
+#: the hash function of each format version: object keys and the chunk fields ``raw`` and ``hash`` (version 4
+#: adds optional manifest fields to version 3: a reader treats every one of them as absent in older manifests)
+HASH_OF_VERSION = {1: "sha256", 2: "sha256", 3: "blake3", 4: "blake3"}
 
 
 def doc_hash(doc: dict[str, Any]) -> str:
@@ -44,7 +45,7 @@ def hash_fn(name: str) -> Callable[[Any], str]:
             from blake3 import blake3
         except ImportError:
             raise ImportError(
-                "checkpoints of format version 3 are hashed with BLAKE3: pip install blake3 "
+                "checkpoints of format versions 3 and 4 are hashed with BLAKE3: pip install blake3 "
                 "(or gpu_notebook[checkpoint])"
             ) from None
         return lambda data: blake3(data).hexdigest()
