@@ -25,6 +25,7 @@ from gpu_notebook import _registry
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._group import agree_min, rank_world, session_token
 from ._progress import Progress
+from .format.codec import notice_fallback
 from .format.manifest import (
     FORMAT_VERSION,
     CheckpointInfo,
@@ -278,6 +279,7 @@ class Checkpointer:
             An earlier background save failed for good (raised once, here or from :meth:`wait`).
         """
         self._check_writable("save")
+        notice_fallback()  # once per process: without the C kernels saves and restores are slower
         _set_current(self)
         self._raise_pending()
         if step is None:
