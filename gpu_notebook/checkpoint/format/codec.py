@@ -525,7 +525,12 @@ def _read_planes(mv: memoryview, pos: int, heads: list[tuple[int, int]], plane_l
             raise ValueError("frame is truncated")
         pos += clen
         if kind == _KIND_ZSTD:
+            # zstd allocates what a frame's header declares (max_output_size only bounds frames that declare
+            # nothing): a damaged or hostile header must not make it allocate a terabyte
             try:
+                declared = zstandard.frame_content_size(payload)
+                if declared not in (-1, plane_len):
+                    raise ValueError(f"plane claims {declared} bytes, the frame {plane_len}")
                 dec = zd.decompress(payload, max_output_size=plane_len)
             except zstandard.ZstdError as err:
                 raise ValueError(f"plane does not decompress: {err}") from None

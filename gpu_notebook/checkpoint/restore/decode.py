@@ -31,6 +31,7 @@ from .._progress import Progress
 from ..format.codec import decode_chunk
 from ..format.manifest import doc_hash, hash_fn, walk_chunks
 from ..format.tree import leaf_from_bytes
+from ..format.validate import check_restore
 from ..stores import Store
 
 __all__ = ["decode_shard"]
@@ -71,6 +72,7 @@ def decode_shard(
     allow_pickle: bool,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The leaves of ``shard`` decoded: (leaf name -> value, leaf name -> its bytes)."""
+    check_restore(doc, shard)  # every size the manifest claims, and the memory they need, before allocating
     leaves = shard["leaves"]
     if not allow_pickle:  # refuse pickles before fetching anything
         for name, lf in leaves.items():
@@ -203,13 +205,16 @@ class _ShardDecoder:
             )
         return None
 
-    def _diagnose(self, name: str, idx: int, e: Entry) -> IntegrityError:
-        """Find which frame of a chain that decoded to the wrong bytes is at fault (slow path)."""
+    def _diagnose(self, name: str, idx: int, e: Entry, why: str = "") -> IntegrityError:
+        """Find which frame of a chain that decoded to the wrong bytes (or not at all: ``why``) is at fault (slow
+        path)."""
         for link in reversed(walk_chunks(e)):  # oldest base first
             frame = self._fetch(name, idx, link, reread=True)
             err = self._corrupt_frame(name, idx, link, frame)
             if err is not None:
                 return err
+        if why:  # every frame is what the writer stored, and one of them does not decode
+            return IntegrityError(f"malformed frame: {self._where(name, idx, e)} does not decode ({why})")
         return IntegrityError(
             f"corrupted data: decoded bytes of {self._where(name, idx, e)} do not match their hash"
         )
@@ -222,7 +227,7 @@ class _ShardDecoder:
             decode_chunk(frame, ch.dst if ch.level else None, ch.dst)
         except ValueError as err:
             raise self._corrupt_frame(ch.name, ch.idx, e, frame) or self._diagnose(
-                ch.name, ch.idx, ch.entry
+                ch.name, ch.idx, ch.entry, str(err)
             ) from err
         ch.level += 1
         if ch.level == len(ch.chain):

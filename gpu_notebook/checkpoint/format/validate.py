@@ -1,0 +1,314 @@
+"""The checks of a manifest a reader makes before it allocates anything for it.
+
+A store is not trusted: a damaged or hostile manifest must fail with an :class:`IntegrityError` that names the
+manifest, the tensor and the chunk, never with a ``MemoryError``, a hang or a ``RecursionError`` half way
+through a restore. Every size a restore allocates is bound by something checkable:
+
+- a leaf's ``nbytes`` is ``prod(shape) * itemsize`` of a known dtype, and the sum of its chunks' ``len``;
+- a chunk's ``len`` is at most :data:`MAX_CHUNK_BYTES`, and every frame of its delta chain has the chunk's ``len``
+  and a stored ``size`` of at most ``len`` + :data:`FRAME_SLACK` (a writer stores a chunk raw, 16 bytes of header
+  and its bytes, when encoding does not make it smaller);
+- a delta chain (a chunk's ``base`` entries) is at most :data:`MAX_CHAIN` frames long, has no loop, and each
+  frame's ``depth`` is one more than its base's;
+- the tree of plain values nests at most :data:`MAX_TREE_DEPTH` levels (the reader rebuilds it recursively) and
+  references only leaves the shard lists;
+- and at restore, the bytes of a shard's tensors fit in the memory this machine has available
+  (:func:`check_restore`).
+
+The decoder then checks what only the stored bytes can say (a frame's header against its chunk's ``len``, a zstd
+plane's declared size, the hashes). Fields this reader does not know are left alone: a newer writer may add them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ..._display import fmt_bytes
+from .._errors import CheckpointError, IntegrityError
+from .tree import DTYPES
+
+__all__ = [
+    "MAX_CHAIN",
+    "MAX_CHUNK_BYTES",
+    "MAX_TREE_DEPTH",
+    "FRAME_SLACK",
+    "check_manifest",
+    "check_shard",
+    "check_restore",
+    "available_memory",
+]
+
+#: the longest delta chain a reader follows (a writer's chains are ``full_every`` long, 10 by default; embedded in
+#: the manifest's JSON a chain of 1000 is also about as deep as Python's JSON reader goes)
+MAX_CHAIN = 1000
+#: the biggest chunk a reader decodes (writers cut tensors into ``chunk_mb`` chunks, 4 MiB by default; decoding
+#: one needs a few scratch buffers of its size)
+MAX_CHUNK_BYTES = 4 << 30
+#: a frame is at most this many bytes bigger than its chunk (the raw frame: 16 bytes of header)
+FRAME_SLACK = 128
+#: the deepest tree of plain values a reader rebuilds (it recurses, two Python frames a level; a writer fails
+#: with a RecursionError on about 330 levels of dicts)
+MAX_TREE_DEPTH = 400
+#: the most dimensions a tensor has (numpy 2 and torch: 64)
+MAX_DIMS = 64
+#: bytes per element of each dtype (``DTYPES`` gives the width of the delta unit: complex numbers are two floats)
+ITEMSIZE = {**DTYPES, "complex128": 16}
+_KINDS = ("tensor", "ndarray", "pickle")
+_OBJECT_KEY = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{6,126}")
+_LEAF_TAGS = ("$tensor", "$ndarray", "$pickle")
+
+Entry = dict[str, Any]
+
+
+def _int(v: Any, lo: int = 0) -> bool:
+    """``v`` is a JSON integer (not a bool, not a float) of at least ``lo``."""
+    return type(v) is int and v >= lo
+
+
+def check_manifest(doc: dict[str, Any], where: str, ckpt_id: str | None = None) -> None:
+    """Check a manifest's structure and every size it claims (``where`` names it in errors, e.g. its key;
+    ``ckpt_id``: the id it was read under, which it must hold).
+
+    Raises
+    ------
+    IntegrityError
+        The manifest cannot be what a writer wrote, naming what is wrong.
+    """
+    ckpt = doc.get("id")
+    if not isinstance(ckpt, str) or not ckpt or (ckpt_id is not None and ckpt != ckpt_id):
+        raise IntegrityError(f"manifest {where} holds checkpoint id {ckpt!r}, not {ckpt_id!r}")
+    for name in ("step", "world_size"):
+        if name in doc and not _int(doc[name], -1 if name == "step" else 1):
+            raise IntegrityError(f"manifest {where}: {name!r} is {doc[name]!r}, not a count")
+    if "created_at" in doc and (type(doc["created_at"]) not in (int, float)):
+        raise IntegrityError(f"manifest {where}: 'created_at' is {doc['created_at']!r}, not a time")
+    stats = doc.get("stats", {})
+    if not isinstance(stats, dict) or any(
+        k in stats and not _int(stats[k]) for k in ("raw_bytes", "new_bytes", "new_objects", "reused_bytes")
+    ):
+        raise IntegrityError(f"manifest {where}: its 'stats' are not byte counts")
+    shards = doc.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise IntegrityError(f"manifest {where} has no shards")
+    for i, shard in enumerate(shards):
+        check_shard(shard, f"shard {i} of manifest {where}")
+
+
+def check_shard(shard: Any, where: str) -> None:
+    """Check one shard of a manifest: its leaves, their chunks and delta chains, and its tree."""
+    if not isinstance(shard, dict):
+        raise IntegrityError(f"{where} is not a JSON object")
+    if "rank" in shard and not _int(shard["rank"]):
+        raise IntegrityError(f"{where}: 'rank' is {shard['rank']!r}, not a rank")
+    leaves = shard.get("leaves")
+    if not isinstance(leaves, dict):
+        raise IntegrityError(f"{where} has no leaves")
+    for name, lf in leaves.items():
+        _check_leaf(name, lf, where)
+    _check_tree(shard.get("tree"), leaves, where)
+
+
+def _check_leaf(name: str, lf: Any, where: str) -> None:
+    what = f"tensor {name!r} of {where}"
+    if not isinstance(lf, dict):
+        raise IntegrityError(f"{what} is not a JSON object")
+    kind = lf.get("kind", "tensor")
+    if kind not in _KINDS:
+        raise IntegrityError(f"{what} has an unknown kind {kind!r}")
+    dtype = lf.get("dtype")
+    if dtype not in ITEMSIZE:
+        raise IntegrityError(f"{what} has an unknown dtype {dtype!r}")
+    shape = lf.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_int(d) for d in shape):
+        raise IntegrityError(f"{what} has a shape that is not a list of at most {MAX_DIMS} sizes: {shape!r}")
+    nbytes = lf.get("nbytes")
+    if not _int(nbytes):
+        raise IntegrityError(f"{what} claims {nbytes!r} bytes, not a non-negative integer")
+    want = math.prod(shape) * ITEMSIZE[dtype]
+    if nbytes != want:
+        raise IntegrityError(
+            f"{what} claims {nbytes} bytes, but its shape {shape} of {dtype} holds {want} bytes"
+        )
+    chunks = lf.get("chunks")
+    if not isinstance(chunks, list):
+        raise IntegrityError(f"{what} has no chunk list")
+    total = 0
+    for i, c in enumerate(chunks):
+        total += _check_chain(c, f"tensor {name!r} chunk {i}", where)
+        if total > nbytes:
+            break
+    if total != nbytes:
+        raise IntegrityError(
+            f"{what} has chunks that do not add up to its {nbytes} bytes "
+            f"({'more than that' if total > nbytes else f'{total} bytes'})"
+        )
+
+
+def _links(entry: Entry, what: str) -> Iterator[tuple[int, Entry]]:
+    """The frames of a chunk's delta chain, newest first, with their level (0: the chunk itself); a loop or a
+    chain longer than :data:`MAX_CHAIN` is refused before it is followed further."""
+    seen: set[int] = set()
+    e: Any = entry
+    level = 0
+    while e is not None:
+        if not isinstance(e, dict):
+            raise IntegrityError(f"{what}: delta base {level} is not a JSON object")
+        if id(e) in seen:
+            raise IntegrityError(f"{what}: its delta chain loops back on itself at base {level}")
+        if level >= MAX_CHAIN:
+            raise IntegrityError(f"{what}: its delta chain is longer than {MAX_CHAIN} frames")
+        seen.add(id(e))
+        yield level, e
+        e = e.get("base")
+        level += 1
+
+
+def _check_chain(entry: Any, label: str, where: str) -> int:
+    """Check one chunk entry and its delta chain; returns the chunk's length."""
+    what = f"{label} of {where}"
+    if not isinstance(entry, dict):
+        raise IntegrityError(f"{what} is not a JSON object")
+    ln = entry.get("len")
+    if not _int(ln) or ln > MAX_CHUNK_BYTES:
+        raise IntegrityError(
+            f"{what} claims a length of {ln!r} bytes (at most {fmt_bytes(MAX_CHUNK_BYTES)} are read)"
+        )
+    chain = list(_links(entry, what))
+    for level, e in chain:
+        at = what if level == 0 else f"{label}, delta base {level}, of {where}"
+        if e.get("len") != ln:
+            raise IntegrityError(f"{at} claims {e.get('len')!r} bytes, its chunk {ln}")
+        size, off = e.get("size"), e.get("off")
+        if not _int(size) or size > ln + FRAME_SLACK:
+            raise IntegrityError(f"{at} claims a stored frame of {size!r} bytes for a chunk of {ln} bytes")
+        if not _int(off):
+            raise IntegrityError(f"{at} has an offset {off!r}, not a non-negative integer")
+        obj = e.get("obj")
+        if not isinstance(obj, str) or not _OBJECT_KEY.fullmatch(obj):
+            raise IntegrityError(f"{at} names an object {obj!r} that is not an object key")
+        for k in ("raw", "hash"):
+            if not isinstance(e.get(k), str):
+                raise IntegrityError(f"{at} has no {k!r} hash")
+    # the recorded depth of each frame: one more than its base's (0: a full frame); absent in old manifests
+    for level, e in chain:
+        depth = e.get("depth")
+        if depth is not None and depth != len(chain) - 1 - level:
+            at = what if level == 0 else f"{label}, delta base {level}, of {where}"
+            raise IntegrityError(
+                f"{at} says {depth!r} delta bases are below it, but its chain has {len(chain) - 1 - level}"
+            )
+    return int(ln)
+
+
+def _check_tree(tree: Any, leaves: dict[str, Any], where: str) -> None:
+    """The tree nests at most :data:`MAX_TREE_DEPTH` levels and references only listed leaves (no recursion:
+    this is what guards the recursive reader)."""
+    stack: list[tuple[Any, int]] = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_TREE_DEPTH:
+            raise IntegrityError(f"the tree of {where} nests deeper than {MAX_TREE_DEPTH} levels")
+        if isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+        elif isinstance(node, dict):
+            if len(node) == 1:
+                ((tag, val),) = node.items()
+                if tag in _LEAF_TAGS:
+                    if not isinstance(val, str) or val not in leaves:
+                        raise IntegrityError(
+                            f"the tree of {where} references a tensor {val!r} it does not list"
+                        )
+                    continue
+            stack.extend((v, depth + 1) for v in node.values())
+
+
+def check_restore(doc: dict[str, Any], shard: dict[str, Any]) -> None:
+    """Before a shard is decoded: check it again (a manifest may come from elsewhere than ``read_manifest``)
+    and that its tensors fit in the memory available.
+
+    Raises
+    ------
+    IntegrityError
+        The shard is damaged.
+    CheckpointError
+        Restoring it needs more host memory than is available (naming both).
+    """
+    where = f"checkpoint {doc.get('id')}"
+    check_shard(shard, where)
+    leaves = shard["leaves"].values()
+    need = sum(int(lf["nbytes"]) for lf in leaves)
+    # decoding a chunk takes a few scratch buffers of its size
+    need += 2 * max((int(c["len"]) for lf in leaves for c in lf["chunks"]), default=0)
+    have = available_memory()
+    if have is not None and need > have:
+        raise CheckpointError(
+            f"restoring {where} needs {fmt_bytes(need)} of host memory for its tensors, but only "
+            f"{fmt_bytes(have)} is available: restore it on a machine with more memory (or its manifest is "
+            "damaged)"
+        )
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[key] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still allocate: available RAM (reclaimable page cache included) plus
+    free swap, within the cgroup's limit (a container's); None where that cannot be told (then nothing is
+    refused)."""
+    limits: list[int] = []
+    info = _meminfo()
+    if "MemAvailable" in info:
+        limits.append(info["MemAvailable"] + info.get("SwapFree", 0))
+    elif sys.platform != "win32" and hasattr(os, "sysconf"):
+        try:
+            limits.append(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError):
+            pass
+    for d, limit_file, usage_file, cache_key in (
+        ("/sys/fs/cgroup", "memory.max", "memory.current", "inactive_file"),  # cgroup v2
+        ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        limit, usage = _read_int(f"{d}/{limit_file}"), _read_int(f"{d}/{usage_file}")
+        if limit is not None and usage is not None and limit < (1 << 60):
+            # the usage counts the group's page cache; the inactive part of it is given back under pressure
+            cache = _stat(f"{d}/memory.stat").get(cache_key, 0)
+            limits.append(max(0, limit - usage + cache))
+    return min(limits) if limits else None
+
+
+def _stat(path: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if value.strip().isdigit():
+                    out[key] = int(value)
+    except OSError:
+        pass
+    return out
