@@ -20,6 +20,7 @@ from typing import Any
 
 from ..._display import fmt_bytes
 from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, ObjectMissingError, StoreError
+from .validate import check_manifest
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
@@ -121,11 +122,14 @@ def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
         raise NoCheckpointError(f"no checkpoint {ckpt_id!r} in {store.url}") from None
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise IntegrityError(f"manifest {key} nests too deep to be read (damaged or hostile?)") from None
     except ValueError as e:
         raise IntegrityError(f"manifest {key} is not valid JSON: {e}") from e
     if not isinstance(doc, dict):
         raise IntegrityError(f"manifest {key} is not a JSON object (a damaged file?)")
     check_version(doc, f"manifest {key}")
+    check_manifest(doc, key, ckpt_id)  # every size it claims, before anything is allocated for it
     return doc
 
 
