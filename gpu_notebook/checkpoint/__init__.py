@@ -29,6 +29,7 @@ __all__ = [
     "current",
     "rng_state",
     "set_rng_state",
+    "PerRank",
     "CheckpointError",
     "StoreError",
     "ObjectMissingError",
@@ -62,6 +63,7 @@ from .stores import LocalStore, ObjectInfo, S3Store, Store, open_store
 if TYPE_CHECKING:  # pragma: no cover
     from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
+    from .per_rank import PerRank
     from .checkpointer import Checkpointer, current
     from .results import DiffResult, GcResult, ShowResult
     from .save.handle import SaveHandle
@@ -78,6 +80,7 @@ __getattr__, __dir__ = lazy_module(
         "ShowResult": ".results",
         "rng_state": "._rng",
         "set_rng_state": "._rng",
+        "PerRank": ".per_rank",
         "PreemptionWatcher": "._preemption",
         "PreemptionNotice": "._preemption",
         "detect_cloud": "._preemption",

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import sys
 import uuid
 
-__all__ = ["rank_world", "session_token", "agree_min"]
+__all__ = ["rank_world", "session_token", "agree_min", "agree_save"]
 
 
 def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
@@ -58,6 +59,24 @@ def session_token(world_size: int, dist_ok: bool) -> str:
 def agree_min(value: int) -> int | None:
     """The smallest ``value`` over the ranks of the process group (a collective: every rank must call it),
     or None when there is no process group."""
+    got = agree_min_all([value])
+    return None if got is None else got[0]
+
+
+def agree_save(seq: int) -> tuple[int, str]:
+    """What the ranks of a save that several write agree on when it starts (one collective, on the training
+    thread): the counter in its id (the largest of the ranks', so that no rank reuses an id), and a nonce
+    naming this save (16 hex digits; the smallest of the ranks' random draws). Without a process group: ``seq``
+    and no nonce (the ranks cannot agree on one; the session token, from the rendezvous environment, then
+    tells runs apart)."""
+    got = agree_min_all([-int(seq), secrets.randbits(62)])
+    if got is None:
+        return int(seq), ""
+    return -got[0], f"{got[1]:016x}"
+
+
+def agree_min_all(values: list[int]) -> list[int] | None:
+    """The element-wise smallest ``values`` over the ranks (one all-reduce), or None without a process group."""
     try:
         import torch.distributed as dist
 
@@ -68,8 +87,8 @@ def agree_min(value: int) -> int | None:
         dev = torch.device("cpu")
         if dist.get_backend() == "nccl":
             dev = torch.device("cuda", torch.cuda.current_device())
-        t = torch.tensor([int(value)], dtype=torch.int64, device=dev)
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=dev)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return int(t.item())
+        return [int(v) for v in t.tolist()]
     except ImportError:
         return None

@@ -23,7 +23,7 @@ import numpy as np
 from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
-from ._group import agree_min, rank_world, session_token
+from ._group import agree_min, agree_save, rank_world, session_token
 from ._progress import Progress
 from .format.codec import notice_fallback
 from .format.manifest import (
@@ -36,6 +36,8 @@ from .format.manifest import (
 )
 from .gc import collect
 from .inspect import Inspector
+from .per_rank import has_per_rank
+from .per_rank import take as take_snapshot
 from .policy import Preemption, due
 from .restore.flow import restore_checkpoint
 from .results import DiffResult, GcResult, ShowResult
@@ -99,7 +101,11 @@ class Checkpointer:
         Threads that encode and upload chunks in parallel.
     sharded
         In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
-        rank 0 writes (False, the default, right for DDP).
+        rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
+        own either way: every rank saves them in its per-rank section (see ``docs/checkpoint.md``).
+    rng
+        Save every rank's RNG states (Python, numpy, torch CPU and CUDA) in its per-rank section:
+        ``restore(rng=True)`` puts them back. None (the default): in a multi-rank job, not in one process.
     rank, world_size
         Override the rank/world size (default: torch.distributed, else ``RANK``/``WORLD_SIZE``).
     allow_pickle
@@ -108,7 +114,8 @@ class Checkpointer:
         None (auto: a progress line in notebooks for big transfers), False, True, or a callable
         ``(label, done_bytes, total_bytes, elapsed_s)``.
     commit_timeout_s
-        How long rank 0 waits for the other ranks' shards of a sharded save.
+        When several ranks write a save (sharded, or with per-rank sections): how long rank 0 waits for the
+        other ranks' parts, and they for its commit, before the save fails on that rank (not retried).
     preemption
         ``"auto"``: on a cloud VM, watch the metadata service for a spot preemption notice (see
         :class:`PreemptionWatcher`); a :class:`PreemptionWatcher` to use; None: do not watch.
@@ -150,6 +157,7 @@ class Checkpointer:
         retry_backoff_s: float = 1.0,
         threads: int | None = None,
         sharded: bool = False,
+        rng: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         allow_pickle: bool = False,
@@ -193,6 +201,7 @@ class Checkpointer:
         self.commit_timeout_s = commit_timeout_s
         self.rank, self.world_size, dist_ok = rank_world(rank, world_size)
         self.sharded = bool(sharded) and self.world_size > 1
+        self.rng = self.world_size > 1 if rng is None else bool(rng)
         self._token = session_token(self.world_size, dist_ok)
         self._seq = 0
         self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)
@@ -282,22 +291,24 @@ class Checkpointer:
         notice_fallback()  # once per process: without the C kernels saves and restores are slower
         _set_current(self)
         self._raise_pending()
+        # several ranks write this save: a sharded one, or a replicated one with per-rank sections
+        multi = self.world_size > 1 and (self.sharded or self.rng or has_per_rank(state))
         if step is None:
             s = state.get("step") if isinstance(state, dict) else None
-            step = int(s) if isinstance(s, int | np.integer) else self._next_auto_step()
+            step = int(s) if isinstance(s, int | np.integer) else self._next_auto_step(multi)
         step = int(step)
         if self._auto_step is not None:
             self._auto_step = max(self._auto_step, step + 1)
         if step < 0:
             raise ValueError("step must be >= 0")
-        if self.world_size > 1 and not self.sharded and self.rank != 0:
-            # replicated state: rank 0 writes it; other ranks only keep the policy clock in step
+        if self.world_size > 1 and not multi and self.rank != 0:
+            # replicated state, nothing per rank: rank 0 writes it; other ranks only keep the policy clock in step
             self._last_save_step, self._last_save_time = step, time.time()
             return SaveHandle(None, step, None)
         prev = self._inflight
         busy = prev is not None and not prev.done()
-        if self.sharded and self.on_busy == "skip":
-            # every rank skips, or none does: a shard missing from a checkpoint would stall its commit
+        if multi and self.on_busy == "skip":
+            # every rank skips, or none does: a part missing from a checkpoint would stall its commit
             agreed = agree_min(0 if busy else 1)
             busy = busy if agreed is None else agreed == 0
         if busy:
@@ -306,11 +317,12 @@ class Checkpointer:
                 return SaveHandle(None, step, None, skipped=True)
             self._wait_inflight()
             self._raise_pending()
-        seq = self._seq
-        if self.sharded:  # the ranks' shards meet under one id: agree on its counter (it could drift apart)
-            agreed = agree_min(-seq)
-            seq = seq if agreed is None else -agreed
-        snap = self._buffers.take(state, step, self.allow_pickle)
+        # the ranks' parts meet under one id: agree on its counter (it could drift apart), and name this save
+        seq, nonce = agree_save(self._seq) if multi else (self._seq, "")
+        snap = take_snapshot(
+            self._buffers, state, step, self.allow_pickle, self.sharded or self.rank == 0, self.rng
+        )
+        snap.nonce, snap.writers = nonce, multi
         snap.full = bool(full)
         ckpt_id = f"{step:012d}-{self._token}{seq:04d}"
         # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
@@ -330,13 +342,13 @@ class Checkpointer:
                 f"cannot {what}: this Checkpointer of {self.store.url} was opened read_only=True"
             )
 
-    def _next_auto_step(self) -> int:
+    def _next_auto_step(self, multi: bool) -> int:
         """The step of a save given none: one after the newest step in the store (so that a run resumed in a new
         process goes on after its checkpoints instead of starting again at 0 below them), then counting up."""
         if self._auto_step is None:
             self._auto_step = max(self._inspect.steps(), default=-1) + 1
         step = self._auto_step
-        if self.sharded:  # every rank must save under the same step
+        if multi:  # every rank must save under the same step
             agreed = agree_min(-step)
             step = step if agreed is None else -agreed
         return step
@@ -376,7 +388,9 @@ class Checkpointer:
             self.last_info = info
             return info
 
-        info, err = persist_with_retries(once, ckpt_id, self.retries, self.retry_backoff_s)
+        # (each attempt is one of every rank writing this save; a failed one is told to the others)
+        attempt = opts.committer.attempts(snap, ckpt_id, once)
+        info, err = persist_with_retries(attempt, ckpt_id, self.retries, self.retry_backoff_s)
         if err is None:
             return info
         msg = (
@@ -514,6 +528,8 @@ class Checkpointer:
         missing_ok: bool = False,
         map_location: Any = None,
         fallback: bool = False,
+        rng: bool = False,
+        per_rank: str | int = "strict",
     ) -> Any:
         """Load a checkpoint (latest by default) and return its state.
 
@@ -542,6 +558,12 @@ class Checkpointer:
             and why. Meant for resuming a run; without it the error is raised. Other errors are always raised.
             In a job with a process group (``world_size`` > 1), every rank must call it (as with
             :meth:`maybe_save`): the ranks agree, so that all of them restore the same checkpoint.
+        rng
+            Set this rank's RNG states to the ones its per-rank section holds (see the ``rng`` setting).
+        per_rank
+            Which per-rank section (:class:`PerRank` values, RNG states) this rank gets back: ``"strict"`` its
+            own (onto another world size an error, unless the sections hold RNG states only and ``rng`` is not
+            asked for), ``"drop"`` none, or a saved rank's number (that rank's).
 
         Returns
         -------
@@ -577,6 +599,8 @@ class Checkpointer:
             latest=ckpt_id in (None, "latest") and step is None,
             into=into,
             map_location=map_location,
+            per_rank=per_rank,
+            rng=rng,
         )
         self._lineage.restored(got.doc, got.shard, got.datas, self.rank, self.hash)
         self._last_save_step = int(got.doc.get("step", 0))

@@ -161,14 +161,19 @@ def test_replicated_state_restores_onto_another_world_size(ranks_dir: str) -> No
     for r in range(2):
         res = json.loads(Path(f"{ranks_dir}/result-{r}.json").read_text())
         assert res["replicated_ok"] is True
-        assert res["replicated_wrote"] is (r == 0)
+        assert res["replicated_wrote"] is True  # rank 1 too: its per-rank section (its RNG states)
     ck = Checkpointer(f"{ranks_dir}/replicated", rank=0, world_size=1)
     assert [c.world_size for c in ck.list()] == [2]
+    man = ck.manifest()  # the replicated state once (rank 0's), a per-rank section of every rank
+    assert len(man["shards"]) == 1 and [s["rank"] for s in man["per_rank"]] == [0, 1]
     m = torch.nn.Linear(16, 4)
     state = ck.restore(into={"model": m})
     assert state["step"] == 7
     ref = torch.load(f"{ranks_dir}/ddp.pt")
     assert torch.equal(m.weight, ref["weight"]) and torch.equal(m.bias, ref["bias"])
+    # its per-rank sections hold RNG states only: left out on another world size, unless they are asked for
+    with pytest.raises(CheckpointError, match="per-rank RNG states of 2 rank.*per_rank='drop'"):
+        ck.restore(rng=True)
     # identical shards are detected as replicated and restore anywhere (world size 3 here)
     same = Checkpointer(f"{ranks_dir}/same", rank=2, world_size=3)
     assert same.manifest()["replicated"] is True

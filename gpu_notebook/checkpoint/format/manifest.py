@@ -144,9 +144,9 @@ def walk_chunks(entry: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def manifest_objects(doc: dict[str, Any]) -> set[str]:
-    """Every object key a manifest needs, including the bases of its delta chains."""
+    """Every object key a manifest needs, including the bases of its delta chains (per-rank sections too)."""
     keys: set[str] = set()
-    for shard in doc.get("shards", []):
+    for shard in [*doc.get("shards", []), *(doc.get("per_rank") or [])]:
         for leaf in shard.get("leaves", {}).values():
             for ch in leaf.get("chunks", []):
                 for e in walk_chunks(ch):

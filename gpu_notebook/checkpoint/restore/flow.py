@@ -1,4 +1,5 @@
-"""Which checkpoint and which shard a restore reads, and the fallback to an older intact checkpoint."""
+"""Which checkpoint, which shard and which per-rank section a restore reads, and the fallback to an older intact
+checkpoint."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 import numpy as np
 
 from .._errors import CheckpointError, IntegrityError, ObjectMissingError
+from .._rng import set_rng_state
 from ..format.manifest import read_manifest
 from ..format.tree import unflatten
 from ..inspect import Inspector
+from ..per_rank import merge_section, pick_section, unwrap_into
 from .decode import decode_shard
 from .merge import load_into
 
@@ -21,7 +24,8 @@ __all__ = ["Restored", "restore_checkpoint", "pick_shard"]
 
 @dataclass
 class Restored:
-    """A restored checkpoint: its manifest, the shard this rank read, the state, and the leaves' bytes."""
+    """A restored checkpoint: its manifest, the shard this rank read (with the leaves of its per-rank section),
+    the state, and the leaves' bytes."""
 
     doc: dict[str, Any]
     shard: dict[str, Any]
@@ -71,14 +75,21 @@ def restore_checkpoint(
     latest: bool,
     into: Any,
     map_location: Any,
+    per_rank: str | int = "strict",
+    rng: bool = False,
 ) -> Restored:
     """Decode the checkpoint of ``doc`` and load it ``into`` the given objects. With ``fallback`` and ``latest``
     (``doc`` is the newest checkpoint), a checkpoint whose data is missing or corrupted gives way to the newest
-    older one that is intact. ``decode``: the keyword arguments of :func:`decode_shard`."""
+    older one that is intact. ``decode``: the keyword arguments of :func:`decode_shard`. ``per_rank`` and
+    ``rng``: which per-rank section this rank takes (see :func:`per_rank.pick_section`) and whether its RNG
+    states are set."""
     older, together = _older(doc, inspector, world_size, agree_min) if fallback and latest else ([], False)
     first: CheckpointError | None = None  # the error of the checkpoint asked for
     while True:
         shard = pick_shard(doc, rank, world_size)
+        section = pick_section(doc, rank, world_size, per_rank, rng)
+        if section is not None:  # decoded with the shard, in one pass
+            shard = {**shard, "leaves": {**shard["leaves"], **section["leaves"]}}
         err: CheckpointError | None = None
         try:
             values, datas = decode_shard(doc, shard, store=inspector.store, **decode)
@@ -115,6 +126,13 @@ def restore_checkpoint(
             if hasattr(v, "to") and not isinstance(v, np.ndarray):
                 values[k] = v.to(map_location)
     state = unflatten(shard["tree"], values)
+    rng_states = None
+    if section is not None:
+        state, rng_states = merge_section(state, section, values)
+    if rng and rng_states is None:
+        raise CheckpointError(f"checkpoint {doc['id']} holds no RNG states (saved with rng=False)")
     if into is not None:
-        load_into(into, state, shard["tree"])
+        load_into(unwrap_into(into, keep=section is not None), state, shard["tree"])
+    if rng_states is not None and rng:
+        set_rng_state(rng_states)
     return Restored(doc, shard, state, datas)

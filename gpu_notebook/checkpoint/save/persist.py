@@ -164,7 +164,7 @@ def persist_with_retries(
             return attempt_once(), None
         except Exception as e:  # noqa: BLE001 - any failure of an attempt is retried, then reported by the caller
             err = e
-            if attempt < retries:
+            if attempt < retries and getattr(e, "retryable", True):  # (a commit deadline ends the save at once)
                 delay = backoff_s * 2**attempt
                 log.warning(
                     "checkpoint %s: save attempt %d failed (%s); retrying in %.1f s",
