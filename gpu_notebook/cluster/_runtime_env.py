@@ -21,6 +21,7 @@ from typing import Any
 
 from gpu_notebook._display import Progress
 from gpu_notebook.distributed import format_ranks
+from gpu_notebook.distributed._process_group import RANK_VARIABLES
 from gpu_notebook.distributed._settings import MASK, rank_settings
 from gpu_notebook.errors import GpuNotebookError
 
@@ -37,22 +38,7 @@ __all__ = [
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 #: Set on every rank by the worker group, as torchrun sets them: a value given for the workers would be overwritten.
-RESERVED = frozenset(
-    {
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "NODE_RANK",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "CUDA_VISIBLE_DEVICES",
-    }
-)
+RESERVED = RANK_VARIABLES
 
 
 class WorkerSetupError(GpuNotebookError, ValueError):

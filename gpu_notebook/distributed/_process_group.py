@@ -22,6 +22,8 @@ from gpu_notebook.distributed._ranks import RankPlan, format_ranks
 
 __all__ = [
     "NOT_TORCHRUN",
+    "RANK_VARIABLES",
+    "USER_KEEPS",
     "TORCHRUN_ONLY",
     "RankDevices",
     "choose_backend",
@@ -191,6 +193,17 @@ def torchrun_env(
     if device is not None:
         env["ACCELERATE_TORCH_DEVICE"] = device
     return env
+
+
+#: What a rank's environment may keep from the user's (``--env``, the node's): torchrun keeps these too.
+USER_KEEPS = ("OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+#: Every variable gpu_notebook sets on a rank itself, whatever the user gives: what :func:`torchrun_env` sets
+#: (but :data:`USER_KEEPS`) and the GPU visibility. ``--env`` refuses them (a value would be overwritten).
+RANK_VARIABLES = frozenset(
+    set(torchrun_env(rank=0, world_size=1, master_addr="", master_port=0, device="cuda:0", environ={}))
+    - set(USER_KEEPS)
+    | {"CUDA_VISIBLE_DEVICES"}
+)
 
 
 # ---- joining and leaving (rank side) ---------------------------------------------------------------------------

@@ -50,6 +50,25 @@ def test_a_bad_env_file_line_is_named_by_its_number_never_its_value(tmp_path, li
     assert SECRET not in str(info.value)
 
 
+def test_every_variable_a_rank_gets_from_us_is_refused_and_the_ones_torchrun_keeps_are_not():
+    """``--env`` refuses what the worker group sets on every rank (it would overwrite the value silently), derived
+    from the rank environment itself, so a variable added there is refused too."""
+    from gpu_notebook.distributed._process_group import USER_KEEPS, torchrun_env
+
+    ours = set(
+        torchrun_env(rank=1, world_size=2, master_addr="h", master_port=1, device="cuda:0", environ={})
+    )
+    for name in sorted(ours - set(USER_KEEPS)) + ["CUDA_VISIBLE_DEVICES"]:
+        with pytest.raises(WorkerSetupError, match=f"{name} is set on every rank by gpu_notebook"):
+            worker_setup(env=[f"{name}=x"])
+    assert {"TORCHELASTIC_RUN_ID", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT"} <= ours  # (refused above)
+    kept = worker_setup(env=[f"{name}=4" for name in USER_KEEPS])  # as torchrun keeps them from the user
+    assert dict(kept.env) == dict.fromkeys(USER_KEEPS, "4")
+    # ... and the rank environment leaves them as given instead of setting its own
+    env = torchrun_env(rank=0, world_size=2, master_addr="h", master_port=1, environ=dict(kept.env))
+    assert "OMP_NUM_THREADS" not in env and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "4"
+
+
 def test_env_key_alone_takes_the_kernels_value_and_nothing_shows_it(tmp_path):
     envf = tmp_path / ".env"
     envf.write_text("FROM_FILE=1\nOVERRIDDEN=file\n")
