@@ -17,7 +17,7 @@ import pytest
 import torch
 import zstandard
 
-from gpu_notebook.checkpoint import Checkpointer, CheckpointError, IntegrityError
+from gpu_notebook.checkpoint import Checkpointer, CheckpointError, IntegrityError, PerRank
 from gpu_notebook.checkpoint.format import codec, validate
 from gpu_notebook.checkpoint.format.manifest import doc_hash, hash_fn, object_key
 
@@ -184,7 +184,10 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
         _deeper_than_it_says,
         r"tensor 'w' chunk 0 of .* says 7 delta bases are below it, but its chain has \d",
     ),
-    "base of another length": (_base_of_other_length, r"delta base 1, of .* claims 8192 bytes, its chunk 4096"),
+    "base of another length": (
+        _base_of_other_length,
+        r"delta base 1, of .* claims 8192 bytes, its chunk 4096",
+    ),
     # structure
     "tree references an unknown tensor": (_tree_references_unknown, r"references a tensor 'not/there'"),
     "tree nested 600 deep": (_tree_too_deep, r"tree of .* nests deeper than 400 levels"),
@@ -327,6 +330,23 @@ def test_every_golden_manifest_passes_the_checks() -> None:
     assert paths
     for p in paths:
         validate.check_manifest(json.loads(p.read_text()), p.name, p.stem)
+
+
+def test_a_hostile_per_rank_section(tmp_path: Path) -> None:
+    """A rank's own section (``PerRank`` values) is checked like a shard."""
+    ck = Checkpointer(tmp_path, preemption=None, progress=False)
+    ck.save({"w": torch.ones(10), "pos": PerRank({"i": torch.arange(10)})}, step=0, block=True)
+    ck.close()
+    (cid,) = [c.id for c in Checkpointer(tmp_path, read_only=True, preemption=None).list()]
+
+    def huge(doc: dict[str, Any]) -> None:
+        (lf,) = doc["per_rank"][0]["leaves"].values()
+        lf["nbytes"] = lf["chunks"][0]["len"] = TB
+
+    _edit(tmp_path, cid, huge)
+    _restore_fails(
+        tmp_path, cid, IntegrityError, r"tensor '//rank/.*' of per-rank section 0 of manifest .* claims"
+    )
 
 
 def test_a_manifest_holding_another_checkpoints_id(store: tuple[Path, list[str]]) -> None:

@@ -97,6 +97,11 @@ def check_manifest(doc: dict[str, Any], where: str, ckpt_id: str | None = None) 
         raise IntegrityError(f"manifest {where} has no shards")
     for i, shard in enumerate(shards):
         check_shard(shard, f"shard {i} of manifest {where}")
+    sections = doc.get("per_rank") or []  # each rank's own state: shaped like a shard
+    if not isinstance(sections, list):
+        raise IntegrityError(f"manifest {where}: 'per_rank' is not a list of sections")
+    for i, section in enumerate(sections):
+        check_shard(section, f"per-rank section {i} of manifest {where}")
 
 
 def check_shard(shard: Any, where: str) -> None:
