@@ -81,6 +81,11 @@ class Checkpointer:
         bytes of a full checkpoint (the delta chains' frames add up; a restore reads and decodes all of them).
         This bounds restore time where deltas save little (full fp32 training: a base about every 4-5 saves at
         3.0) and leaves long chains where they save much (fine-tuning). None: only ``full_every`` decides.
+    delta_against
+        ``"base"`` (the default): every delta is against the last full base (chains of one: a restore decodes
+        two frames per chunk at most), and a new base is written once the last delta cost at least the average
+        per checkpoint since the base; ``"previous"``: against the checkpoint before it (chains up to
+        ``full_every`` long: fewer bytes, slower restores).
     chunk_mb
         Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
     pack_kb, pack_max_mb
@@ -146,6 +151,7 @@ class Checkpointer:
         *,
         full_every: int = 10,
         max_restore_ratio: float | None = 3.0,
+        delta_against: str = "base",
         chunk_mb: float = 4.0,
         pack_kb: int = 8192,
         pack_max_mb: float = 16.0,
@@ -212,7 +218,7 @@ class Checkpointer:
         self._errors: list[BaseException] = []
         self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
         self._buffers = BufferPool()
-        self._lineage = Lineage()  # what the next delta is computed against: this rank's last snapshot
+        self._lineage = Lineage(delta_against)  # what the next delta is computed against
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
         self._created = time.time()  # the every_minutes clock starts here

@@ -197,7 +197,7 @@ def test_rng_state_round_trip(tmp_path: Path) -> None:
 def test_deltas_are_smaller_and_full_base_every_n(tmp_path: Path) -> None:
     torch.manual_seed(0)
     w = (torch.randn(300_000) * 0.02).to(torch.bfloat16)
-    ckpt = Checkpointer(tmp_path, full_every=3)
+    ckpt = Checkpointer(tmp_path, full_every=3, delta_against="previous")  # chains of deltas
     for step in range(7):
         w = (w.float() + 1e-5 * torch.randn_like(w.float())).to(torch.bfloat16)
         ckpt.save({"w": w, "step": step})
@@ -221,7 +221,9 @@ def test_a_full_base_bounds_what_a_restore_reads(tmp_path: Path) -> None:
     for ratio in (3.0, None):
         g = torch.Generator().manual_seed(4)
         w = torch.randn(100_000, generator=g)
-        ckpt = Checkpointer(tmp_path / str(ratio), full_every=100, max_restore_ratio=ratio)
+        ckpt = Checkpointer(
+            tmp_path / str(ratio), full_every=100, max_restore_ratio=ratio, delta_against="previous"
+        )
         for step in range(10):
             w = w + torch.randn(100_000, generator=g) * 1e-3 * w.abs()
             ckpt.save({"w": w}, step=step, block=True)
@@ -302,7 +304,9 @@ def test_restore_decodes_chains_as_their_frames_arrive(tmp_path: Path) -> None:
     state = {f"w{i}": torch.randn(30_000 + 977 * i, generator=g) for i in range(12)}
     state.update({f"b{i}": torch.randn(i + 1, generator=g) for i in range(20)})
     state["tied"] = state["w0"]  # the same bytes twice: decoded once
-    ckpt = Checkpointer(tmp_path, chunk_mb=0.05, pack_kb=64, pack_max_mb=0.25, full_every=10)
+    ckpt = Checkpointer(
+        tmp_path, chunk_mb=0.05, pack_kb=64, pack_max_mb=0.25, full_every=10, delta_against="previous"
+    )
     for step in range(4):
         for k, v in state.items():
             if k != "tied":

@@ -113,7 +113,7 @@ def persist(
     # per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk of this
     # save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint) and upload a
     # big frame directly (small ones are collected into packs)
-    plan = plan_save(snap.leaves, lineage.shadow, opts.chunk_bytes, is_base)
+    plan = plan_save(snap.leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)
     expect = lineage.new_bytes.get(is_base) or lineage.new_bytes.get(
         not is_base
     )  # the first delta: the base's
@@ -145,7 +145,7 @@ def persist(
     lineage.last_raw = total
     prog.finish()
     # the committed snapshot becomes the base of the next delta; the old base's buffers are reused
-    old = lineage.committed(snap.leaves, leaves_doc, ckpt_id, is_base)
+    old = lineage.committed(snap.leaves, leaves_doc, info.id if info else ckpt_id, is_base, n.new_bytes)
     buffers.recycle(old)
     if not old:  # the first save: the next one has no buffers to recycle yet; fault them in next, on the save
         # thread but after this save's handle has resolved (its caller need not wait for them)

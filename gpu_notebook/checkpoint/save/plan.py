@@ -57,9 +57,17 @@ def chunks_of(leaf: Leaf, chunk_bytes: int) -> list[tuple[int, int]]:
     return [(o, min(size, n - o)) for o in range(0, n, size)]
 
 
-def plan_save(leaves: list[Leaf], shadow: dict[str, dict[str, Any]], chunk_bytes: int, is_base: bool) -> Plan:
-    """Split ``leaves`` into chunks, each paired with the same chunk of ``shadow`` (the previous checkpoint) when
-    this save is a delta and the leaf kept its dtype and size."""
+def plan_save(
+    leaves: list[Leaf],
+    shadow: dict[str, dict[str, Any]],
+    chunk_bytes: int,
+    is_base: bool,
+    recent: dict[str, dict[str, Any]] | None = None,
+) -> Plan:
+    """Split ``leaves`` into chunks, each paired with the same chunk of ``shadow`` (what deltas are computed
+    against: the last base, or the previous checkpoint) when this save is a delta and the leaf kept its dtype and
+    size. ``recent``: the chunk entries of the last save (by raw hash), reused as they are when their bytes come
+    again (a base reuses only full frames)."""
     chunks: list[Chunk] = []
     for leaf in leaves:
         sh = None if is_base else shadow.get(leaf.name)
@@ -72,10 +80,10 @@ def plan_save(leaves: list[Leaf], shadow: dict[str, dict[str, Any]], chunk_bytes
                 c.check = bool(sh.get("check"))
             chunks.append(c)
     known: dict[str, dict[str, Any]] = {}
-    for prev in shadow.values():
-        for e in prev["chunks"]:
-            if not is_base or e.get("depth", 0) == 0:
-                known.setdefault(e["raw"], e)
+    entries = [e for prev in shadow.values() for e in prev["chunks"]]
+    for e in [*entries, *(recent or {}).values()]:
+        if not is_base or e.get("depth", 0) == 0:
+            known.setdefault(e["raw"], e)
     n = len(chunks)
     chunks.sort(key=lambda c: -c.len)  # big chunks first, so that the threads finish together
     return Plan(chunks, known, n)
