@@ -31,6 +31,7 @@ from .format.manifest import (
     CheckpointInfo,
     CheckpointList,
     blake3_available,
+    commit_id,
     hash_fn,
     open_format,
 )
@@ -43,7 +44,9 @@ from .restore.flow import restore_checkpoint
 from .results import DiffResult, GcResult, ShowResult
 from .save.commit import Committer
 from .save.handle import SaveHandle
+from .save.lease import hold_lease
 from .save.lineage import Lineage
+from .save.order import CommitOrder
 from .save.persist import SaveOptions, persist, persist_with_retries
 from .snapshot import BufferPool, Snapshot
 from .stores import Store, open_store
@@ -209,7 +212,8 @@ class Checkpointer:
         self.sharded = bool(sharded) and self.world_size > 1
         self.rng = self.world_size > 1 if rng is None else bool(rng)
         self._token = session_token(self.world_size, dist_ok)
-        self._seq = 0
+        self._seq = 0  # saves started (it ages the encoding hints)
+        self._order = CommitOrder(self.store, self._version)  # the place of the next commit, and its parent
         self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)
         self._lock = threading.Lock()
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
@@ -276,8 +280,8 @@ class Checkpointer:
         state
             Usually a dict such as ``{"model": model, "optim": optimizer, "step": step}``.
         step
-            Training step; defaults to ``state["step"]`` if it is an int, else one after the newest step in the
-            store (then counting up), so that a resumed run's checkpoints come after the ones it resumed from.
+            Training step; defaults to ``state["step"]`` if it is an int, else one after the restored checkpoint's
+            step or the newest commit's (then counting up): a resumed run's checkpoints come after its resume point.
         block
             Wait until the checkpoint is committed.
         full
@@ -324,17 +328,19 @@ class Checkpointer:
             self._wait_inflight()
             self._raise_pending()
         # the ranks' parts meet under one id: agree on its counter (it could drift apart), and name this save
-        seq, nonce = agree_save(self._seq) if multi else (self._seq, "")
+        place = self._order.propose()
+        seq, nonce = agree_save(place) if multi else (place, "")
+        self._order.proposed(seq)
         snap = take_snapshot(
             self._buffers, state, step, self.allow_pickle, self.sharded or self.rank == 0, self.rng
         )
         snap.nonce, snap.writers = nonce, multi
         snap.full = bool(full)
-        ckpt_id = f"{step:012d}-{self._token}{seq:04d}"
+        ckpt_id = commit_id(seq)
         # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
         # and updated in place from the background; shown first from there, it could land under another cell
         snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
-        self._seq = seq + 1
+        self._seq += 1
         self._last_save_step, self._last_save_time = step, time.time()
         handle = SaveHandle(ckpt_id, step, self._executor.submit(self._persist, snap, ckpt_id))
         self._inflight = handle
@@ -349,10 +355,11 @@ class Checkpointer:
             )
 
     def _next_auto_step(self, multi: bool) -> int:
-        """The step of a save given none: one after the newest step in the store (so that a run resumed in a new
+        """The step of a save given none: one after the newest commit's step (so that a run resumed in a new
         process goes on after its checkpoints instead of starting again at 0 below them), then counting up."""
         if self._auto_step is None:
-            self._auto_step = max(self._inspect.steps(), default=-1) + 1
+            newest = self._inspect.latest()
+            self._auto_step = 0 if newest is None else newest.step + 1
         step = self._auto_step
         if multi:  # every rank must save under the same step
             agreed = agree_min(-step)
@@ -363,6 +370,7 @@ class Checkpointer:
         committer = Committer(
             self.store, self._version, self.rank, self.world_size, self.sharded, self.commit_timeout_s
         )
+        committer.order = self._order
         return SaveOptions(
             store=self.store,
             hash_fn=self._h,
@@ -388,9 +396,11 @@ class Checkpointer:
         opts = self._save_options()
 
         def once() -> CheckpointInfo | None:
-            info = persist(
-                snap, ckpt_id, opts, self._lineage, self._buffers, self._pool, self._seq, self._prefault_later
-            )
+            lineage = self._lineage
+            with hold_lease(self.store, ckpt_id, self.rank, lineage):  # a gc elsewhere keeps what it reuses
+                info = persist(
+                    snap, ckpt_id, opts, lineage, self._buffers, self._pool, self._seq, self._prefault_later
+                )
             self.last_info = info
             return info
 
@@ -487,11 +497,12 @@ class Checkpointer:
         return self._inspect.unreadable
 
     def list(self) -> CheckpointList:
-        """All committed checkpoints, oldest first (by step, then commit time)."""
+        """All committed checkpoints in commit order, oldest first, each with its ``branch`` ("live": the newest
+        commit and those it continues; "abandoned": a branch training was rewound from)."""
         return self._inspect.list()
 
     def latest(self) -> CheckpointInfo | None:
-        """The newest checkpoint (highest step, then latest), or None if the store is empty."""
+        """The newest commit (what a resume restores), or None if the store is empty."""
         return self._inspect.latest()
 
     def manifest(self, ckpt_id: str | None = None) -> dict[str, Any]:
@@ -507,20 +518,25 @@ class Checkpointer:
         """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
         return self._inspect.diff(a, b)
 
-    def gc(self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False) -> GcResult:
-        """Delete all but the newest ``keep`` checkpoints and every object no kept checkpoint needs.
+    def gc(
+        self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False, keep_abandoned: bool = False
+    ) -> GcResult:
+        """Keep the newest ``keep`` commits of the live branch (the newest commit and those it continues);
+        delete the other checkpoints (the abandoned branches too, unless ``keep_abandoned``) and every object
+        no kept checkpoint needs.
 
-        Objects referenced by a kept checkpoint (including the bases of its delta chains) are never deleted.
-        Unreferenced objects newer than ``grace_s`` seconds are kept too: they may belong to a save that is
-        still uploading. A manifest that cannot be read (damaged, or of a newer format version than this
-        library's) makes gc refuse before it deletes anything: the objects it needs cannot be told apart.
+        Objects referenced by a kept checkpoint (including the bases of its delta chains) are never deleted, nor
+        what a save in flight reuses (in any process: its lease names it). Unreferenced objects newer than
+        ``grace_s`` seconds are kept too. A manifest that cannot be read (damaged, or of a newer format version
+        than this library's) makes gc refuse before it deletes anything: the objects it needs cannot be told
+        apart.
         """
         if keep < 1:
             raise ValueError("keep must be >= 1")
         if not dry_run:
             self._check_writable("gc")
         self.wait()
-        return collect(self._inspect, keep, grace_s, dry_run)
+        return collect(self._inspect, keep, grace_s, dry_run, keep_abandoned)
 
     # ------------------------------------------------------------------ restore
     def restore(
@@ -544,7 +560,7 @@ class Checkpointer:
         ckpt_id
             Checkpoint id (or a unique prefix, or ``"latest"``).
         step
-            Restore the newest checkpoint at this step.
+            Restore the newest commit at this step (one on the live branch, if there is one).
         into
             Objects to load into in place, shaped like the saved state: e.g. ``{"model": model,
             "optim": optimizer}``. Objects with ``load_state_dict`` get their state dict; tensors are
@@ -609,6 +625,8 @@ class Checkpointer:
             rng=rng,
         )
         self._lineage.restored(got.doc, got.shard, got.datas, self.rank, self.hash)
+        self._order.restored(got.doc)  # the next commit continues it (a new branch, if it is not the newest)
+        self._auto_step = int(got.doc.get("step", 0)) + 1
         self._last_save_step = int(got.doc.get("step", 0))
         self._last_save_time = time.time()
         self.last_info = CheckpointInfo.from_manifest(got.doc)

@@ -1,4 +1,11 @@
-"""Deleting old checkpoints and the objects no kept checkpoint needs, safely beside saves that are running."""
+"""Deleting old checkpoints and the objects no kept checkpoint needs, safely beside saves that are running (in
+this process or another: their leases, see ``save/lease.py``, say what they reuse).
+
+What is kept: the newest ``keep`` commits of the live branch (the newest commit and those it continues), every
+checkpoint a live lease continues, with ``keep_abandoned`` every checkpoint of an abandoned branch, and every
+object any of them needs (the bases of their delta chains included). The order of the steps matters: manifests
+are deleted first, then the ones left are listed, then the leases are read, then objects are deleted.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,7 @@ from .format.manifest import (
     MANIFEST_PREFIX,
     OBJECT_PREFIX,
     SHARD_PREFIX,
+    CheckpointInfo,
     id_from_key,
     manifest_key,
     manifest_objects,
@@ -16,8 +24,9 @@ from .format.manifest import (
 )
 from .inspect import Inspector
 from .results import GcResult
+from .save.lease import read_leases
 
-__all__ = ["collect"]
+__all__ = ["collect", "choose_kept"]
 
 
 def _refuse(cid: str, err: CheckpointError) -> CheckpointError:
@@ -32,15 +41,30 @@ def _refuse(cid: str, err: CheckpointError) -> CheckpointError:
     )
 
 
-def collect(inspector: Inspector, keep: int, grace_s: float, dry_run: bool) -> GcResult:
-    """Delete all but the newest ``keep`` checkpoints and every object none of them needs (see
-    :meth:`Checkpointer.gc`)."""
+def choose_kept(
+    lst: list[CheckpointInfo], keep: int, keep_abandoned: bool, leased: set[str]
+) -> tuple[list[CheckpointInfo], list[CheckpointInfo]]:
+    """(kept, dropped) of a listing in commit order: the newest ``keep`` of the live branch, the leased ones,
+    and with ``keep_abandoned`` the abandoned branches."""
+    live = [c for c in lst if c.branch == "live"]
+    keep_ids = {c.id for c in live[-keep:]} | leased
+    if keep_abandoned:
+        keep_ids |= {c.id for c in lst if c.branch != "live"}
+    kept = [c for c in lst if c.id in keep_ids]
+    return kept, [c for c in lst if c.id not in keep_ids]
+
+
+def collect(
+    inspector: Inspector, keep: int, grace_s: float, dry_run: bool, keep_abandoned: bool = False
+) -> GcResult:
+    """Delete what :meth:`Checkpointer.gc` deletes (see there and the module docstring)."""
     store = inspector.store
+    before = read_leases(store)  # a checkpoint a save in flight continues is not deleted
     lst = inspector.list()
     for bad, err in inspector.unreadable:
         if not isinstance(err, NoCheckpointError | ObjectMissingError):  # (gone since it was listed)
             raise _refuse(bad, err) from err
-    kept, drop = lst[-keep:], lst[:-keep]
+    kept, drop = choose_kept(lst, keep, keep_abandoned, before.manifests)
     needed: set[str] = set()
     for c in kept:
         needed |= manifest_objects(read_manifest(store, c.id))
@@ -49,7 +73,6 @@ def collect(inspector: Inspector, keep: int, grace_s: float, dry_run: bool) -> G
         if not dry_run:
             store.delete(manifest_key(c.id))
         res.manifests.append(c.id)
-    now = time.time()
     # re-read after deleting: a manifest committed meanwhile protects its objects (one that cannot be read
     # stops gc before any object is deleted)
     for o in store.list(MANIFEST_PREFIX):
@@ -61,14 +84,25 @@ def collect(inspector: Inspector, keep: int, grace_s: float, dry_run: bool) -> G
                 continue  # deleted since it was listed
             except CheckpointError as e:
                 raise _refuse(cid, e) from e
+    # then the leases, after the manifests: a save whose lease is not seen here checks its sources after
+    # writing its lease, so it finds the ones deleted above gone and does not reuse their objects
+    leases = read_leases(store)
+    needed |= leases.objects
+    now = time.time()
     for o in store.list(OBJECT_PREFIX):
         if o.key in needed or now - o.mtime < grace_s:
             continue
+        if leases.since is not None and o.mtime >= leases.since:
+            continue  # perhaps written (or found and touched) by a save in flight
         if not dry_run:
             store.delete(o.key)
         res.objects.append(o.key)
         res.bytes += o.size
-    for o in store.list(SHARD_PREFIX):
-        if now - o.mtime >= grace_s and not dry_run:
-            store.delete(o.key)
+    if not dry_run:
+        for o in store.list(SHARD_PREFIX):
+            if now - o.mtime >= grace_s:
+                store.delete(o.key)
+        for key in leases.expired:  # their writers are gone
+            store.delete(key)
+    res.leases = leases.live
     return res

@@ -15,8 +15,10 @@ from .format.manifest import (
     CheckpointList,
     id_from_key,
     manifest_key,
+    old_id_step,
     read_manifest,
     restore_frames,
+    seq_of,
 )
 from .results import DiffResult, ShowResult
 from .stores import Store
@@ -37,7 +39,8 @@ class Inspector:
         self.unreadable: builtins.list[tuple[str, CheckpointError]] = []
 
     def list(self) -> CheckpointList:
-        """All committed checkpoints, oldest first (by step, then commit time)."""
+        """All committed checkpoints in commit order, oldest first (format-3 ones first, by step then time), each
+        with its ``branch``: "live" for the newest commit and those it continues, else "abandoned"."""
         out = CheckpointList()
         self.unreadable = []
         new: list[str] = []
@@ -64,7 +67,10 @@ class Inspector:
             else:
                 self._info_cache[cid] = r
                 out.append(r)
-        out.sort(key=lambda c: (c.step, c.created_at, c.id))
+        out.sort(key=lambda c: c.order)
+        live = set(_branch_of(out[-1].id, out)) if out else set()
+        for c in out:  # (cached infos are shared between listings: the branch is set afresh each time)
+            c.branch = "live" if c.id in live else "abandoned"
         return out
 
     def _read_info(self, cid: str) -> CheckpointInfo | CheckpointError:
@@ -75,40 +81,58 @@ class Inspector:
         except CheckpointError as e:
             return e
 
-    def steps(self) -> dict[int, builtins.list[str]]:
-        """Checkpoint ids by step (ids start with the step)."""
-        by_step: dict[int, builtins.list[str]] = {}
-        for o in self.store.list(MANIFEST_PREFIX):
-            cid = id_from_key(o.key)
-            head = cid.split("-", 1)[0] if cid else ""
-            if cid and head.isdigit():
-                by_step.setdefault(int(head), []).append(cid)
-        return by_step
+    def older(self, ckpt_id: str) -> builtins.list[str]:
+        """The ids of the checkpoints ``ckpt_id`` continues (its parent, the parent's parent, ...) that are in the
+        store, newest first: what a resume falls back to (never a branch it did not come from)."""
+        return _branch_of(ckpt_id, self.list())[1:]
 
     def newest(self, step: int | None) -> dict[str, Any]:
-        """The manifest of the newest checkpoint (at ``step``, if given). Ids start with the step, so only the
-        manifests of the highest step (or of ``step``) are read: finding the latest checkpoint, what a resume
-        does, costs one listing and a GET or two however many checkpoints the store holds. A manifest of a
-        newer format version raises (it must not be skipped silently); an unreadable one is skipped."""
-        by_step = self.steps()
-        steps = [step] if step is not None else sorted(by_step, reverse=True)
-        for st in steps:
-            docs = []
-            for cid in by_step.get(st, []):
-                try:
-                    docs.append(read_manifest(self.store, cid))
-                except (FormatVersionError, StoreError):
-                    raise  # never resume from an older checkpoint because the newest one could not be fetched
-                except CheckpointError as e:
-                    log.warning("skipping unreadable manifest of %s: %s", cid, e)
+        """The manifest of the newest commit, or of the newest commit at ``step`` (one on the live branch if
+        there is one). Ids sort by commit order, so finding the latest checkpoint, what a resume does, costs one
+        listing and a GET or two however many checkpoints the store holds (a store of format-3 checkpoints only:
+        the manifests of the highest step). A manifest of a newer format version raises (it must not be skipped
+        silently); an unreadable one is skipped."""
+        if step is not None:
+            return self._newest_at(step)
+        listed = [cid for o in self.store.list(MANIFEST_PREFIX) if (cid := id_from_key(o.key))]
+        commits = sorted((s, cid) for cid in listed if (s := seq_of(cid)) is not None)
+        for _seq, cid in reversed(commits):
+            doc = self._read_newest(cid)
+            if doc is not None:
+                return doc
+        by_step: dict[int, builtins.list[str]] = {}
+        for cid in listed:
+            st = old_id_step(cid)
+            if st is not None:
+                by_step.setdefault(st, []).append(cid)
+        for st in sorted(by_step, reverse=True):
+            docs = [d for cid in by_step[st] if (d := self._read_newest(cid)) is not None]
             if docs:
                 return max(docs, key=lambda d: (float(d.get("created_at", 0.0)), str(d["id"])))
-        if step is not None:
-            raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
         raise NoCheckpointError(f"no checkpoint in {self.store.url}")
 
+    def _read_newest(self, cid: str) -> dict[str, Any] | None:
+        try:
+            return read_manifest(self.store, cid)
+        except (FormatVersionError, StoreError):
+            raise  # never resume from an older checkpoint because the newest one could not be fetched
+        except CheckpointError as e:
+            log.warning("skipping unreadable manifest of %s: %s", cid, e)
+            return None
+
+    def _newest_at(self, step: int) -> dict[str, Any]:
+        lst = self.list()
+        at = [c for c in lst if c.step == step]
+        if not at:
+            for _cid, err in self.unreadable:  # it may have been there, written by a newer version
+                if isinstance(err, FormatVersionError):
+                    raise err
+            raise NoCheckpointError(f"no checkpoint at step {step} in {self.store.url}")
+        best = max(at, key=lambda c: (c.branch == "live", c.order))
+        return read_manifest(self.store, best.id)
+
     def latest(self) -> CheckpointInfo | None:
-        """The newest checkpoint (highest step, then latest), or None if the store is empty."""
+        """The newest commit, or None if the store is empty."""
         try:
             return CheckpointInfo.from_manifest(self.newest(None))
         except NoCheckpointError:
@@ -216,3 +240,15 @@ def _diff_values(a: Any, b: Any, path: str, out: dict[str, Any]) -> None:
         return
     if a != b:
         out[path or "<root>"] = (a, b)
+
+
+def _branch_of(ckpt_id: str, listed: builtins.list[CheckpointInfo]) -> builtins.list[str]:
+    """``ckpt_id`` and the ids of the listed checkpoints it continues, through ``parent``, newest first (the walk
+    stops at a root, at a parent that is not listed, deleted by gc, and at a loop)."""
+    parent = {c.id: c.parent for c in listed}
+    out: builtins.list[str] = []
+    cid: str | None = ckpt_id
+    while cid is not None and cid in parent and cid not in out:
+        out.append(cid)
+        cid = parent[cid]
+    return out

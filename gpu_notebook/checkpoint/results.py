@@ -20,11 +20,13 @@ class GcResult:
     manifests: list[str] = field(default_factory=list)  # ids of the checkpoints deleted
     objects: list[str] = field(default_factory=list)  # keys of the objects deleted
     bytes: int = 0  # their size
+    leases: int = 0  # live leases of saves in flight (in any process) whose objects were kept
 
     def __repr__(self) -> str:
+        busy = f"; {self.leases} save(s) in flight kept what they reuse" if self.leases else ""
         return (
             f"gc: kept {len(self.kept)} checkpoint(s), deleted {len(self.manifests)} checkpoint(s) and "
-            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB"
+            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB{busy}"
         )
 
 

@@ -389,8 +389,8 @@ def _flip_a_bit(path: Path) -> None:
 def test_finding_the_latest_reads_only_the_newest_manifests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a resume must not get slower as checkpoints pile up: ids start with the step, so only the manifests of
-    # the highest step are read (two writers at that step: the later one wins, as in list())
+    # a resume must not get slower as checkpoints pile up: ids sort by commit order, so only the newest
+    # manifest is read (two writers at that step: the later commit wins, as in list())
     ckpt = Checkpointer(tmp_path)
     for step in range(12):
         ckpt.save({"x": torch.tensor([float(step)]), "step": step})
@@ -408,7 +408,7 @@ def test_finding_the_latest_reads_only_the_newest_manifests(
     reader = Checkpointer(tmp_path)
     reads.clear()
     assert reader.restore()["x"].item() == 99.0
-    assert len([k for k in reads if k.startswith("manifests/")]) == 2, reads
+    assert len([k for k in reads if k.startswith("manifests/")]) == 1, reads
     assert reader.latest().id == reader.list()[-1].id  # type: ignore[union-attr]
     reads.clear()
     assert reader.restore(step=3)["x"].item() == 3.0
@@ -728,8 +728,16 @@ def test_killed_in_the_middle_of_a_save_leaves_previous_checkpoints_loadable(tmp
     assert [c.step for c in ckpt.list()] == [1]  # the half-written save is invisible
     torch.manual_seed(0)
     assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
+    # the killed writer's lease protects what it wrote until it expires (gc cannot tell a dead writer from a
+    # slow one); then its objects are orphans
+    held = ckpt.gc(keep=1, grace_s=0)
+    assert held.leases == 1 and not held.objects
+    for lease in (tmp_path / "leases").iterdir():
+        doc = json.loads(lease.read_text())
+        lease.write_text(json.dumps({**doc, "expires_at": doc["expires_at"] - 1e6}))
     orphans = ckpt.gc(keep=1, grace_s=0).objects
     assert orphans  # the killed save's objects were there, unreferenced
+    assert not list((tmp_path / "leases").iterdir())  # and the dead lease is gone
     torch.manual_seed(0)
     assert torch.equal(ckpt.restore()["w"], torch.randn(400_000))
 
@@ -753,12 +761,12 @@ _WRITER = textwrap.dedent(
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(100_000, generator=g)
     shared = torch.ones(50_000)  # identical bytes in both writers: the same objects
-    saved = {}
+    handles = []
     for step in range(6):
         w = w + 1e-3 * torch.randn(100_000, generator=g)
-        h = ck.save({"w": w, "shared": shared, "writer": name, "step": step})
-        saved[h.id] = w.clone()
+        handles.append((ck.save({"w": w, "shared": shared, "writer": name, "step": step}), w.clone()))
     ck.wait()
+    saved = {h.result().id: w for h, w in handles}  # (a commit's id is its place, taken at commit)
     torch.save(saved, out)
     """
 )

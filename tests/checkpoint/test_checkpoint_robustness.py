@@ -19,6 +19,7 @@ from gpu_notebook.checkpoint import (
     NoCheckpointError,
     StoreError,
 )
+from gpu_notebook.checkpoint.format.manifest import commit_id
 
 
 def _files(root: Path) -> dict[str, float]:
@@ -154,18 +155,19 @@ def test_a_committed_manifest_whose_answer_was_lost_counts_as_saved(tmp_path: Pa
 
 def test_another_writers_manifest_under_the_same_id_is_not_taken_for_ours(tmp_path: Path) -> None:
     ck = Checkpointer(tmp_path, retries=0, preemption=None)
-    # a manifest already sits under the id this save will use (a writer with the same token: never in practice)
-    step, cid = 3, f"{3:012d}-{ck._token}{ck._seq:04d}"
+    # another writer's manifest already sits under the id this save will use (it committed after this writer
+    # learned the store's places): this save takes the next place, and says so
+    step, cid = 3, commit_id(ck._order.propose())
     other = Checkpointer(tmp_path / "other", preemption=None)
     other.save({"x": torch.zeros(10), "step": step}, block=True)
     doc = other.manifest()
     doc["id"] = cid
     (tmp_path / "manifests").mkdir(exist_ok=True)
     (tmp_path / "manifests" / f"{cid}.json").write_text(json.dumps(doc))
-    with pytest.warns(RuntimeWarning, match="NOT saved"):
-        h = ck.save({"x": torch.ones(10), "step": step})
-        with pytest.raises(CheckpointError):
-            h.result(30)
+    with pytest.warns(RuntimeWarning, match="another writer"):
+        info = ck.save({"x": torch.ones(10), "step": step}).result(30)
+    assert info is not None and info.id != cid and not ck.failures
+    assert torch.equal(ck.restore()["x"], torch.ones(10)) and ck.manifest(cid)["writer"] == doc["writer"]
 
 
 # ------------------------------------------------------------ read-only use
@@ -242,11 +244,11 @@ def test_an_ambiguous_id_prefix_says_so(tmp_path: Path) -> None:
     ids = _three(tmp_path)
     ck = Checkpointer(tmp_path, read_only=True)
     with pytest.raises(
-        NoCheckpointError, match=r"prefix '0000000000' is ambiguous: it matches 3 checkpoints"
+        NoCheckpointError, match=r"prefix 'c000000000' is ambiguous: it matches 3 checkpoints"
     ):
-        ck.restore("0000000000")
-    with pytest.raises(NoCheckpointError, match="no checkpoint '0000000009'"):
-        ck.restore("0000000009")
+        ck.restore("c000000000")
+    with pytest.raises(NoCheckpointError, match="no checkpoint 'c000000009'"):
+        ck.restore("c000000009")
     assert ck.restore(ids[1][:12])["step"] == 1
     assert os.path.isdir(tmp_path)
     # an id and a step together: which one? (the step used to be ignored silently)

@@ -5,8 +5,11 @@ Store layout (same for a folder and an S3 prefix)::
     FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 4}
     objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = BLAKE3 (versions 3-4) or
                                    SHA-256 (version 2) of the stored bytes
-    manifests/<id>.json            one per checkpoint, written last and create-only: the commit point
+    manifests/<id>.json            one per checkpoint, written last and create-only: the commit point; new ids
+                                   are ``c<commit sequence, 10 digits>`` (sorting by commit order), format-3 ids
+                                   ``<step, 12 digits>-<token><n>`` sort before them
     shards/<id>/rank-<r>.json      per-rank shard records of a sharded save, before rank 0 commits
+    leases/<name>.json             what a save in flight reuses, honoured by gc (see ``save/lease.py``)
 """
 
 from __future__ import annotations
@@ -64,6 +67,42 @@ def blake3_available() -> bool:
 MANIFEST_PREFIX = "manifests/"
 OBJECT_PREFIX = "objects/"
 SHARD_PREFIX = "shards/"
+LEASE_PREFIX = "leases/"
+#: a commit id is this letter and the commit sequence in SEQ_DIGITS digits: ids sort by commit order, and after
+#: every format-3 id (those start with a digit)
+COMMIT_ID_PREFIX = "c"
+SEQ_DIGITS = 10
+
+
+def commit_id(seq: int) -> str:
+    """The id of the commit at place ``seq`` of a store's commit order.
+
+    >>> commit_id(42)
+    'c0000000042'
+    """
+    return f"{COMMIT_ID_PREFIX}{seq:0{SEQ_DIGITS}d}"
+
+
+def seq_of(ckpt_id: str | None) -> int | None:
+    """The commit sequence a commit id names; None for a format-3 id (``<step>-<token><n>``) or anything else.
+
+    >>> seq_of("c0000000042"), seq_of("000000000120-3fa9c2d10007")
+    (42, None)
+    """
+    if (
+        ckpt_id
+        and len(ckpt_id) == 1 + SEQ_DIGITS
+        and ckpt_id.startswith(COMMIT_ID_PREFIX)
+        and ckpt_id[1:].isdigit()
+    ):
+        return int(ckpt_id[1:])
+    return None
+
+
+def old_id_step(ckpt_id: str | None) -> int | None:
+    """The step a format-3 id starts with (``<step, 12 digits>-...``); None for anything else."""
+    head = ckpt_id.split("-", 1)[0] if ckpt_id and "-" in ckpt_id else ""
+    return int(head) if len(head) == 12 and head.isdigit() else None
 
 
 def object_key(h: str) -> str:
@@ -182,6 +221,19 @@ class CheckpointInfo:
     #: bytes a restore reads: every frame of every chunk's delta chain, once (the largest shard's)
     restore_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: its place in the store's commit order (None: a format-3 checkpoint, ordered by step before every commit)
+    seq: int | None = None
+    #: "live" (the newest commit or one it continues, through ``parent``) or "abandoned" (a branch training
+    #: rewound from); set by a listing of the store ("" on its own)
+    branch: str = ""
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """Its sort key in the commit order: format-3 checkpoints first, by step then time, then commits by
+        sequence."""
+        if self.seq is not None:
+            return (1, self.seq, 0.0, self.id)
+        return (0, self.step, self.created_at, self.id)
 
     @classmethod
     def from_manifest(cls, doc: dict[str, Any]) -> CheckpointInfo:
@@ -199,6 +251,7 @@ class CheckpointInfo:
             n_tensors=sum(len(s.get("leaves", {})) for s in doc.get("shards", [])),
             restore_bytes=max((_shard_restore_bytes(s) for s in doc.get("shards", [])), default=0),
             extra={"stats": st, "writer": doc.get("writer", {})},
+            seq=doc["seq"] if isinstance(doc.get("seq"), int) else seq_of(doc["id"]),
         )
 
     @property
@@ -228,6 +281,7 @@ class CheckpointList(list):  # type: ignore[type-arg]
                 [
                     c.id,
                     str(c.step),
+                    c.branch,
                     _fmt_time(c.created_at),
                     "base" if c.is_base else "delta",
                     fmt_bytes(c.raw_bytes),
@@ -239,7 +293,7 @@ class CheckpointList(list):  # type: ignore[type-arg]
             )
         return rows
 
-    _HEAD = ["id", "step", "time", "kind", "state", "written", "ratio", "restore reads", "ranks"]
+    _HEAD = ["id", "step", "branch", "time", "kind", "state", "written", "ratio", "restore reads", "ranks"]
 
     def __repr__(self) -> str:
         if not self:

@@ -34,6 +34,7 @@ from ..format.manifest import FORMAT_NAME, SHARD_PREFIX, CheckpointInfo, manifes
 from ..per_rank import split_section
 from ..snapshot import Snapshot
 from ..stores import Store
+from .order import CommitOrder
 
 __all__ = ["Committer", "CommitFailedError", "writer_info"]
 
@@ -117,6 +118,11 @@ class Committer:
     _writers: bool = field(default=False, repr=False)
     _nonce: str = field(default="", repr=False)
     _ckpt_id: str = field(default="", repr=False)
+    order: CommitOrder | None = None  # where the commit goes in the store's commit order (None: at ckpt_id)
+
+    def _write_manifest(self, doc: dict[str, Any]) -> bool:
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        return self.store.put(manifest_key(str(doc["id"])), data, create_only=True)
 
     def begin(self, snap: Snapshot, ckpt_id: str) -> None:
         """A new attempt of the save of ``snap`` as ``ckpt_id``."""
@@ -201,7 +207,16 @@ class Committer:
             doc["attempt"] = self._name
         data = json.dumps(doc, separators=(",", ":")).encode()
         try:
-            if not self.store.put(manifest_key(ckpt_id), data, create_only=True):
+            if self.order is not None:  # the next free place in the store's commit order (see order.py)
+                got = self.order.commit(doc, self._write_manifest, movable=not self._writers)
+                if got is None:  # the other ranks wait for this very id: the save fails on every rank
+                    raise self._fail(
+                        f"checkpoint {ckpt_id} not committed: another writer took its place in the commit order "
+                        f"of {self.store.url}; the next save goes after it",
+                        retryable=False,
+                    )
+                doc = got
+            elif not self.store.put(manifest_key(ckpt_id), data, create_only=True):
                 doc = self._ours_already(snap, ckpt_id)
         except Exception as e:  # noqa: BLE001 - any failure to commit is told to the other ranks, then raised
             self.failed(ckpt_id, e)

@@ -14,10 +14,21 @@ class SaveHandle:
     """The result of :meth:`Checkpointer.save`: a future for one background save."""
 
     def __init__(self, ckpt_id: str | None, step: int, future: cf.Future[Any] | None, skipped: bool = False):
-        self.id = ckpt_id
+        self._id = ckpt_id
         self.step = step
         self.skipped = skipped
         self._future = future
+
+    @property
+    def id(self) -> str | None:
+        """The checkpoint's id: the place proposed at the save, until the commit took one (it moves past a place
+        another writer on the same store took meanwhile)."""
+        f = self._future
+        if f is not None and f.done() and not f.cancelled() and f.exception() is None:
+            info = f.result()
+            if info is not None:
+                return str(info.id)
+        return self._id
 
     def done(self) -> bool:
         return self._future is None or self._future.done()
