@@ -20,6 +20,7 @@ import zstandard
 from gpu_notebook.checkpoint import Checkpointer, CheckpointError, IntegrityError, PerRank
 from gpu_notebook.checkpoint.format import codec, validate
 from gpu_notebook.checkpoint.format.manifest import doc_hash, hash_fn, object_key
+from gpu_notebook.checkpoint.format.tree import DTYPES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -347,6 +348,13 @@ def test_a_hostile_per_rank_section(tmp_path: Path) -> None:
     _restore_fails(
         tmp_path, cid, IntegrityError, r"tensor '//rank/.*' of per-rank section 0 of manifest .* claims"
     )
+
+
+def test_the_reader_knows_every_dtype_a_writer_writes() -> None:
+    assert set(validate.ITEMSIZE) == set(DTYPES)
+    for name, size in validate.ITEMSIZE.items():
+        dt = getattr(torch, name)
+        assert torch.empty(0, dtype=dt).element_size() == size, name
 
 
 def test_a_manifest_holding_another_checkpoints_id(store: tuple[Path, list[str]]) -> None:

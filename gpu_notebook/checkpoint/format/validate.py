@@ -30,7 +30,6 @@ from typing import Any
 
 from ..._display import fmt_bytes
 from .._errors import CheckpointError, IntegrityError
-from .tree import DTYPES
 
 __all__ = [
     "MAX_CHAIN",
@@ -56,8 +55,16 @@ FRAME_SLACK = 128
 MAX_TREE_DEPTH = 400
 #: the most dimensions a tensor has (numpy 2 and torch: 64)
 MAX_DIMS = 64
-#: bytes per element of each dtype (``DTYPES`` gives the width of the delta unit: complex numbers are two floats)
-ITEMSIZE = {**DTYPES, "complex128": 16}
+#: bytes per element of each dtype a writer writes (those of ``tree.DTYPES``, which gives the width of the delta
+#: unit instead: a complex number is two floats; spelled out here because ``tree`` needs numpy and reading a
+#: manifest must not: a test keeps the two in step)
+ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+    "complex64": 8, "complex128": 16,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
 _KINDS = ("tensor", "ndarray", "pickle")
 _OBJECT_KEY = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{6,126}")
 _LEAF_TAGS = ("$tensor", "$ndarray", "$pickle")
