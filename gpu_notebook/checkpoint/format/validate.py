@@ -26,7 +26,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..._display import fmt_bytes
 from .._errors import CheckpointError, IntegrityError
@@ -72,7 +72,7 @@ _LEAF_TAGS = ("$tensor", "$ndarray", "$pickle")
 Entry = dict[str, Any]
 
 
-def _int(v: Any, lo: int = 0) -> bool:
+def _int(v: Any, lo: int = 0) -> TypeGuard[int]:
     """``v`` is a JSON integer (not a bool, not a float) of at least ``lo``."""
     return type(v) is int and v >= lo
 
