@@ -113,7 +113,7 @@ class Checkpointer:
         own either way: every rank saves them in its per-rank section (see ``docs/checkpoint.md``).
     rng
         Save every rank's RNG states (Python, numpy, torch CPU and CUDA) in its per-rank section:
-        ``restore(rng=True)`` puts them back. None (the default): in a multi-rank job, not in one process.
+        ``restore(rng=True)`` puts them back. None (the default): in a multi-rank job with a process group.
     rank, world_size
         Override the rank/world size (default: torch.distributed, else ``RANK``/``WORLD_SIZE``).
     allow_pickle
@@ -210,7 +210,8 @@ class Checkpointer:
         self.commit_timeout_s = commit_timeout_s
         self.rank, self.world_size, dist_ok = rank_world(rank, world_size)
         self.sharded = bool(sharded) and self.world_size > 1
-        self.rng = self.world_size > 1 if rng is None else bool(rng)
+        # (by default only with a process group: without one the ranks cannot name a save together)
+        self.rng = self.world_size > 1 and dist_ok if rng is None else bool(rng)
         self._token = session_token(self.world_size, dist_ok)
         self._seq = 0  # saves started (it ages the encoding hints)
         self._order = CommitOrder(self.store, self._version)  # the place of the next commit, and its parent
