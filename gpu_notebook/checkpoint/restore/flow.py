@@ -132,7 +132,7 @@ def restore_checkpoint(
     if rng and rng_states is None:
         raise CheckpointError(f"checkpoint {doc['id']} holds no RNG states (saved with rng=False)")
     if into is not None:
-        load_into(unwrap_into(into, keep=section is not None), state, shard["tree"])
+        load_into(unwrap_into(into, keep=per_rank != "drop"), state, shard["tree"])
     if rng_states is not None and rng:
         set_rng_state(rng_states)
     return Restored(doc, shard, state, datas)
