@@ -67,6 +67,16 @@ def test_latest_is_the_newest_commit_not_the_highest_step(tmp_path: Path) -> Non
     assert torch.equal(ck.restore(ids[3])["w"], _w(4))
 
 
+def test_a_fallback_goes_back_along_the_live_branch(tmp_path: Path) -> None:
+    ids, b4 = _rewound(tmp_path)
+    ck = _ck(tmp_path)
+    for o in {e["obj"] for lf in ck.manifest(b4)["shards"][0]["leaves"].values() for e in lf["chunks"]}:
+        (tmp_path / o).unlink()  # the newest commit's own objects are lost (its base's are not)
+    with pytest.warns(RuntimeWarning, match=f"restoring the one before it, {ids[2]}"):
+        got = ck.restore(fallback=True)
+    assert got["step"] == 3 and torch.equal(got["w"], _w(3))  # what it continued, not the abandoned step 5
+
+
 def test_gc_keeps_the_live_branch_and_deletes_the_abandoned_one(tmp_path: Path) -> None:
     ids, b4 = _rewound(tmp_path)
     ck = _ck(tmp_path)

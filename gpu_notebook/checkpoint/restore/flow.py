@@ -53,10 +53,10 @@ def pick_shard(doc: dict[str, Any], rank: int, world_size: int) -> dict[str, Any
 def _older(
     doc: dict[str, Any], inspector: Inspector, world_size: int, agree_min: Callable[[int], int | None]
 ) -> tuple[list[str], bool]:
-    """The ids of the checkpoints older than ``doc``'s, newest first, to fall back to; and whether the ranks of a
-    process group fall back together (each restores its own shard of the same checkpoint)."""
-    ids = [c.id for c in inspector.list()]  # oldest first
-    older = ids[: ids.index(doc["id"])][::-1] if doc["id"] in ids else []
+    """The ids of the checkpoints ``doc``'s continues (its parent, the parent's parent, ...: never an abandoned
+    branch), newest first, to fall back to; and whether the ranks of a process group fall back together (each
+    restores its own shard of the same checkpoint)."""
+    older = inspector.older(doc["id"])
     n_older = agree_min(len(older)) if world_size > 1 else None
     if n_older is None:
         return older, False

@@ -130,8 +130,8 @@ def hold_lease(
         if gone or (lineage.shadow and shadow_id is None):
             # (a shadow of unknown origin cannot be checked: it is not reused either)
             log.warning(
-                "checkpoint %s: %s was deleted (by a gc) since this writer saved or restored it; this save "
-                "reuses nothing of it and writes what it needs afresh",
+                "checkpoint %s: what it continues (%s) was deleted, by a gc, since this writer saved or restored "
+                "it; this save reuses nothing of it and writes what it needs afresh",
                 ckpt_id,
                 ", ".join(gone) or "the checkpoint its deltas are computed against",
             )
