@@ -196,14 +196,13 @@ class Inspector:
     def diff(self, a: str, b: str) -> DiffResult:
         """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
         da, db = self.resolve(a, None), self.resolve(b, None)
-        la = {n: lf for s in da["shards"] for n, lf in s["leaves"].items()}
-        lb = {n: lf for s in db["shards"] for n, lf in s["leaves"].items()}
+        la = {n: (lf, s) for s in da["shards"] for n, lf in s["leaves"].items()}
+        lb = {n: (lf, s) for s in db["shards"] for n, lf in s["leaves"].items()}
         changed: dict[str, Any] = {}
         unchanged: list[str] = []
         for n in la.keys() & lb.keys():
-            ca = [c["raw"] for c in la[n]["chunks"]]
-            cb = [c["raw"] for c in lb[n]["chunks"]]
-            if ca == cb and la[n]["shape"] == lb[n]["shape"] and la[n]["dtype"] == lb[n]["dtype"]:
+            ca, cb = _raws(*la[n]), _raws(*lb[n])
+            if ca == cb and la[n][0]["shape"] == lb[n][0]["shape"] and la[n][0]["dtype"] == lb[n][0]["dtype"]:
                 unchanged.append(n)
             else:
                 nch = sum(1 for x, y in zip(ca, cb, strict=False) if x != y) + abs(len(ca) - len(cb))
@@ -219,6 +218,21 @@ class Inspector:
             removed=sorted(la.keys() - lb.keys()),
             values=values,
         )
+
+
+def _raws(leaf: dict[str, Any], shard: dict[str, Any]) -> builtins.list[str]:
+    """The raw hashes of a leaf's chunks; for a small tensor saved in a group with others, of the group's chunks
+    that hold its bytes (a change of a neighbour in the same chunk shows as a change of it too)."""
+    group = leaf.get("group")
+    if group is None:
+        return [c["raw"] for c in leaf["chunks"]]
+    lo, hi = int(leaf.get("goff", 0)), int(leaf.get("goff", 0)) + int(leaf["nbytes"])
+    out, pos = [], 0
+    for c in (shard.get("groups") or {}).get(group, {}).get("chunks", []):
+        if pos < hi and pos + int(c["len"]) > lo:
+            out.append(c["raw"])
+        pos += int(c["len"])
+    return out
 
 
 def _diff_values(a: Any, b: Any, path: str, out: dict[str, Any]) -> None:

@@ -97,9 +97,9 @@ class CheckpointMagics(Magics):
         --------
         In [1]: %gpu_checkpoint use /tmp/runs/exp1
         In [2]: %gpu_checkpoint list
-        In [3]: %gpu_checkpoint show 000000000100-3fa9c2d10001
+        In [3]: %gpu_checkpoint show c0000000007
         In [4]: %gpu_checkpoint restore latest --into model,optim=optimizer
-        In [5]: %gpu_checkpoint diff 000000000100 000000000200
+        In [5]: %gpu_checkpoint diff c0000000003 c0000000007
         In [6]: %gpu_checkpoint gc --keep 3
         """
         args = parse(self.gpu_checkpoint, line)
@@ -163,7 +163,8 @@ class CheckpointMagics(Magics):
         ck = self._ckpt(args, checkpoint)
         cid = self._one_id(args)
         if args.step is not None and cid is None:
-            found = [c.id for c in ck.list() if c.step == args.step]
+            # the newest commit at that step, one on the live branch if there is one (as restore --step picks)
+            found = [c.id for c in sorted(ck.list(), key=lambda c: c.branch == "live") if c.step == args.step]
             if not found:
                 raise MagicError(f"no checkpoint at step {args.step}")
             cid = found[-1]

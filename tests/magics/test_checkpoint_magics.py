@@ -155,4 +155,4 @@ def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixt
     ip.run_line_magic("gpu_checkpoint", "gc --keep 2 --grace 0")  # `use` is read-only; gc reopens it to write
     assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
     assert [c.id for c in ck.list()] == ids[-2:]
-    assert "ambiguous" in failed(ip, "restore 00000000000")
+    assert "ambiguous" in failed(ip, "restore c000000000")
