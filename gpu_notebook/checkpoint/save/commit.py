@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._errors import CheckpointError, ObjectMissingError
+from .._errors import CheckpointError, ObjectMissingError, StoreError
 from ..format.manifest import FORMAT_NAME, SHARD_PREFIX, CheckpointInfo, manifest_key, read_manifest
 from ..per_rank import split_section
 from ..snapshot import Snapshot
@@ -233,13 +233,14 @@ class Committer:
             return
         self._told = self.attempt
         final = isinstance(err, CommitFailedError) and not err.retryable
+        if self.rank == 0:
+            key = _abort_key(ckpt_id, self._name)
+            doc: dict[str, Any] = {"attempt": self._name, "error": str(err), "final": final}
+        else:  # (where this rank's record is there already, rank 0 sees that one)
+            key = _record_key(ckpt_id, self._name, self.rank)
+            doc = {"attempt": self._name, "rank": self.rank, "failed": str(err), "final": final}
         try:
-            if self.rank == 0:
-                doc = {"attempt": self._name, "error": str(err), "final": final}
-                self.store.put(_abort_key(ckpt_id, self._name), json.dumps(doc).encode(), create_only=True)
-            else:
-                rec = {"attempt": self._name, "rank": self.rank, "failed": str(err), "final": final}
-                self._put_record(ckpt_id, rec)
+            self.store.put(key, json.dumps(doc).encode(), create_only=True)
         except Exception:  # noqa: BLE001 - the store is failing: the other ranks see nothing and time out
             pass
 
@@ -282,10 +283,13 @@ class Committer:
         deadline = time.monotonic() + self.commit_timeout_s
         delay = 0.02
         while True:
-            doc = self._committed(ckpt_id)  # (first: an attempt whose abort raced its commit was committed)
+            try:  # the manifest first: an attempt whose abort raced its commit was committed
+                doc = self._committed(ckpt_id)
+                abort = None if doc is not None else _get_json(self.store, _abort_key(ckpt_id, self._name))
+            except StoreError:  # the store failing for a while: ask again until the deadline
+                doc = abort = None
             if doc is not None:
                 return CheckpointInfo.from_manifest(doc)
-            abort = _get_json(self.store, _abort_key(ckpt_id, self._name))
             if abort is not None:
                 raise self._fail(
                     f"checkpoint {ckpt_id} was not committed: rank 0 failed ({abort.get('error')})",
@@ -304,8 +308,9 @@ class Committer:
 
     def _gather(self, ckpt_id: str, stats: dict[str, Any]) -> list[dict[str, Any]]:
         """Rank 0: the other ranks' records of this attempt, from the store (their stats added to ``stats``)."""
+        deadline = time.monotonic() + self.commit_timeout_s
         try:
-            recs = [self._wait_record(ckpt_id, r) for r in range(1, self.world_size)]
+            recs = [self._wait_record(ckpt_id, r, deadline) for r in range(1, self.world_size)]
         except CommitFailedError as e:
             self.failed(ckpt_id, e)
             raise
@@ -314,12 +319,14 @@ class Committer:
                 stats[k] += rec["stats"].get(k, 0)
         return recs
 
-    def _wait_record(self, ckpt_id: str, r: int) -> dict[str, Any]:
+    def _wait_record(self, ckpt_id: str, r: int, deadline: float) -> dict[str, Any]:
         key = _record_key(ckpt_id, self._name, r)
-        deadline = time.monotonic() + self.commit_timeout_s
         delay = 0.02
         while True:
-            rec = _get_json(self.store, key)
+            try:
+                rec = _get_json(self.store, key)
+            except StoreError:  # the store failing for a while: ask again until the deadline
+                rec = None
             if rec is not None and rec.get("attempt") == self._name and rec.get("rank") == r:
                 if "failed" in rec:
                     raise self._fail(
