@@ -20,7 +20,7 @@ from typing import Any
 from ._errors import CheckpointError
 from ._rng import rng_state
 from .format.tree import Leaf, flatten, unflatten
-from .snapshot import BufferPool, Snapshot
+from .snapshot import GROUP_BYTES, BufferPool, Snapshot
 
 __all__ = [
     "PerRank",
@@ -133,7 +133,10 @@ def take(
     tree: Any = None
     leaves: list[Leaf] = []
     if shared:
-        tree, leaves = flatten(None if rest is _GONE else rest, allow_pickle, copy=True, alloc=buffers.alloc)
+        shared_state = None if rest is _GONE else rest
+        tree, leaves = flatten(
+            shared_state, allow_pickle, copy=True, alloc=buffers.alloc, group_bytes=GROUP_BYTES
+        )
     section_tree = None
     if found or rng:
         section: dict[str, Any] = {"values": [[p, v] for p, v in found]}

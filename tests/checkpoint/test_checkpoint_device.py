@@ -93,7 +93,8 @@ def test_gpu_check_script_fails_clearly_without_cuda() -> None:
 
 
 def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: pathlib.Path) -> None:
-    ck = Checkpointer(tmp_path, progress=False, preemption=None)
+    # (deltas against the previous checkpoint: the second snapshot is then what the next delta is against)
+    ck = Checkpointer(tmp_path, progress=False, preemption=None, delta_against="previous")
     try:
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
         ck.save(state, 0, block=True)

@@ -186,11 +186,16 @@ def manifest_objects(doc: dict[str, Any]) -> set[str]:
     """Every object key a manifest needs, including the bases of its delta chains (per-rank sections too)."""
     keys: set[str] = set()
     for shard in [*doc.get("shards", []), *(doc.get("per_rank") or [])]:
-        for leaf in shard.get("leaves", {}).values():
-            for ch in leaf.get("chunks", []):
-                for e in walk_chunks(ch):
-                    keys.add(e["obj"])
+        for ch in shard_chunks(shard):
+            for e in walk_chunks(ch):
+                keys.add(e["obj"])
     return keys
+
+
+def shard_chunks(shard: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every chunk entry of a shard: its leaves' and its groups' (small tensors saved together, format 4)."""
+    parts = [*shard.get("leaves", {}).values(), *(shard.get("groups") or {}).values()]
+    return [c for part in parts for c in part.get("chunks", [])]
 
 
 def restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
@@ -199,9 +204,7 @@ def restore_frames(chunks: Any) -> dict[tuple[str, int], int]:
 
 
 def _shard_restore_bytes(shard: dict[str, Any]) -> int:
-    return sum(
-        restore_frames(c for lf in shard.get("leaves", {}).values() for c in lf.get("chunks", [])).values()
-    )
+    return sum(restore_frames(shard_chunks(shard)).values())
 
 
 @dataclass

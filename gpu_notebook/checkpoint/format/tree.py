@@ -11,6 +11,12 @@ Tree nodes: JSON scalars as themselves; lists as JSON lists; everything else as 
 ``{"$tag": ...}``: ``$dict`` ([[key, value], ...], keeps non-string keys), ``$tuple``, ``$float``
 ("nan", "inf", "-inf"), ``$bytes`` (base64), ``$tensor`` / ``$ndarray`` / ``$pickle`` (leaf name),
 ``$dtype``, ``$device``, ``$size``, ``$state`` ({"kind", "class", "value"}).
+
+Groups: with ``group_bytes``, small contiguous CPU tensors (norm weights, biases, step counters: most of a
+model's tensors and little of its bytes) are copied together, one ``torch.cat`` per dtype, into one buffer: a
+*group* leaf (named ``GROUP_PREFIX + dtype``) that the save encodes as one tensor; each member leaf's data is a
+view of it (``Leaf.group``, ``Leaf.goff``). Per tensor this costs a view instead of a buffer, a copy call and,
+later, a chunk, a frame and a manifest entry of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +31,12 @@ import numpy as np
 
 from .._errors import UnsafeValueError
 
-__all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES"]
+__all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES", "GROUP_PREFIX", "encodable"]
+
+#: the name of a group leaf is this and its dtype (a leaf's own name is a path: it never starts with a NUL)
+GROUP_PREFIX = "\x00group/"
+#: small tensors of a dtype are grouped when there are at least this many of them
+GROUP_MIN = 8
 
 #: dtype name -> element width in bytes
 DTYPES = {
@@ -46,6 +57,10 @@ class Leaf:
     dtype: str
     shape: list[int]
     data: np.ndarray  # uint8, contiguous, owned copy (the snapshot)
+    group: Leaf | None = (
+        None  # the group leaf whose buffer holds this leaf's bytes (see the module docstring)
+    )
+    goff: int = 0  # ... at this offset
 
     @property
     def nbytes(self) -> int:
@@ -119,11 +134,24 @@ def _tensor_leaf(
     return Leaf(name, "tensor", dtype, list(t.shape), data)
 
 
+def encodable(leaves: list[Leaf]) -> list[Leaf]:
+    """What a save encodes: the leaves that are in no group, and each group leaf once."""
+    out: list[Leaf] = []
+    groups: dict[int, Leaf] = {}
+    for leaf in leaves:
+        if leaf.group is None:
+            out.append(leaf)
+        else:
+            groups.setdefault(id(leaf.group), leaf.group)
+    return out + list(groups.values())
+
+
 def flatten(
     state: Any,
     allow_pickle: bool = False,
     copy: bool = True,
     alloc: Callable[..., np.ndarray] | None = None,
+    group_bytes: int = 0,
 ) -> tuple[Any, list[Leaf]]:
     """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
 
@@ -139,6 +167,9 @@ def flatten(
         ``alloc(nbytes, pinned=False)`` returns a writable ``uint8`` buffer for a copy (lets callers recycle
         buffers); ``pinned=True`` asks for page-locked memory (copies from a GPU then run asynchronously, all of
         them waited for before ``flatten`` returns).
+    group_bytes
+        With ``copy`` and ``alloc``: contiguous CPU tensors under this many bytes are copied into group
+        buffers, one per dtype (see the module docstring); 0: none are.
 
     Raises
     ------
@@ -146,8 +177,10 @@ def flatten(
         A value has no safe representation (naming its path) and ``allow_pickle`` is False.
     """
     f = _Flattener(allow_pickle, copy, alloc)
+    f.group_bytes = group_bytes if copy and alloc is not None else 0
     try:
         tree = f.walk(state, "")
+        f.copy_groups()
     finally:
         wait_for_copies(f.pending)
     return tree, f.leaves
@@ -163,6 +196,56 @@ class _Flattener:
         self.leaves: list[Leaf] = []
         self.seen_names: set[str] = set()
         self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
+        self.group_bytes = 0
+        self.grouped: dict[str, list[tuple[Leaf, Any]]] = {}  # dtype -> (member leaf, its tensor), in order
+
+    def tiny(self, t: Any, path: str) -> Any:
+        """The node of a small CPU tensor copied later with the others of its dtype (None: not one)."""
+        import torch
+
+        if (
+            t.device.type != "cpu"
+            or t.layout != torch.strided
+            or not t.is_contiguous()
+            or t.is_conj()
+            or t.is_neg()
+            or t.is_quantized
+            or not 0 < t.nbytes < self.group_bytes
+        ):
+            return None
+        dtype = str(t.dtype)[6:]  # "torch.float32"
+        if dtype not in _GROUPED:
+            return None
+        leaf = Leaf(path, "tensor", dtype, list(t.shape), _EMPTY)
+        self.grouped.setdefault(dtype, []).append((leaf, t))
+        return {"$tensor": self.add_leaf(leaf)}
+
+    def copy_groups(self) -> None:
+        """Copy the small tensors, one ``torch.cat`` per dtype, into their group buffers."""
+        if not self.grouped:
+            return
+        import torch
+
+        assert self.alloc is not None
+        for dtype, members in self.grouped.items():
+            if len(members) < GROUP_MIN:  # a few small tensors: each its own leaf (a group buys nothing)
+                for leaf, t in members:
+                    tensor_leaf = _tensor_leaf(leaf.name, t, self.copy, self.alloc, self.pending)
+                    leaf.data = tensor_leaf.data
+                continue
+            total = sum(leaf_nbytes(t) for _, t in members)
+            buf = self.alloc(total)
+            group = Leaf(GROUP_PREFIX + dtype, "group", dtype, [total // DTYPES[dtype]], buf)
+            with torch.no_grad():
+                torch.cat(
+                    [t.view(-1) for _, t in members], out=torch.from_numpy(buf).view(getattr(torch, dtype))
+                )
+            off = 0
+            for leaf, t in members:
+                n = leaf_nbytes(t)
+                leaf.data, leaf.group, leaf.goff = buf[off : off + n], group, off
+                off += n
+        self.grouped = {}
 
     def add_leaf(self, leaf: Leaf) -> str:
         name = leaf.name
@@ -231,6 +314,10 @@ class _Flattener:
         if isinstance(obj, torch.Tensor):
             if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
                 return self.pickled(obj, path)
+            if self.group_bytes:
+                node = self.tiny(obj, path)
+                if node is not None:
+                    return node
             return {"$tensor": self.add_leaf(_tensor_leaf(path, obj, self.copy, self.alloc, self.pending))}
         if isinstance(obj, torch.dtype):
             return {"$dtype": str(obj).replace("torch.", "")}
@@ -269,6 +356,17 @@ class _Flattener:
 
         raw = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()
         return {"$pickle": self.add_leaf(Leaf(path, "pickle", "uint8", [raw.nbytes], raw))}
+
+
+_EMPTY = np.zeros(0, dtype=np.uint8)
+#: the dtypes grouped (those torch.cat supports on every torch version this package runs with)
+_GROUPED = frozenset(
+    ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+)
+
+
+def leaf_nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size())
 
 
 def wait_for_copies(devices: set[Any]) -> None:

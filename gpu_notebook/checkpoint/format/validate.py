@@ -120,12 +120,19 @@ def check_shard(shard: Any, where: str) -> None:
     leaves = shard.get("leaves")
     if not isinstance(leaves, dict):
         raise IntegrityError(f"{where} has no leaves")
+    groups = shard.get("groups", {})  # small tensors saved together (format 4): checked as tensors of bytes
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise IntegrityError(f"{where}: 'groups' is not a JSON object of groups")
+    for key, g in groups.items():
+        n, dt = g.get("nbytes"), g.get("dtype")
+        shape = [n // ITEMSIZE[dt]] if _int(n) and dt in ITEMSIZE else None
+        _check_leaf(f"group {key}", {**g, "kind": "tensor", "shape": shape}, where)
     for name, lf in leaves.items():
-        _check_leaf(name, lf, where)
+        _check_leaf(name, lf, where, groups)
     _check_tree(shard.get("tree"), leaves, where)
 
 
-def _check_leaf(name: str, lf: Any, where: str) -> None:
+def _check_leaf(name: str, lf: Any, where: str, groups: dict[str, Any] | None = None) -> None:
     what = f"tensor {name!r} of {where}"
     if not isinstance(lf, dict):
         raise IntegrityError(f"{what} is not a JSON object")
@@ -146,6 +153,12 @@ def _check_leaf(name: str, lf: Any, where: str) -> None:
         raise IntegrityError(
             f"{what} claims {nbytes} bytes, but its shape {shape} of {dtype} holds {want} bytes"
         )
+    if "group" in lf:  # its bytes lie in a group's
+        key, goff = lf["group"], lf.get("goff")
+        g = (groups or {}).get(key) if isinstance(key, str) else None
+        if g is None or not _int(goff) or lf.get("chunks") or goff + nbytes > g["nbytes"]:
+            raise IntegrityError(f"{what} does not lie within its group {key!r}")
+        return
     chunks = lf.get("chunks")
     if not isinstance(chunks, list):
         raise IntegrityError(f"{what} has no chunk list")

@@ -30,7 +30,7 @@ from .._errors import CheckpointError, IntegrityError, ObjectMissingError
 from .._progress import Progress
 from ..format.codec import decode_chunk
 from ..format.manifest import doc_hash, hash_fn, walk_chunks
-from ..format.tree import leaf_from_bytes
+from ..format.tree import GROUP_PREFIX, leaf_from_bytes
 from ..format.validate import check_restore
 from ..stores import Store
 
@@ -80,8 +80,22 @@ def decode_shard(
                 leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
     prog = Progress(f"restore {doc['id']}", sum(lf["nbytes"] for lf in leaves.values()), progress)
     dec = _ShardDecoder(doc, store, threads, pack_max, verify)
-    dec.plan(leaves)
+    # a group (small tensors saved together) is decoded as one tensor; its members are views of its bytes
+    groups = shard.get("groups") or {}
+    encoded = {name: lf for name, lf in leaves.items() if "group" not in lf}
+    encoded.update((GROUP_PREFIX + key, g) for key, g in groups.items())
+    for key in groups:
+        members = [name for name, lf in leaves.items() if lf.get("group") == key]
+        few = ", ".join(repr(m) for m in members[:3]) + (
+            f" and {len(members) - 3} more" if len(members) > 3 else ""
+        )
+        dec.labels[GROUP_PREFIX + key] = f"the group of {len(members)} small {key} tensors ({few})"
+    dec.plan(encoded)
     dec.run(prog)
+    for name, lf in leaves.items():
+        if "group" in lf:
+            goff = int(lf["goff"])
+            dec.datas[name] = dec.datas[GROUP_PREFIX + lf["group"]][goff : goff + int(lf["nbytes"])]
     values = {
         name: leaf_from_bytes({**lf, "name": name}, dec.datas[name], allow_pickle=allow_pickle)
         for name, lf in leaves.items()
@@ -100,6 +114,7 @@ class _ShardDecoder:
         self.verify = verify
         self.hv = hash_fn(doc_hash(doc))  # the hash this checkpoint was written with
         self.datas: dict[str, np.ndarray] = {}
+        self.labels: dict[str, str] = {}  # how errors name a group (of small tensors saved together)
         self.chains: list[_Chain] = []
         self.copies: list[
             tuple[_Chain, np.ndarray]
@@ -176,7 +191,8 @@ class _ShardDecoder:
 
     # ---------------------------------------------------------------- frames
     def _where(self, name: str, idx: int, e: Entry) -> str:
-        return f"tensor {name!r} chunk {idx} (object {e['obj']}) of checkpoint {self.doc['id']}"
+        what = self.labels.get(name) or f"tensor {name!r}"
+        return f"{what} chunk {idx} (object {e['obj']}) of checkpoint {self.doc['id']}"
 
     def _fetch(self, name: str, idx: int, e: Entry, reread: bool = False) -> bytes | memoryview:
         key = e["obj"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..format.manifest import doc_hash, restore_frames, walk_chunks
-from ..format.tree import Leaf
+from ..format.tree import GROUP_PREFIX, Leaf
 
 __all__ = ["Lineage"]
 
@@ -111,7 +111,10 @@ class Lineage:
     ) -> None:
         """Continue the delta chain from what was restored (a checkpoint hashed otherwise than this writer
         hashes, e.g. format version 2: the next save is a full base)."""
-        depth = max((c.get("depth", 0) for lf in shard["leaves"].values() for c in lf["chunks"]), default=0)
+        # what was encoded: the leaves in no group, and the groups (small tensors saved together)
+        encoded = {n: lf for n, lf in shard["leaves"].items() if "group" not in lf}
+        encoded.update((GROUP_PREFIX + k, g) for k, g in (shard.get("groups") or {}).items())
+        depth = max((c.get("depth", 0) for lf in encoded.values() for c in lf["chunks"]), default=0)
         mine = (not doc.get("sharded") or shard["rank"] == rank) and doc_hash(doc) == hash_name
         self.recent = {}
         self.run_bytes = None
@@ -127,7 +130,7 @@ class Lineage:
                     "chunks": lf["chunks"],
                     "check": True,  # the caller's tensors share this memory: hash it before a delta uses it
                 }
-                for name, lf in shard["leaves"].items()
+                for name, lf in encoded.items()
             }
             self.parent = self.shadow_id = doc["id"]
             self.since_base = 0 if doc.get("is_base") else depth

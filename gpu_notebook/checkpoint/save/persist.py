@@ -16,6 +16,7 @@ from typing import Any
 
 from .._progress import Progress
 from ..format.manifest import CheckpointInfo
+from ..format.tree import GROUP_PREFIX, Leaf, encodable
 from ..snapshot import BufferPool, Snapshot
 from ..stores import Store
 from .commit import Committer
@@ -73,21 +74,42 @@ def _encode_all(enc: ChunkEncoder, pool: cf.ThreadPoolExecutor) -> dict[int, Ent
     return entries
 
 
-def _leaves_doc(snap: Snapshot, entries: dict[int, Entry], chunk_bytes: int) -> dict[str, Any]:
-    """The ``leaves`` of this rank's shard: per leaf its kind, dtype, shape, size and chunk entries."""
-    leaves_doc: dict[str, Any] = {}
+def _chunk_docs(enc_leaves: list[Leaf], entries: dict[int, Entry], chunk_bytes: int) -> dict[str, Any]:
+    """Per encoded leaf (a group leaf included), its chunk entries: ``{"chunks": [...]}``."""
+    docs: dict[str, Any] = {}
     pos = 0
-    for leaf in snap.leaves:
+    for leaf in enc_leaves:
         n_chunks = len(chunks_of(leaf, chunk_bytes))
-        leaves_doc[leaf.name] = {
+        docs[leaf.name] = {"chunks": [entries[pos + j] for j in range(n_chunks)]}
+        pos += n_chunks
+    return docs
+
+
+def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This rank's shard: per leaf its kind, dtype, shape, size and chunk entries (a grouped leaf: its group and
+    offset there instead), and the ``groups`` (per dtype its size and chunk entries) when there are any."""
+    leaves_doc: dict[str, Any] = {}
+    groups: dict[str, Any] = {}
+    for leaf in snap.leaves:
+        doc: dict[str, Any] = {
             "kind": leaf.kind,
             "dtype": leaf.dtype,
             "shape": leaf.shape,
             "nbytes": leaf.nbytes,
-            "chunks": [entries[pos + j] for j in range(n_chunks)],
         }
-        pos += n_chunks
-    return leaves_doc
+        g = leaf.group
+        if g is None:
+            doc["chunks"] = chunk_docs[leaf.name]["chunks"]
+        else:
+            key = g.name[len(GROUP_PREFIX) :]
+            doc.update(chunks=[], group=key, goff=leaf.goff)
+            if key not in groups:
+                groups[key] = {"dtype": g.dtype, "nbytes": g.nbytes, "chunks": chunk_docs[g.name]["chunks"]}
+        leaves_doc[leaf.name] = doc
+    shard: dict[str, Any] = {"rank": rank, "tree": snap.tree, "leaves": leaves_doc}
+    if groups:
+        shard["groups"] = groups
+    return shard
 
 
 def persist(
@@ -113,7 +135,8 @@ def persist(
     # per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk of this
     # save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint) and upload a
     # big frame directly (small ones are collected into packs)
-    plan = plan_save(snap.leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)
+    enc_leaves = encodable(snap.leaves)  # (small tensors travel in their group)
+    plan = plan_save(enc_leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)
     expect = lineage.new_bytes.get(is_base) or lineage.new_bytes.get(
         not is_base
     )  # the first delta: the base's
@@ -128,8 +151,8 @@ def persist(
         seq=seq,
         progress=prog,
     )
-    leaves_doc = _leaves_doc(snap, _encode_all(enc, pool), opts.chunk_bytes)
-    shard = {"rank": opts.committer.rank, "tree": snap.tree, "leaves": leaves_doc}
+    chunk_docs = _chunk_docs(enc_leaves, _encode_all(enc, pool), opts.chunk_bytes)
+    shard = _shard_doc(snap, chunk_docs, opts.committer.rank)
     n = enc.counters
     stats = {
         "raw_bytes": total,
@@ -145,11 +168,11 @@ def persist(
     lineage.last_raw = total
     prog.finish()
     # the committed snapshot becomes the base of the next delta; the old base's buffers are reused
-    old = lineage.committed(snap.leaves, leaves_doc, info.id if info else ckpt_id, is_base, n.new_bytes)
+    old = lineage.committed(enc_leaves, chunk_docs, info.id if info else ckpt_id, is_base, n.new_bytes)
     buffers.recycle(old)
     if not old:  # the first save: the next one has no buffers to recycle yet; fault them in next, on the save
         # thread but after this save's handle has resolved (its caller need not wait for them)
-        prefault(lambda: buffers.prefault(snap.leaves))
+        prefault(lambda: buffers.prefault(enc_leaves))
     return info
 
 
@@ -164,7 +187,9 @@ def persist_with_retries(
             return attempt_once(), None
         except Exception as e:  # noqa: BLE001 - any failure of an attempt is retried, then reported by the caller
             err = e
-            if attempt < retries and getattr(e, "retryable", True):  # (a commit deadline ends the save at once)
+            if attempt < retries and getattr(
+                e, "retryable", True
+            ):  # (a commit deadline ends the save at once)
                 delay = backoff_s * 2**attempt
                 log.warning(
                     "checkpoint %s: save attempt %d failed (%s); retrying in %.1f s",
