@@ -63,8 +63,8 @@ from .stores import LocalStore, ObjectInfo, S3Store, Store, open_store
 if TYPE_CHECKING:  # pragma: no cover
     from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
-    from .per_rank import PerRank
     from .checkpointer import Checkpointer, current
+    from .per_rank import PerRank
     from .results import DiffResult, GcResult, ShowResult
     from .save.handle import SaveHandle
 

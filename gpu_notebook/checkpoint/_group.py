@@ -51,7 +51,9 @@ def session_token(world_size: int, dist_ok: bool) -> str:
         dist.broadcast_object_list(box, src=0)
         tok = box[0]
     elif world_size > 1:
-        seed = f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}:{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+        # (torchrun's restart count: a run restarted after a crash names its saves otherwise)
+        env = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+        seed = ":".join(os.environ.get(k, "") for k in env)
         tok = hashlib.sha256(seed.encode()).hexdigest()[:8]
     return tok
 
@@ -63,15 +65,15 @@ def agree_min(value: int) -> int | None:
     return None if got is None else got[0]
 
 
-def agree_save(seq: int) -> tuple[int, str]:
+def agree_save(seq: int, token: str) -> tuple[int, str]:
     """What the ranks of a save that several write agree on when it starts (one collective, on the training
     thread): the counter in its id (the largest of the ranks', so that no rank reuses an id), and a nonce
     naming this save (16 hex digits; the smallest of the ranks' random draws). Without a process group: ``seq``
-    and no nonce (the ranks cannot agree on one; the session token, from the rendezvous environment, then
-    tells runs apart)."""
+    and the session ``token`` (the ranks cannot draw a nonce together; the token, from the rendezvous
+    environment, is the same on every rank and tells runs apart as far as that environment does)."""
     got = agree_min_all([-int(seq), secrets.randbits(62)])
     if got is None:
-        return int(seq), ""
+        return int(seq), token
     return -got[0], f"{got[1]:016x}"
 
 

@@ -330,7 +330,7 @@ class Checkpointer:
             self._raise_pending()
         # the ranks' parts meet under one id: agree on its counter (it could drift apart), and name this save
         place = self._order.propose()
-        seq, nonce = agree_save(place) if multi else (place, "")
+        seq, nonce = agree_save(place, self._token) if multi else (place, "")
         self._order.proposed(seq)
         snap = take_snapshot(
             self._buffers, state, step, self.allow_pickle, self.sharded or self.rank == 0, self.rng
