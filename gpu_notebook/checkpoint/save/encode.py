@@ -5,6 +5,7 @@ collected into packs that are uploaded as soon as they fill."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ class SaveCounters:
     new_bytes: int = 0
     new_objects: int = 0
     reused_bytes: int = 0
+    cpu_s: float = 0.0  # CPU time the encoding threads spent on this save (their scheduler counters)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wrote(self, nbytes: int) -> None:
@@ -41,6 +43,10 @@ class SaveCounters:
     def reused(self, nbytes: int) -> None:
         with self._lock:
             self.reused_bytes += nbytes
+
+    def spent(self, cpu_s: float) -> None:
+        with self._lock:
+            self.cpu_s += cpu_s
 
 
 class ChunkEncoder:
@@ -163,4 +169,8 @@ class ChunkEncoder:
         return c.k, entry
 
     def encode_all(self, chunks: list[Chunk]) -> list[tuple[int, Entry]]:
-        return [self.encode(c) for c in chunks]
+        t0 = time.thread_time()  # this thread's CPU time (CLOCK_THREAD_CPUTIME_ID): what the save takes
+        try:
+            return [self.encode(c) for c in chunks]
+        finally:
+            self.counters.spent(time.thread_time() - t0)

@@ -128,6 +128,7 @@ def persist(
     resolved (on the save thread), used to fault in the next snapshot's buffers after the first save.
     """
     t_start = time.perf_counter()
+    cpu_start = time.thread_time()
     is_base = lineage.next_is_base(snap.full, opts.full_every, opts.max_restore_ratio)
     total = snap.nbytes
     prog = snap.progress or Progress(f"checkpoint {ckpt_id}", total, opts.progress)
@@ -161,6 +162,9 @@ def persist(
         "reused_bytes": n.reused_bytes,
         "stall_s": round(snap.stall_s, 6),
         "persist_s": round(time.perf_counter() - t_start, 6),
+        # CPU time of the save thread and the encoding threads (their scheduler counters) up to the commit: what
+        # the background save takes from the training process's cores
+        "cpu_s": round(n.cpu_s + time.thread_time() - cpu_start, 6),
     }
     info = opts.committer.commit(snap, ckpt_id, shard, stats, is_base, lineage.parent)
     lineage.rates[is_base] = total / max(1e-6, time.perf_counter() - t_start)
