@@ -219,6 +219,9 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
         self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-io")
+        # uploads on their own threads (I/O bound): the encoding threads (CPU bound) go on meanwhile
+        uploaders = max(self.threads, int(getattr(self.store, "max_concurrency", 0) or 0))
+        self._uploads = cf.ThreadPoolExecutor(max_workers=uploaders, thread_name_prefix="gnb-ckpt-upload")
         self._inflight: SaveHandle | None = None
         self._errors: list[BaseException] = []
         self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
@@ -260,9 +263,11 @@ class Checkpointer:
             finally:
                 self._executor.shutdown(wait=True)
                 self._pool.shutdown(wait=True)
+                self._uploads.shutdown(wait=True)
         else:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self._uploads.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ save
     def _raise_pending(self) -> None:
@@ -384,6 +389,7 @@ class Checkpointer:
             threads=self.threads,
             progress=self.progress,
             committer=committer,
+            uploads=self._uploads,
         )
 
     def _prefault_later(self, task: Callable[[], None]) -> None:

@@ -4,6 +4,7 @@ collected into packs that are uploaded as soon as they fill."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ __all__ = ["SaveCounters", "ChunkEncoder"]
 
 #: an encoding choice is reused for this many saves, then searched afresh
 _HINT_SAVES = 8
+#: frames waiting for their upload, per encoding thread (each is up to a chunk: the memory a slow store holds)
+_UPLOADS_PER_THREAD = 2
 
 Entry = dict[str, Any]
 
@@ -64,6 +67,8 @@ class ChunkEncoder:
         lineage: Lineage,
         seq: int,
         progress: Progress,
+        uploads: cf.ThreadPoolExecutor | None = None,
+        threads: int = 2,
     ) -> None:
         self.plan = plan
         self.store = store
@@ -75,6 +80,11 @@ class ChunkEncoder:
         self.seq = seq
         self.progress = progress
         self.counters = SaveCounters()
+        # uploads run on their own pool (I/O bound), so that the encoding threads go on encoding meanwhile; at
+        # most _UPLOADS_PER_THREAD frames per encoding thread wait for theirs (the memory they hold is bounded)
+        self.uploads = uploads
+        self._uploading: list[cf.Future[None]] = []
+        self._upload_slots = threading.BoundedSemaphore(_UPLOADS_PER_THREAD * max(1, threads))
         self._claimed: dict[
             str, int
         ] = {}  # raw hash -> the chunk of this save that encodes it (tied weights)
@@ -84,6 +94,40 @@ class ChunkEncoder:
         self._pack_lock = threading.Lock()
 
     def _put(self, key: str, blob: bytes) -> None:
+        if self.uploads is None:
+            self._put_now(key, blob)
+            return
+        self._upload_slots.acquire()
+        try:
+            fut = self.uploads.submit(self._put_now, key, blob)
+        except BaseException:
+            self._upload_slots.release()
+            raise
+        fut.add_done_callback(lambda _f: self._upload_slots.release())
+        with self._claim_lock:
+            self._uploading.append(fut)
+
+    def wait_uploads(self, cancel: bool = False) -> None:
+        """Wait for every upload of this save (``cancel``: drop those not started); raise the first failure."""
+        with self._claim_lock:
+            futs, self._uploading = self._uploading, []
+        if cancel:
+            for f in futs:
+                f.cancel()
+            cf.wait(futs)
+            return
+        for f in futs:
+            f.result()
+
+    def _put_now(self, key: str, blob: bytes) -> None:
+        t0 = time.thread_time()
+        try:
+            self._put_store(key, blob)
+        finally:
+            if self.uploads is not None:  # (inline, the encoding thread's own count has it)
+                self.counters.spent(time.thread_time() - t0)
+
+    def _put_store(self, key: str, blob: bytes) -> None:
         if self.store.put(key, blob, create_only=True):
             self.counters.wrote(len(blob))
         else:

@@ -49,6 +49,7 @@ class SaveOptions:
     threads: int
     progress: Any
     committer: Committer
+    uploads: cf.ThreadPoolExecutor | None = None  # the upload pool (None: the encoding threads upload)
 
 
 def _encode_all(enc: ChunkEncoder, pool: cf.ThreadPoolExecutor) -> dict[int, Entry]:
@@ -65,8 +66,10 @@ def _encode_all(enc: ChunkEncoder, pool: cf.ThreadPoolExecutor) -> dict[int, Ent
         for f in futs:
             f.cancel()
         cf.wait(futs)  # nothing of this save runs on once it has failed
+        enc.wait_uploads(cancel=True)
         raise
     enc.flush()
+    enc.wait_uploads()
     entries = dict(results)
     for k, e in list(entries.items()):
         if "$same" in e:
@@ -151,6 +154,8 @@ def persist(
         lineage=lineage,
         seq=seq,
         progress=prog,
+        uploads=opts.uploads,
+        threads=opts.threads,
     )
     chunk_docs = _chunk_docs(enc_leaves, _encode_all(enc, pool), opts.chunk_bytes)
     shard = _shard_doc(snap, chunk_docs, opts.committer.rank)
