@@ -31,10 +31,10 @@ def test_progress_line_in_a_kernel(tmp_path: pathlib.Path) -> None:
     plain = [o["data"]["text/plain"] for o in shown]
     assert any("<progress" in h for h in html)
     assert any(
-        p.startswith("checkpoint 000000000001-") and "8.0 MB / 8.0 MB (100%)" in p and "MB/s" in p
+        p.startswith("checkpoint c0000000000") and "8.0 MB / 8.0 MB (100%)" in p and "MB/s" in p
         for p in plain
     )
-    assert any(p.startswith("restore 000000000001-") and "(100%)" in p for p in plain)
+    assert any(p.startswith("restore c0000000000") and "(100%)" in p for p in plain)
     assert "restored 1" in "".join(o.get("text", "") for o in outs if o.output_type == "stream")
 
 
@@ -67,7 +67,7 @@ def test_a_background_save_shows_its_progress_in_the_cell_that_started_it(tmp_pa
     first, later = (c.outputs for c in nb.cells)
     assert not [o for o in first + later if o.output_type == "error"], (first, later)
     lines = [
-        o for o in first if o.output_type == "display_data" and "checkpoint 000000000001-" in str(o["data"])
+        o for o in first if o.output_type == "display_data" and "checkpoint c0000000000" in str(o["data"])
     ]
     assert lines, first
     assert "(100%)" in lines[-1]["data"]["text/plain"]  # updated in place to the end
