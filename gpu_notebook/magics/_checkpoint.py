@@ -70,7 +70,8 @@ class CheckpointMagics(Magics):
         default="ckpt_state",
         help="restore: variable that receives the state (default ckpt_state)",
     )
-    @argument("--keep", type=int, default=3, help="gc: checkpoints to keep (default 3)")
+    @argument("--keep", type=int, default=3, help="gc: commits of the live branch to keep (default 3)")
+    @argument("--keep-abandoned", action="store_true", help="gc: keep the abandoned branches too")
     @argument(
         "--grace",
         type=float,
@@ -201,7 +202,7 @@ class CheckpointMagics(Magics):
 
     def _cmd_gc(self, args: Any, checkpoint: Any) -> None:
         res = self._ckpt(args, checkpoint, write=not args.dry_run).gc(
-            keep=args.keep, grace_s=args.grace, dry_run=args.dry_run
+            keep=args.keep, grace_s=args.grace, dry_run=args.dry_run, keep_abandoned=args.keep_abandoned
         )
         print(("(dry run) " if args.dry_run else "") + repr(res))
 

@@ -173,3 +173,24 @@ def test_a_golden_store_and_new_commits_in_it_order_right(tmp_path: Path) -> Non
         assert again.restore(cid)["step"] == int(cid[:12])
         assert again.manifest(cid[:14])["id"] == cid
     assert again.restore(step=3)["step"] == 3  # an abandoned old step is still found by step
+
+
+def test_the_magic_lists_branches_and_gc_keeps_abandoned_ones_when_asked(
+    ip: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ids, b4 = _rewound(tmp_path)
+    ip.run_line_magic("gpu_checkpoint", f"list --store {tmp_path}")
+    rows = {line.split()[0]: line.split()[2] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows == {
+        ids[0]: "live",
+        ids[1]: "live",
+        ids[2]: "live",
+        ids[3]: "abandoned",
+        ids[4]: "abandoned",
+        b4: "live",
+    }
+    ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --keep-abandoned --store {tmp_path}")
+    assert "deleted 3 checkpoint(s)" in capsys.readouterr().out
+    ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --store {tmp_path}")
+    assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
+    assert [c.id for c in _ck(tmp_path).list()] == [b4]
