@@ -196,7 +196,9 @@ def _die_main(rank: int, world: int, root: str, who: int, where: str) -> None:
         dist.barrier()
         Faulty.die = where if rank == who else None
         t0 = time.monotonic()
-        out["outcome"] = _outcome(ck, ck.save({"v": torch.full((1000,), rank + 1.0), "step": 1}))
+        h = ck.save({"v": torch.full((1000,), rank + 1.0), "step": 1})
+        out["id"] = h.id
+        out["outcome"] = _outcome(ck, h)
         out["took_s"] = round(time.monotonic() - t0, 2)  # (reported, not asserted)
         out["steps"] = [c.step for c in ck.list()]
     finally:
@@ -227,3 +229,42 @@ def test_a_rank_that_dies_at_commit_fails_the_other_within_the_timeout(
     res = _res(root, 1 - who, "die")
     assert res["outcome"].startswith("failed:") and says in res["outcome"], res
     assert res["steps"] == [0], res  # (and no retry after the deadline: it fails once, within it)
+
+
+def _restart_main(rank: int, world: int, root: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/init-again", rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+    try:
+        ck = Checkpointer(f"{root}/store", sharded=True, commit_timeout_s=20, preemption=None, progress=False)
+        out["resumed_step"] = ck.restore()["step"]
+        v = torch.full((1000,), rank + 7.0)
+        h = ck.save({"v": v, "step": 1}, block=True)
+        out["id"] = h.id
+        dist.barrier()
+        got = Checkpointer(f"{root}/store", sharded=True, preemption=None, progress=False).restore()
+        out["restored_ok"] = bool(torch.equal(got["v"], v))
+    finally:
+        Path(f"{root}/again-{rank}.json").write_text(json.dumps(out))
+        dist.destroy_process_group()
+
+
+def test_a_job_restarted_after_a_crash_at_commit_never_commits_the_crashed_records() -> None:
+    """Rank 0 dies before its manifest: rank 1's record of that save stays in the store. The restarted job's
+    next save takes the same place in the commit order (the same id), and must commit its own records."""
+    import torch.multiprocessing as mp
+
+    root = tempfile.mkdtemp(prefix="gnb-ckpt-restart-")
+    ctx = mp.start_processes(
+        _die_main, args=(2, root, 0, "manifests/"), nprocs=2, join=False, start_method="spawn"
+    )
+    for p in ctx.processes:
+        p.join(120)
+    crashed = _res(root, 1, "die")
+    assert list(Path(f"{root}/store/shards").rglob("rank-00001.json"))  # the crashed attempt's record
+    mp.spawn(_restart_main, args=(2, root), nprocs=2, join=True)
+    for r in range(2):
+        res = _res(root, r, "again")
+        assert res["resumed_step"] == 0 and res["id"] == crashed["id"], (r, res, crashed)
+        assert res["restored_ok"] is True, (r, res)
