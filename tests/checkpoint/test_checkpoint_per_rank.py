@@ -168,3 +168,28 @@ def test_a_single_process_saves_rng_when_asked(tmp_path: Path) -> None:
     assert "per_rank" not in plain.manifest()
     with pytest.raises(CheckpointError, match="no per-rank sections"):
         plain.restore(rng=True)
+
+
+def test_per_rank_values_come_back_where_they_were(tmp_path: Path) -> None:
+    # anywhere in the state: nested in dicts, in lists and tuples, or the whole state
+    ck = Checkpointer(tmp_path / "s", preemption=None, progress=False)
+    sampler = ShuffledSampler(12, seed=4)
+    sampler.batch(7)
+    state = {
+        "a": {"b": PerRank(torch.arange(5)), "c": 1},
+        "l": [1, PerRank({"pos": 3}), (PerRank("x"), 2)],
+        "sampler": PerRank(sampler),
+        "step": 2,
+    }
+    ck.save(state, block=True)
+    shared = ck.manifest()["shards"][0]
+    assert not any(n.startswith("a/b") for n in shared["leaves"])  # not in the shared state
+    got = ck.restore()
+    assert torch.equal(got["a"]["b"], torch.arange(5)) and got["a"]["c"] == 1
+    assert got["l"] == [1, {"pos": 3}, ("x", 2)]
+    fresh = ShuffledSampler(12, seed=0)
+    ck.restore(into={"sampler": PerRank(fresh)})
+    assert fresh.state_dict() == sampler.state_dict() and fresh.batch(3) == sampler.batch(3)
+    whole = Checkpointer(tmp_path / "w", preemption=None, progress=False)
+    whole.save(PerRank({"w": torch.ones(3), "step": 1}), step=1, block=True)
+    assert torch.equal(whole.restore()["w"], torch.ones(3))
