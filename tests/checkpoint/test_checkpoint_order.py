@@ -194,3 +194,57 @@ def test_the_magic_lists_branches_and_gc_keeps_abandoned_ones_when_asked(
     ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --store {tmp_path}")
     assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
     assert [c.id for c in _ck(tmp_path).list()] == [b4]
+
+
+def _sharded_rank(rank: int, world: int, root: str) -> None:
+    """One gloo rank of a sharded job whose commit's place another writer takes first (see the test)."""
+    import torch.distributed as dist
+
+    from gpu_notebook.checkpoint import CheckpointSaveError
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=world)
+    out: dict[str, Any] = {}
+
+    class Racing(LocalStore):
+        raced = False
+
+        def put(self, key: str, data: Any, create_only: bool = True) -> bool:
+            if key.startswith("manifests/") and not Racing.raced:
+                Racing.raced = True  # a notebook on the same store commits first, at the same place
+                other = _ck(f"{root}/store", rank=0, world_size=1)
+                other.save({"z": torch.zeros(10), "step": 50}, block=True)
+            return super().put(key, data, create_only)
+
+    try:
+        store = Racing(f"{root}/store") if rank == 0 else LocalStore(f"{root}/store")
+        ck = _ck(store, sharded=True, commit_timeout_s=30, retries=1, retry_backoff_s=0.01)
+        mine = torch.full((1000,), float(rank))
+        with pytest.warns(RuntimeWarning, match="NOT saved"):
+            ck.save({"v": mine, "step": 1})
+            try:
+                ck.wait()
+            except CheckpointSaveError as e:
+                out["failed"] = str(e)
+        dist.barrier()
+        info = ck.save({"v": mine + 1, "step": 2}, block=True).result()
+        dist.barrier()
+        got = _ck(f"{root}/store", sharded=True).restore()
+        out.update(id=info.id if info else None, ok=bool(torch.equal(got["v"], mine + 1)), step=got["step"])
+    finally:
+        Path(f"{root}/result-{rank}.json").write_text(json.dumps(out))
+        dist.destroy_process_group()
+
+
+def test_a_sharded_save_whose_place_was_taken_fails_on_every_rank_and_the_next_goes_after(
+    tmp_path: Path,
+) -> None:
+    """The ranks above 0 wait for the manifest under the agreed id, so a sharded commit cannot move: it fails
+    on every rank, and the next save proposes a place after the store's highest."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_sharded_rank, args=(2, str(tmp_path)), nprocs=2, join=True)
+    res = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
+    for r in res:
+        assert "another writer took its place" in r["failed"] or "rank 0 failed" in r["failed"], res
+        assert r["ok"] and r["step"] == 2, res
+    assert res[0]["id"] == res[1]["id"] == "c0000000001", res  # after the other writer's c0000000000
