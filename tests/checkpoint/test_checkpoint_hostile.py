@@ -266,6 +266,27 @@ def test_a_delta_chain_that_loops_or_runs_too_deep_is_refused() -> None:
 _LEAF = {"kind": "tensor", "dtype": "float32", "shape": [2], "nbytes": 8}
 
 
+@pytest.mark.parametrize(
+    "leaf",
+    [
+        {"nbytes": "8", "chunks": []},
+        {"nbytes": TB, "chunks": [{"len": TB}]},
+        {"nbytes": 8, "chunks": [{"len": 4}]},
+        {"nbytes": 8, "chunks": None},
+        {"nbytes": 8, "chunks": [{"len": 8.0}]},
+    ],
+)
+def test_the_decoder_checks_the_sizes_it_allocates_by_itself(leaf: dict[str, Any]) -> None:
+    """A shard put together after reading (e.g. with a rank's own section) is checked again, cheaply, where it
+    is decoded: the sizes it allocates by."""
+    with pytest.raises(IntegrityError, match="tensor 'x' of checkpoint c1 has sizes that are not a writer's"):
+        validate.check_restore({"id": "c1"}, {"leaves": {"x": {**_LEAF, **leaf}}})
+    validate.check_restore(
+        {"id": "c1"},
+        {"leaves": {"x": {**_LEAF, "chunks": [{"len": 8}]}, "e": {**_LEAF, "nbytes": 0, "chunks": []}}},
+    )
+
+
 # --------------------------------------------------------------------------- frames that disagree with the manifest
 def _replace_frame(root: Path, ckpt_id: str, frame: bytes) -> None:
     """Store ``frame`` as a new object and point tensor ``w``'s chunk 0 at it as a full frame, with a consistent
