@@ -134,9 +134,11 @@ class Inspector:
     def latest(self) -> CheckpointInfo | None:
         """The newest commit, or None if the store is empty."""
         try:
-            return CheckpointInfo.from_manifest(self.newest(None))
+            info = CheckpointInfo.from_manifest(self.newest(None))
         except NoCheckpointError:
             return None
+        info.branch = "live"  # (the newest commit heads the live branch)
+        return info
 
     def resolve(self, ckpt_id: str | None, step: int | None) -> dict[str, Any]:
         """The manifest of a checkpoint given by id (or a unique prefix of one, or ``"latest"``) or by step."""
