@@ -10,7 +10,18 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cloud import CloudLauncher, active_states
 from gpu_notebook.cluster import Cluster, get_manager, rank_env, worker_setup
-from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local, parse_size
+from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local
+from gpu_notebook.magics._args import (
+    budget_usd,
+    count,
+    idle_minutes,
+    k8s_namespace,
+    name,
+    number,
+    path,
+    size,
+    text,
+)
 from gpu_notebook.magics._common import (
     MagicError,
     Option,
@@ -21,19 +32,48 @@ from gpu_notebook.magics._common import (
     reported,
     show,
     shown_short,
+    subcommands,
+    usage_error,
     usage_errors,
 )
 
+#: the most workers a notebook's cluster may have (more is a typo: 100000 workers is $50,000 an hour)
+MAX_WORKERS = 1024
+#: the smallest message the all-reduce benchmark times (nccl-tests' default -b 8)
+MIN_BENCH_BYTES = 8
+
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench", "env"]
 
-NAME = option("--name", help="start: the cluster's name (default local, local-2, ...); other commands: NAME")
+NAME = option(
+    "--name",
+    type=name("cluster name"),
+    help="start: the cluster's name (default local, local-2, ...); other commands: NAME",
+)
 #: what a new cluster looks like (local, or connected to an existing Ray at --address)
 START_ARGS = (
-    option("--workers", "-n", type=int, help="start: number of workers (default: one per GPU, else 2)"),
-    option("--cpus-per-worker", type=float, help="start: CPUs per worker; fractions allowed (e.g. 0.5)"),
-    option("--gpus-per-worker", type=float, help="start: GPUs per worker (default 1 with GPUs, else 0)"),
+    option(
+        "--workers",
+        "-n",
+        type=count("workers", maximum=MAX_WORKERS),
+        metavar="N",
+        help="start: number of workers (default: one per GPU, else 2)",
+    ),
+    option(
+        "--cpus-per-worker",
+        type=number("CPUs", maximum=1024),
+        metavar="CPUS",
+        help="start: CPUs per worker; fractions allowed (e.g. 0.5)",
+    ),
+    option(
+        "--gpus-per-worker",
+        type=number("GPUs", maximum=64, allow_minimum=True),
+        metavar="GPUS",
+        help="start: GPUs per worker (default 1 with GPUs, else 0); local or --address clusters "
+        "(--cloud: --gpu TYPE:COUNT)",
+    ),
     option(
         "--address",
+        type=text("an address: auto, host:port or ray://host:port"),
         help="start: connect to an existing Ray cluster: auto, host:port or ray://host:port "
         "(default: RAY_ADDRESS when set, else a local Ray; local: always a local Ray)",
     ),
@@ -51,19 +91,34 @@ START_ARGS = (
 )
 #: what the workers start with (Ray's runtime_env, fixed when they start); values of --env are never shown
 ENV_ARGS = (
-    option("--working-dir", metavar="DIR", help="start: the workers run in a copy of DIR (on every node)"),
     option(
-        "--pip", nargs="+", action="extend", metavar="PKG", help="start: pip packages the workers install"
+        "--working-dir",
+        type=path("directory"),
+        metavar="DIR",
+        help="start: the workers run in a copy of DIR (on every node)",
+    ),
+    option(
+        "--pip",
+        nargs="+",
+        action="extend",
+        type=text("a pip requirement such as torch==2.3"),
+        metavar="PKG",
+        help="start: pip packages the workers install",
     ),
     option(
         "--env",
         action="append",
+        type=text("KEY or KEY=VALUE"),
         metavar="KEY[=VALUE]",
         help="start: a variable for the workers; KEY alone takes the kernel's value (keeps secrets out of "
         "the notebook); values are never shown",
     ),
     option(
-        "--env-file", action="append", metavar="FILE", help="start: KEY=VALUE lines for the workers (.env)"
+        "--env-file",
+        action="append",
+        type=path("file"),
+        metavar="FILE",
+        help="start: KEY=VALUE lines for the workers (.env)",
     ),
 )
 #: a cluster launched on cloud GPUs (each needs --cloud)
@@ -73,18 +128,33 @@ CLOUD_ARGS = (
         choices=["aws", "gcp", "azure", "kubernetes"],
         help="start: launch cloud GPUs (Ray's cluster launcher)",
     ),
-    option("--region", help="start --cloud: region, e.g. us-east-1"),
-    option("--gpu", help="start --cloud: GPU type and count per node, e.g. A100:8"),
     option(
-        "--instance-type", help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge"
+        "--region",
+        type=text("a region such as us-east-1"),
+        help="start --cloud aws|gcp|azure: region, e.g. us-east-1",
+    ),
+    option(
+        "--gpu",
+        type=text("a GPU type and count such as A100:8"),
+        help="start --cloud: GPU type and count per node, e.g. A100:8",
+    ),
+    option(
+        "--instance-type",
+        type=text("an instance type such as p4d.24xlarge"),
+        help="start --cloud: an exact instance type instead of --gpu, e.g. p4d.24xlarge",
     ),
     option(
         "--spot", action="store_true", help="start --cloud: spot/preemptible instances (checkpoint often)"
     ),
     option("--dry-run", action="store_true", help="start --cloud: print the config and cost; launch nothing"),
-    option("--max-workers", type=int, help="start --cloud: autoscaling limit of worker nodes"),
-    option("--project", help="start --cloud gcp: the GCP project"),
-    option("--namespace", help="start --cloud kubernetes: the namespace"),
+    option(
+        "--max-workers",
+        type=count("worker nodes", maximum=MAX_WORKERS),
+        metavar="N",
+        help="start --cloud: autoscaling limit of worker nodes (at least --workers)",
+    ),
+    option("--project", type=text("a GCP project id"), help="start --cloud gcp: the GCP project"),
+    option("--namespace", type=k8s_namespace(), help="start --cloud kubernetes: the namespace"),
     option(
         "--no-tunnel", action="store_true", help="start --cloud: connect to the head directly, not via SSH"
     ),
@@ -93,30 +163,54 @@ CLOUD_ARGS = (
 POLICY_ARGS = (
     option(
         "--idle-stop",
-        type=float,
+        type=idle_minutes(),
         metavar="MINUTES",
         help="start: stop the cluster after this many idle minutes",
     ),
     option(
         "--budget",
-        type=float,
+        type=budget_usd(),
         metavar="USD",
         help="start: warn at 80%%, checkpoint and stop at 100%% of this",
     ),
 )
 ALLREDUCE_ARGS = (
-    option("--max-bytes", default="128M", help="bench allreduce: largest message (default 128M)"),
-    option("--iters", type=int, default=20, help="bench allreduce: timed iterations per size (default 20)"),
+    option(
+        "--max-bytes",
+        type=size(minimum=MIN_BENCH_BYTES),
+        default=128 * 2**20,
+        metavar="SIZE",
+        help="bench allreduce: largest message, e.g. 64M (default 128M; at least 8 bytes)",
+    ),
+    option(
+        "--iters",
+        type=count("iterations", maximum=100_000),
+        metavar="N",
+        default=20,
+        help="bench allreduce: timed iterations per size (default 20)",
+    ),
 )
 SCALING_ARGS = (
-    option("--steps", type=int, default=30, help="bench scaling: training steps per size (default 30)"),
+    option(
+        "--steps",
+        type=count("steps", maximum=100_000),
+        metavar="N",
+        default=30,
+        help="bench scaling: training steps per size (default 30)",
+    ),
 )
 LOCAL = option(
     "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
 )
 LOGS_ARGS = (
-    option("--rank", type=int, help="logs: only this rank"),
-    option("--tail", type=int, default=50, help="logs: lines per rank (default 50)"),
+    option("--rank", type=count("rank", minimum=0, maximum=MAX_WORKERS), help="logs: only this rank"),
+    option(
+        "--tail",
+        type=count("lines", maximum=1_000_000),
+        metavar="LINES",
+        default=50,
+        help="logs: lines per rank (default 50)",
+    ),
 )
 ALL = option("--all", action="store_true", help="stop: every cluster of this kernel")
 
@@ -148,6 +242,14 @@ EVERY_OPTION = (
     ALL,
 )
 
+#: what each subcommand takes after its name, for its usage line
+POSITIONALS = {
+    "scale": "N",
+    "use": "NAME",
+    "bench": "{allreduce,scaling}",
+    **{c: "[NAME]" for c in ("status", "stop", "logs", "restart", "doctor", "env")},
+}
+
 # the option groups as decorators, in the order %gpu_cluster? lists them
 name_arg = options(NAME)
 start_args = options(*START_ARGS)
@@ -170,7 +272,7 @@ class ClusterMagics(Magics):
     """The ``%gpu_cluster`` magic."""
 
     @magic_arguments()
-    @argument("command", choices=COMMANDS, help="what to do")
+    @argument("command", nargs="?", choices=COMMANDS, help="what to do")
     @argument(
         "args",
         nargs="*",
@@ -186,6 +288,7 @@ class ClusterMagics(Magics):
     @doctor_args
     @logs_args
     @stop_args
+    @subcommands(OPTIONS, POSITIONALS)
     @line_magic
     def gpu_cluster(self, line: str) -> Any:
         """Start, inspect, resize and stop the Ray cluster that runs %%distributed cells.
@@ -207,9 +310,11 @@ class ClusterMagics(Magics):
         In [13]: %gpu_cluster stop
         """
         args = parse(self.gpu_cluster, line)
+        if args.command is None:
+            raise usage_error(self.gpu_cluster, "%gpu_cluster needs a command, e.g. %gpu_cluster start")
         handler = getattr(self, f"_cmd_{args.command}")
         try:
-            with reported(self.gpu_cluster, strip_quotes=True):
+            with reported(self.gpu_cluster, strip_quotes=True, command=args.command):
                 self._check_options(args)
                 return handler(args)
         except KeyboardInterrupt:
@@ -242,16 +347,29 @@ class ClusterMagics(Magics):
             if not args.args:
                 args.args = [args.name]
 
+    def _check_cloud_options(self, args: Any) -> None:
+        """What a cloud would silently ignore is refused instead."""
+        if args.gpus_per_worker is not None:
+            raise UsageError(
+                "--gpus-per-worker is for local and --address clusters; on a cloud, say the GPUs per node "
+                "with --gpu TYPE:COUNT (e.g. --gpu A100:8) or --instance-type"
+            )
+        if args.cloud == "kubernetes" and args.region is not None:
+            raise UsageError(
+                "--region does not apply to --cloud kubernetes (the cluster is where kubectl's context "
+                "points); use --namespace"
+            )
+        if args.cloud != "kubernetes" and args.namespace is not None:
+            raise UsageError("--namespace applies to --cloud kubernetes only")
+        if args.cloud != "gcp" and args.project is not None:
+            raise UsageError("--project applies to --cloud gcp only")
+
     def _no_extra(self, args: Any) -> None:
         if args.args:
             raise UsageError(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
 
     def _cmd_start(self, args: Any) -> None:
         self._no_extra(args)
-        if args.budget is not None and args.budget <= 0:
-            raise UsageError("--budget must be a positive amount of US dollars")
-        if args.idle_stop is not None and args.idle_stop <= 0:
-            raise UsageError("--idle-stop must be a positive number of minutes")
         cloud_only = [o for o in CLOUD_ARGS if o.dest != "cloud" and getattr(args, o.dest)]
         if cloud_only and not args.cloud:
             raise UsageError(f"{cloud_only[0].flag} needs --cloud aws|gcp|azure|kubernetes")
@@ -261,6 +379,7 @@ class ClusterMagics(Magics):
                 raise UsageError(
                     "--cloud launches a new cluster; --address connects to an existing one: pick one"
                 )
+            self._check_cloud_options(args)
             extra.update(
                 cloud=args.cloud,
                 region=args.region,
@@ -360,19 +479,9 @@ class ClusterMagics(Magics):
         self._refuse_options(
             args, {"allreduce": SCALING_ARGS, "scaling": ALLREDUCE_ARGS}[kind], f"bench {kind}"
         )
-        max_bytes = 0
-        if kind == "allreduce":
-            try:
-                max_bytes = parse_size(args.max_bytes)
-            except ValueError as exc:
-                raise UsageError(f"--max-bytes: {exc}") from None
-            if args.iters < 1:
-                raise UsageError("--iters must be at least 1")
-        elif args.steps < 1:
-            raise UsageError("--steps must be at least 1")
         cluster = get_manager().require_current()
         if kind == "allreduce":
-            show(bench_allreduce(cluster, max_bytes=max_bytes, iters=args.iters))
+            show(bench_allreduce(cluster, max_bytes=args.max_bytes, iters=args.iters))
         else:
             show(bench_scaling(cluster, steps=args.steps))
 

@@ -13,18 +13,20 @@ does this around a magic's body.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument, parse_argstring
+from IPython.core.magic_arguments import argument
 
 from gpu_notebook.errors import GpuNotebookError
+from gpu_notebook.magics._args import split
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,19 +63,79 @@ class MissingExtra(MagicError, ImportError):
 
 
 def parse(magic_func: Callable[..., Any], line: str) -> Any:
-    """Parse a magic's arguments; a mistake raises a :class:`UsageError` whose message ends with the usage."""
+    """Parse a magic's arguments: the line is split as a shell splits it (quotes removed, see
+    :func:`~gpu_notebook.magics._args.split`), each option's value checked by its type (see
+    :mod:`~gpu_notebook.magics._args`). A mistake raises a :class:`UsageError` that names the option and the value
+    and ends with the usage of the subcommand typed."""
     try:
-        return parse_argstring(magic_func, line)
+        argv = split(line)
+    except UsageError as exc:
+        raise usage_error(magic_func, str(exc)) from None
+    try:
+        return magic_func.parser.parse_args(argv)  # type: ignore[attr-defined]  # set by @magic_arguments
     except (UsageError, SystemExit) as exc:
-        msg = str(exc) if isinstance(exc, UsageError) else "bad arguments"
-        raise usage_error(magic_func, msg) from None
+        msg = _option_named(str(exc)) if isinstance(exc, UsageError) else "bad arguments"
+        raise usage_error(magic_func, msg, _typed_command(magic_func, argv)) from None
 
 
-def usage_error(magic_func: Callable[..., Any], msg: str) -> UsageError:
-    """A :class:`UsageError` (that exact class: IPython prints its subclasses with a traceback) whose message is
-    ``msg``, the magic's usage line and where its help is."""
+_ARGUMENT_RE = re.compile(r"^argument ([^:]+): ")
+
+
+def _option_named(msg: str) -> str:
+    """argparse's ``argument --workers/-n: ...`` as ``--workers: ...`` (the option as the usage spells it)."""
+    m = _ARGUMENT_RE.match(msg)
+    if m is None:
+        return msg
+    flag = max(m.group(1).split("/"), key=len)
+    rest = msg[m.end() :]
+    if flag in ("command", "args"):
+        return rest
+    return f"{flag}: {rest}"
+
+
+def _typed_command(magic_func: Callable[..., Any], argv: list[str]) -> str | None:
+    """The subcommand the user typed (the first word that is one), or None."""
+    table = getattr(magic_func, "subcommand_options", None) or {}
+    return next((a for a in argv if not a.startswith("-") and a in table), None)
+
+
+def subcommands(
+    table: Mapping[str, Sequence[Option]], positionals: Mapping[str, str] | None = None
+) -> Callable[[F], F]:
+    """Declare which options each subcommand of a magic takes, so a usage error shows only the usage of the
+    subcommand typed (``positionals``: what follows the subcommand, e.g. ``{"scale": "N"}``)."""
+
+    def mark(func: F) -> F:
+        func.subcommand_options = dict(table)  # type: ignore[attr-defined]
+        func.subcommand_positionals = dict(positionals or {})  # type: ignore[attr-defined]
+        return func
+
+    return mark
+
+
+def _usage_of(magic_func: Callable[..., Any], command: str | None) -> str:
     parser = magic_func.parser  # type: ignore[attr-defined]  # set by @magic_arguments
-    exc = UsageError(f"{msg}\n\n{parser.format_usage()}Try {help_name(magic_func)}? for help.")
+    table = getattr(magic_func, "subcommand_options", None) or {}
+    if command is None or command not in table:
+        if table:
+            return f"usage: %{parser.prog} COMMAND [options]; COMMAND is one of {', '.join(table)}\n"
+        # IPython's help formatter writes "::" and "%name" (a cell magic's name with one %)
+        usage = str(parser.format_usage()).strip().removeprefix("::").strip()
+        usage = usage.replace(f"%{parser.prog}", help_name(magic_func), 1)
+        return f"usage: {usage}\n"
+    words = [f"%{parser.prog}", command]
+    pos = magic_func.subcommand_positionals.get(command)  # type: ignore[attr-defined]
+    if pos:
+        words.append(pos)
+    words += [f"[{o.usage}]" for o in table[command]]
+    return "usage: " + " ".join(words) + "\n"
+
+
+def usage_error(magic_func: Callable[..., Any], msg: str, command: str | None = None) -> UsageError:
+    """A :class:`UsageError` (that exact class: IPython prints its subclasses with a traceback) whose message is
+    ``msg``, the usage of the magic's subcommand ``command`` (of the whole magic without one) and where its help
+    is."""
+    exc = UsageError(f"{msg}\n\n{_usage_of(magic_func, command)}Try {help_name(magic_func)}? for help.")
     exc.with_usage = True  # type: ignore[attr-defined]  # reported() leaves it as it is
     return exc
 
@@ -130,12 +192,18 @@ class reported:
     magic_func
         The magic, for its usage line.
     strip_quotes
-        Strip quotes around the message (a ``KeyError``'s text is quoted).
+        Show a ``KeyError`` of ours by its message (its ``str()`` is the message quoted); other messages are
+        shown as they are, quotes included (``bad rank selection 'abc'``).
+    command
+        The subcommand being run: a usage error shows its usage.
     """
 
-    def __init__(self, magic_func: Callable[..., Any], strip_quotes: bool = False) -> None:
+    def __init__(
+        self, magic_func: Callable[..., Any], strip_quotes: bool = False, command: str | None = None
+    ) -> None:
         self.magic_func = magic_func
         self.strip_quotes = strip_quotes
+        self.command = command
 
     def __enter__(self) -> reported:
         return self
@@ -148,12 +216,12 @@ class reported:
         if isinstance(exc, UsageError):
             if type(exc) is UsageError and getattr(exc, "with_usage", False):
                 return False
-            raise usage_error(self.magic_func, str(exc)) from None
+            raise usage_error(self.magic_func, str(exc), self.command) from None
         if hasattr(exc, "_render_traceback_"):
             return False  # an error with its own display (DistributedError's per-rank report) keeps it
         if isinstance(exc, GpuNotebookError):
-            msg = str(exc)
-            shown_short(exc, msg.strip("'\"") if self.strip_quotes else msg)
+            quoted = self.strip_quotes and isinstance(exc, KeyError) and len(exc.args) == 1
+            shown_short(exc, str(exc.args[0]) if quoted else str(exc))
             return False
         if isinstance(exc, ImportError):
             missing = missing_extra(exc)
@@ -194,6 +262,19 @@ class Option:
         return max(self.flags, key=len)
 
     @property
+    def usage(self) -> str:
+        """How the usage line shows it: ``--workers WORKERS``, ``--spot``, ``--backend {auto,gloo,nccl}``."""
+        if self.kwargs.get("action") in ("store_true", "store_false"):
+            return self.flag
+        if "choices" in self.kwargs:
+            value = "{" + ",".join(str(c) for c in self.kwargs["choices"]) + "}"
+        else:
+            value = str(self.kwargs.get("metavar") or self.dest.upper())
+        if self.kwargs.get("nargs") == "+":
+            value = f"{value} [{value} ...]"
+        return f"{self.flag} {value}"
+
+    @property
     def default(self) -> Any:
         """The value when the option is not given."""
         if "default" in self.kwargs:
@@ -215,6 +296,16 @@ def options(*opts: Option) -> Callable[[F], F]:
         return func
 
     return add
+
+
+def refuse_others(args: Any, table: Mapping[str, Sequence[Option]], command: str) -> None:
+    """A usage error for the first option given that ``command`` does not take (per ``table``): an option
+    is never silently ignored (``stop --budget 5`` must not look as if it did something)."""
+    mine = {o.dest for o in table[command]}
+    for opts in table.values():
+        for o in opts:
+            if o.dest not in mine and getattr(args, o.dest, o.default) != o.default:
+                raise UsageError(f"{o.flag} does not apply to {command}")
 
 
 def progress_printer() -> Callable[[str], None]:
@@ -261,9 +352,11 @@ __all__ = [
     "parse",
     "print_usage",
     "progress_printer",
+    "refuse_others",
     "reported",
     "show",
     "shown_short",
+    "subcommands",
     "usage_error",
     "usage_errors",
 ]

@@ -13,10 +13,57 @@ from IPython.display import HTML, display
 from gpu_notebook.catalog import get_catalog
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.cost import attach_policies, cost_meter_for, describe, watcher_for
-from gpu_notebook.magics._common import MagicError, parse, reported, usage_errors
+from gpu_notebook.magics._args import budget_usd, duration, idle_minutes, text
+from gpu_notebook.magics._common import (
+    MagicError,
+    Option,
+    option,
+    options,
+    parse,
+    refuse_others,
+    reported,
+    subcommands,
+    usage_errors,
+)
 from gpu_notebook.widgets import cost_view
 
 COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
+
+BUDGET = option(
+    "--budget",
+    type=budget_usd(),
+    metavar="USD",
+    help="policies: stop the workers when the estimate reaches USD",
+)
+IDLE_STOP = option(
+    "--idle-stop",
+    type=idle_minutes(),
+    metavar="MINUTES",
+    help="policies: stop the workers after MINUTES idle",
+)
+REFRESH = option(
+    "--refresh",
+    type=duration(maximum=3600),
+    default=2.0,
+    metavar="SECONDS",
+    help="show: seconds between updates (default 2)",
+)
+TEXT = option("--text", action="store_true", help="show: print the numbers once instead of a live view")
+CLOUD = option("--cloud", type=text("a cloud: aws, gcp or azure"), help="catalog/refresh: aws, gcp or azure")
+GPU = option("--gpu", type=text("a GPU type such as A100"), help="catalog: GPU type, e.g. A100 or A100-80GB")
+REGION = option(
+    "--region", type=text("a region such as us-east-1"), help="catalog/refresh: region, e.g. us-east-1"
+)
+EVERY_OPTION = (BUDGET, IDLE_STOP, REFRESH, TEXT, CLOUD, GPU, REGION)
+#: the options each subcommand takes; any other one given is a usage error, never ignored
+OPTIONS: dict[str, tuple[Option, ...]] = {
+    "show": (REFRESH, TEXT),
+    "status": (),
+    "policies": (BUDGET, IDLE_STOP),
+    "catalog": (CLOUD, GPU, REGION),
+    "refresh": (CLOUD, REGION),
+    "stop": (),
+}
 
 
 @magics_class
@@ -29,17 +76,8 @@ class CostMagics(Magics):
 
     @magic_arguments()
     @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
-    @argument(
-        "--budget", type=float, metavar="USD", help="policies: stop the workers when the estimate reaches USD"
-    )
-    @argument(
-        "--idle-stop", type=float, metavar="MINUTES", help="policies: stop the workers after MINUTES idle"
-    )
-    @argument("--refresh", type=float, default=2.0, help="show: seconds between updates (default 2)")
-    @argument("--text", action="store_true", help="show: print the numbers once instead of a live view")
-    @argument("--cloud", help="catalog/refresh: aws, gcp or azure")
-    @argument("--gpu", help="catalog: GPU type, e.g. A100 or A100-80GB")
-    @argument("--region", help="catalog/refresh: region, e.g. us-east-1")
+    @options(*EVERY_OPTION)
+    @subcommands(OPTIONS)
     @line_magic
     def gpu_cost(self, line: str) -> Any:
         """Live cost of the current cluster: $/hour now, $ so far, next hour, on-demand vs spot vs reserved.
@@ -56,7 +94,8 @@ class CostMagics(Magics):
         In [6]: %gpu_cost stop
         """
         args = parse(self.gpu_cost, line)
-        with reported(self.gpu_cost):
+        with reported(self.gpu_cost, command=args.command):
+            refuse_others(args, OPTIONS, args.command)
             try:
                 return getattr(self, f"_cmd_{args.command}")(args)
             except OSError as exc:  # refresh: the price APIs' network, the catalog cache's files

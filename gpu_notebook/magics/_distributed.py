@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.distributed import format_ranks, parse_ranks
-from gpu_notebook.doctor import parse_size
+from gpu_notebook.magics._args import count, duration, identifier, name, rank_list, size
 from gpu_notebook.magics._common import (
     MagicError,
     option,
@@ -21,6 +21,20 @@ from gpu_notebook.magics._common import (
     reported,
     usage_errors,
 )
+
+
+class CellSyntaxError(MagicError):
+    """A ``%%distributed`` cell that is not Python: shown as IPython shows a SyntaxError (no frames)."""
+
+
+def cell_syntax_error(exc: SyntaxError) -> CellSyntaxError:
+    """``exc`` as a :class:`CellSyntaxError` showing the line and the caret, as IPython shows a cell's."""
+    import traceback
+
+    text = "".join(traceback.format_exception_only(SyntaxError, exc)).rstrip("\n").splitlines()
+    err = CellSyntaxError(text[-1] if text else str(exc))
+    err._render_traceback_ = lambda: list(text)  # type: ignore[attr-defined]
+    return err
 
 
 def target_cluster(args: Any) -> Any:
@@ -102,19 +116,25 @@ def _push_hint(failures: Any, ns: dict[str, Any]) -> str:
     )
 
 
-def _result_size(text: str) -> int:
-    """``--max-result``: ``256M``, ``2G``, ``65536``; ``0`` (or ``none``) for no limit."""
-    if text.strip().lower() in ("0", "none", "unlimited"):
-        return 0
-    return parse_size(text)
-
-
 #: where and how code runs on the ranks: the options %%distributed and %gpu_run share
 RANK_ARGS = (
-    option("--workers", "-w", default="all", help="ranks to run on: all, 0,2 or 0-3 (default all)"),
-    option("--timeout", "-t", type=float, help="seconds before the running ranks are interrupted"),
+    option(
+        "--workers",
+        "-w",
+        type=rank_list(),
+        default="all",
+        metavar="RANKS",
+        help="ranks to run on: all, 0,2 or 0-3 (default all)",
+    ),
+    option(
+        "--timeout",
+        "-t",
+        type=duration(zero_is_no_limit=True),
+        metavar="SECONDS",
+        help="seconds before the running ranks are interrupted (default and 0: no limit)",
+    ),
     option("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank"),
-    option("--cluster", help="run on this cluster instead of the current one"),
+    option("--cluster", type=name("cluster name"), help="run on this cluster instead of the current one"),
 )
 rank_args = options(*RANK_ARGS)
 
@@ -131,11 +151,15 @@ class DistributedMagics(Magics):
     @magic_arguments()
     @rank_args
     @argument(
-        "-o", "--out", help="store the per-rank values of the last expression in this notebook variable"
+        "-o",
+        "--out",
+        type=identifier(),
+        metavar="NAME",
+        help="store the per-rank values of the last expression in this notebook variable",
     )
     @argument(
         "--max-result",
-        type=_result_size,
+        type=size(zero_is_no_limit=True),
         metavar="SIZE",
         help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)",
     )
@@ -161,8 +185,25 @@ class DistributedMagics(Magics):
         """
         args = parse(self.distributed, line)
         with reported(self.distributed):
+            self._check_syntax(cell)
             self._run(args, line, cell)
         return None
+
+    def _check_syntax(self, cell: str) -> None:
+        """A cell that is not Python fails here, as IPython shows a SyntaxError, before any rank runs it.
+
+        The cell is turned into plain Python as the ranks turn it (``!ls``, ``%time``), and parsed with a line
+        before it for the ``%%distributed`` line, so line numbers are the notebook cell's.
+        """
+        import ast
+
+        assert self.shell is not None
+        count = getattr(self.shell, "execution_count", None)
+        filename = f"<cell In[{count}]>" if count is not None else "<cell>"
+        try:
+            ast.parse("\n" + self.shell.transform_cell(cell), filename, "exec")
+        except SyntaxError as exc:
+            raise cell_syntax_error(exc) from None
 
     def _run(self, args: Any, line: str, cell: str) -> None:
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
@@ -193,8 +234,15 @@ class DistributedMagics(Magics):
         conclude(result, cluster.world_size)
 
     @magic_arguments()
-    @argument("names", nargs="+", help="notebook variables to send to every worker")
-    @argument("--workers", "-w", default="all", help="ranks to send to (default all)")
+    @argument("names", nargs="+", type=identifier(), help="notebook variables to send to every worker")
+    @argument(
+        "--workers",
+        "-w",
+        type=rank_list(),
+        default="all",
+        metavar="RANKS",
+        help="ranks to send to (default all)",
+    )
     @line_magic
     def gpu_push(self, line: str) -> None:
         """Send notebook variables to the workers' namespaces.
@@ -221,10 +269,20 @@ class DistributedMagics(Magics):
         return None
 
     @magic_arguments()
-    @argument("name", help="the worker variable to bring back")
-    @argument("--rank", "-r", type=int, default=0, help="from this rank (default 0)")
+    @argument("name", type=identifier(), help="the worker variable to bring back")
     @argument(
-        "--as", dest="as_name", help="store it in the notebook under this name (default: the same name)"
+        "--rank",
+        "-r",
+        type=count("rank", minimum=0, maximum=1024),
+        default=0,
+        help="from this rank (default 0)",
+    )
+    @argument(
+        "--as",
+        dest="as_name",
+        type=identifier(),
+        metavar="NAME",
+        help="store it in the notebook under this name (default: the same name)",
     )
     @argument(
         "--device",

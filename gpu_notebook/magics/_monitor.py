@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-import math
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -11,33 +9,74 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import HTML, display
 from traitlets import Float
 
-from gpu_notebook.magics._common import MagicError, parse, reported
+from gpu_notebook.magics._args import duration, path, percent, tcp_port, text
+from gpu_notebook.magics._common import (
+    MagicError,
+    Option,
+    option,
+    options,
+    parse,
+    refuse_others,
+    reported,
+    subcommands,
+)
 from gpu_notebook.monitor import monitor_for, running_monitor
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
 
-def _checked(cast: Any, ok: Any, bad_value: str, not_a: str = "not a number") -> Any:
-    """An argparse ``type=``: ``cast(text)``, refused with the usage (not a traceback) unless ``ok(value)``."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{not_a}: {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{bad_value}, not {text!r}")
-        return value
-
-    return parse
-
-
-#: a finite number of seconds > 0; a percentage from 0 to 100; a TCP port, 0 (any free one) to 65535
-positive_seconds = _checked(
-    float, lambda v: math.isfinite(v) and v > 0, "must be a positive number of seconds"
+LOCAL = option("--local", action="store_true", help="watch only this machine, even when a cluster is running")
+INTERVAL = option(
+    "--interval",
+    type=duration(maximum=3600),
+    metavar="SECONDS",
+    help="sampling period on each node, seconds (default 0.5)",
 )
-percent = _checked(float, lambda v: 0 <= v <= 100, "must be a percentage from 0 to 100")
-tcp_port = _checked(int, lambda v: 0 <= v <= 65535, "a TCP port is 0 to 65535", "not a port number")
+REFRESH = option(
+    "--refresh",
+    type=duration(maximum=3600),
+    metavar="SECONDS",
+    help="show: dashboard refresh period (default 1)",
+)
+WINDOW = option(
+    "--window",
+    type=duration(),
+    metavar="SECONDS",
+    help="show: seconds of history on the charts (default 300)",
+)
+ADVICE_WINDOW = option(
+    "--advice-window",
+    type=duration(),
+    metavar="SECONDS",
+    help="seconds a GPU must stay under the threshold (default 300)",
+)
+THRESHOLD = option(
+    "--threshold",
+    type=percent(),
+    metavar="PERCENT",
+    help="utilisation %% below which a GPU is under-used (default 70)",
+)
+PORT = option("--port", type=tcp_port(), default=0, help="prometheus: TCP port (default: a free one)")
+HOST = option(
+    "--host",
+    type=text("an address to bind such as 127.0.0.1 or 0.0.0.0"),
+    default="127.0.0.1",
+    help="prometheus: address to bind (default 127.0.0.1)",
+)
+PATH = option("--path", type=path("file"), help="csv: write to this file instead of printing")
+EVERY_OPTION = (LOCAL, INTERVAL, REFRESH, WINDOW, ADVICE_WINDOW, THRESHOLD, PORT, HOST, PATH)
+#: the options each subcommand takes (the sampling ones start a monitor, so every command that may start one
+#: takes them); any other option given is a usage error, never ignored
+SAMPLING = (LOCAL, INTERVAL, ADVICE_WINDOW, THRESHOLD)
+OPTIONS: dict[str, tuple[Option, ...]] = {
+    "show": (*SAMPLING, REFRESH, WINDOW),
+    "stop": (LOCAL,),
+    "status": (LOCAL,),
+    "snapshot": SAMPLING,
+    "advice": SAMPLING,
+    "csv": (*SAMPLING, PATH),
+    "prometheus": (*SAMPLING, PORT, HOST),
+}
 
 
 @magics_class
@@ -59,19 +98,8 @@ class MonitorMagics(Magics):
 
     @magic_arguments()
     @argument("command", nargs="?", default="show", choices=COMMANDS, help="what to do (default: show)")
-    @argument("--local", action="store_true", help="watch only this machine, even when a cluster is running")
-    @argument("--interval", type=positive_seconds, help="sampling period on each node, seconds (default 0.5)")
-    @argument("--refresh", type=positive_seconds, help="show: dashboard refresh period, seconds (default 1)")
-    @argument("--window", type=positive_seconds, help="show: seconds of history on the charts (default 300)")
-    @argument(
-        "--advice-window",
-        type=positive_seconds,
-        help="seconds a GPU must stay under the threshold (default 300)",
-    )
-    @argument("--threshold", type=percent, help="utilisation %% below which a GPU is under-used (default 70)")
-    @argument("--port", type=tcp_port, default=0, help="prometheus: TCP port (default: a free one)")
-    @argument("--host", default="127.0.0.1", help="prometheus: address to bind (default 127.0.0.1)")
-    @argument("--path", help="csv: write to this file instead of printing")
+    @options(*EVERY_OPTION)
+    @subcommands(OPTIONS)
     @line_magic
     def gpu_monitor(self, line: str) -> Any:
         """Live dashboard of every GPU on every node (CPU/memory/network where there is no GPU).
@@ -86,10 +114,12 @@ class MonitorMagics(Magics):
         In [6]: %gpu_monitor stop
         """
         args = parse(self.gpu_monitor, line)
+        with reported(self.gpu_monitor, command=args.command):
+            refuse_others(args, OPTIONS, args.command)
         for name in ("interval", "refresh", "window", "advice_window", "threshold"):
             if getattr(args, name) is None:
                 setattr(args, name, getattr(self, name))
-        with reported(self.gpu_monitor):
+        with reported(self.gpu_monitor, command=args.command):
             try:
                 return getattr(self, f"_cmd_{args.command}")(args)
             except OSError as exc:  # csv --path unwritable, prometheus --port taken: the machine's, not ours

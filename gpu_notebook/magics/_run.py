@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import shlex
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cluster import run_script
+from gpu_notebook.magics._args import path
 from gpu_notebook.magics._common import parse, progress_printer, reported, usage_errors
 from gpu_notebook.magics._distributed import conclude, print_buffered, rank_args, target_cluster
 
@@ -21,7 +21,11 @@ class RunMagics(Magics):
     @magic_arguments()
     @rank_args
     @argument("-m", "--module", action="store_true", help="run a module (as python -m / torchrun -m)")
-    @argument("target", help="the script file (relative to the notebook's directory), or the module with -m")
+    @argument(
+        "target",
+        type=path("script or module"),
+        help="the script file (relative to the notebook's directory), or the module with -m",
+    )
     @argument("args", nargs=argparse.REMAINDER, help="the script's own arguments (its sys.argv[1:])")
     @line_magic
     def gpu_run(self, line: str) -> None:
@@ -41,10 +45,9 @@ class RunMagics(Magics):
         """
         args = parse(self.gpu_run, line)
         with reported(self.gpu_run):
-            # IPython splits a magic's line keeping the quotes; the script gets its arguments as a shell gives them
-            with usage_errors(ValueError):  # shlex: an unclosed quote
-                script_args = shlex.split(" ".join(args.args))
-                target = " ".join(shlex.split(args.target))
+            # the line was split as a shell splits it (quotes removed): the script gets its arguments as from one
+            script_args = list(args.args)
+            target = args.target
             cluster = target_cluster(args)
             with usage_errors(ValueError):  # a bad --workers selection
                 result = run_script(

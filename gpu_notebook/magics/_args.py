@@ -1,0 +1,265 @@
+"""The typed argument parsers every magic's options use, and the shell-style splitting of a magic's line.
+
+Each parser is an argparse ``type=``: it takes the text the user typed and returns the value, or raises
+:class:`argparse.ArgumentTypeError` with a message that says what is accepted and repeats the value
+(``must be a positive number of US dollars up to 1e+06, not 'nan'``); :func:`gpu_notebook.magics._common.parse`
+turns that into a :class:`~IPython.core.error.UsageError` that names the option. So every value is checked
+before a magic does anything: ``start --budget nan`` never starts a cluster to fail afterwards.
+
+Numbers are finite (``nan`` and ``inf`` are refused everywhere) and bounded: a bound is what still makes sense
+in a notebook (a budget of ``1e308`` dollars is a typo, not a policy).
+
+A magic's line is split as a POSIX shell splits it (:func:`split`): ``"runs/my store"`` is one argument without
+its quotes, ``'a b'`` too; an unclosed quote is a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import math
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from gpu_notebook.doctor import parse_size
+
+__all__ = [
+    "ArgParser",
+    "budget_usd",
+    "count",
+    "duration",
+    "identifier",
+    "idle_minutes",
+    "k8s_namespace",
+    "name",
+    "number",
+    "path",
+    "percent",
+    "rank_list",
+    "size",
+    "split",
+    "tcp_port",
+    "text",
+]
+
+ArgParser = Callable[[str], Any]
+
+
+def split(line: str) -> list[str]:
+    """A magic's line split as a POSIX shell splits it: quotes group words and are removed.
+
+    >>> split('use "runs/my store" --path \\'a b.csv\\'')
+    ['use', 'runs/my store', '--path', 'a b.csv']
+    """
+    lex = shlex.shlex(line, posix=True)
+    lex.whitespace_split = True
+    lex.commenters = ""  # a '#' is part of a value (a URL fragment, a name), not a comment
+    try:
+        return list(lex)
+    except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
+        raise UsageError(f"{exc} in {line.strip()!r}: close the quote (or escape it with \\)") from None
+
+
+def _typed(parse: Callable[[str], Any], label: str) -> ArgParser:
+    """``parse`` as an argparse ``type=`` named ``label`` (argparse names the type in a few messages)."""
+    parse.__name__ = label
+    return parse
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}"
+
+
+def number(
+    what: str,
+    *,
+    minimum: float = 0.0,
+    maximum: float,
+    allow_minimum: bool = False,
+    integer: bool = False,
+    zero: Any = ...,
+) -> ArgParser:
+    """A finite number in ``(minimum, maximum]`` (``[minimum, maximum]`` with ``allow_minimum``).
+
+    Parameters
+    ----------
+    what
+        What the number counts, for the message: ``"US dollars"``, ``"seconds"``, ``"workers"``.
+    integer
+        Only whole numbers (``2``, not ``2.5``).
+    zero
+        When given, ``0`` is accepted and means this value (``None``: no limit).
+    """
+    kind = "whole number" if integer else "number"
+    if allow_minimum:
+        accepted = f"a {kind} of {what} from {_fmt(minimum)} to {_fmt(maximum)}"
+    elif minimum == 0:
+        accepted = f"a positive {kind} of {what} up to {_fmt(maximum)}"
+    else:
+        accepted = f"a {kind} of {what} over {_fmt(minimum)} and up to {_fmt(maximum)}"
+    if zero is not ...:
+        accepted += " (0: no limit)"
+
+    def parse(text: str) -> Any:
+        try:
+            value = int(text, 10) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}") from None
+        if zero is not ... and value == 0:
+            return zero
+        ok = math.isfinite(value) and value <= maximum
+        ok = ok and (value >= minimum if allow_minimum else value > minimum)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+        return value
+
+    return _typed(parse, what)
+
+
+def count(what: str, *, minimum: int = 1, maximum: int = 1_000_000) -> ArgParser:
+    """A whole number of ``what`` from ``minimum`` to ``maximum``."""
+    return number(what, minimum=minimum, maximum=maximum, allow_minimum=True, integer=True)
+
+
+def duration(*, maximum: float = 7 * 24 * 3600.0, zero_is_no_limit: bool = False) -> ArgParser:
+    """Seconds: finite, positive, at most a week; ``0`` means no limit when ``zero_is_no_limit``."""
+    if zero_is_no_limit:
+        return number("seconds", maximum=maximum, zero=None)
+    return number("seconds", maximum=maximum)
+
+
+def percent() -> ArgParser:
+    """A percentage from 0 to 100."""
+    return number("percent", maximum=100.0, allow_minimum=True)
+
+
+def tcp_port() -> ArgParser:
+    """A TCP port, 0 (any free one) to 65535."""
+    return number("TCP port (0: any free one)", maximum=65535, allow_minimum=True, integer=True)
+
+
+def size(*, minimum: int = 1, zero_is_no_limit: bool = False) -> ArgParser:
+    """Bytes: ``8``, ``64K``, ``128M``, ``2G`` (powers of 1024), at least ``minimum``; with
+    ``zero_is_no_limit``, ``0`` (or ``none``) is 0, meaning no limit."""
+    accepted = "a size in bytes such as 65536, 64K, 128M or 2G"
+    if minimum > 1:
+        accepted += f", at least {minimum}"
+    if zero_is_no_limit:
+        accepted += " (0 or none: no limit)"
+
+    def parse(text: str) -> int:
+        if zero_is_no_limit and text.strip().lower() in ("0", "none", "unlimited"):
+            return 0
+        try:
+            value = parse_size(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}") from None
+        if value < minimum or value > 2**50:
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+        return value
+
+    return _typed(parse, "size")
+
+
+_RANKS_RE = re.compile(r"\s*\d+(\s*-\s*\d+)?\s*(,\s*\d+(\s*-\s*\d+)?\s*)*,?\s*")
+
+
+def rank_list() -> ArgParser:
+    """A rank selection: ``all``, ``0,2``, ``0-3``, ``1,3-5``; kept as text (the cluster's size, known later,
+    decides which ranks exist)."""
+    accepted = "all, a list of ranks like 0,2, or a range like 0-3"
+
+    def parse(text: str) -> str:
+        t = text.strip()
+        if t.lower() in ("all", "*"):
+            return "all"
+        if len(t) > 1000 or not _RANKS_RE.fullmatch(t):
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+        for part in t.split(","):
+            lo, _, hi = part.partition("-")
+            if hi.strip() and int(hi) < int(lo):
+                raise argparse.ArgumentTypeError(f"a range goes up, as in 0-3, not {text!r}")
+        return t
+
+    return _typed(parse, "ranks")
+
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def name(what: str = "name") -> ArgParser:
+    """A name: 1-63 letters, digits, ``_``, ``.`` and ``-``, starting with a letter or digit."""
+    accepted = f"a {what} of 1-63 letters, digits, '_', '.' and '-', starting with a letter or digit"
+
+    def parse(text: str) -> str:
+        if not _NAME_RE.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+        return text
+
+    return _typed(parse, what)
+
+
+_K8S_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def k8s_namespace() -> ArgParser:
+    """A Kubernetes namespace: an RFC 1123 label (lowercase letters, digits and ``-``, at most 63)."""
+    accepted = (
+        "a namespace of 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    )
+
+    def parse(text: str) -> str:
+        if not _K8S_RE.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+        return text
+
+    return _typed(parse, "namespace")
+
+
+def identifier(what: str = "variable name") -> ArgParser:
+    """A Python variable name (``loss``, ``model_2``): what a notebook namespace can hold."""
+
+    def parse(text: str) -> str:
+        if not text.isidentifier() or keyword.iskeyword(text):
+            raise argparse.ArgumentTypeError(
+                f"expected a Python {what} such as loss or model_2, not {text!r}"
+            )
+        return text
+
+    return _typed(parse, what)
+
+
+def path(what: str = "path") -> ArgParser:
+    """A file or directory path: not empty, no NUL character; spaces are fine (quote them)."""
+
+    def parse(text: str) -> str:
+        if not text.strip() or "\0" in text:
+            raise argparse.ArgumentTypeError(f"expected a {what} (quote one with spaces), not {text!r}")
+        return text
+
+    return _typed(parse, what)
+
+
+def text(what: str) -> ArgParser:
+    """Any text that is not empty or blank (an address, a region, a GPU type), without control characters."""
+
+    def parse(value: str) -> str:
+        if not value.strip() or any(ord(ch) < 32 for ch in value):
+            raise argparse.ArgumentTypeError(f"expected {what}, not {value!r}")
+        return value
+
+    return _typed(parse, what)
+
+
+def budget_usd() -> ArgParser:
+    """``--budget``: US dollars, positive, at most a million (more is a typo, not a policy)."""
+    return number("US dollars", maximum=1_000_000)
+
+
+def idle_minutes() -> ArgParser:
+    """``--idle-stop``: minutes, positive, at most a year."""
+    return number("minutes", maximum=525_600)
