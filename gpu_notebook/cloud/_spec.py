@@ -243,7 +243,7 @@ class ClusterSpec:
             )
         if self.disk_gb < 20:
             raise CloudRequestError("disk_gb must be at least 20")
-        if self.idle_stop_minutes is not None and self.idle_stop_minutes <= 0:
+        if self.idle_stop_minutes is not None and not 0 < self.idle_stop_minutes < float("inf"):
             raise CloudRequestError("--idle-stop must be a positive number of minutes")
         if self.connect not in ("tunnel", "direct"):
             raise CloudRequestError(f"connect={self.connect!r}: choose 'tunnel' or 'direct'")

@@ -72,8 +72,8 @@ class BudgetPolicy:
         notify: Notify | None = None,
         checkpoint_timeout_s: float | None = DEFAULT_CHECKPOINT_TIMEOUT_S,
     ) -> None:
-        if not usd > 0:
-            raise ValueError("--budget must be a positive number of US dollars")
+        if not 0 < usd < float("inf"):  # nan and inf too
+            raise ValueError(f"--budget must be a positive number of US dollars, not {usd!r}")
         if not 0 < warn_fraction < 1:
             raise ValueError("warn_fraction is between 0 and 1")
         if checkpoint_timeout_s is not None and not checkpoint_timeout_s > 0:

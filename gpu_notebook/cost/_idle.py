@@ -137,8 +137,8 @@ class IdleStopPolicy:
         stop: Callable[[str], Any] | None = None,
         notify: Notify | None = None,
     ) -> None:
-        if not minutes > 0:
-            raise ValueError("--idle-stop must be a positive number of minutes")
+        if not 0 < minutes < math.inf:  # nan and inf too
+            raise ValueError(f"--idle-stop must be a positive number of minutes, not {minutes!r}")
         self.window_s = float(minutes) * 60.0
         self._cluster = weakref.ref(cluster) if cluster is not None else None
         self.utilisation = utilisation if utilisation is not None else default_utilisation(cluster)
