@@ -97,7 +97,7 @@ def test_disabled_extension_writes_the_same_bytes_and_says_so_once_at_the_first_
     assert (fallback["import"], fallback["created"], fallback["first_save"]) == ("0", "0", "1")
     assert fallback["restored"] == "1"
     assert msg.startswith("RuntimeWarning ")
-    assert "turned off (GPU_NOTEBOOK_NO_C_EXT=1)" in msg and "unset it" in msg
+    assert "turned off (GPU_NOTEBOOK_NO_C_EXT=1)" in msg and "Unset it" in msg
     assert "slower" in msg and "x" in msg
 
 
