@@ -41,8 +41,9 @@ __all__ = [
     "available_memory",
 ]
 
-#: the longest delta chain a reader follows (a writer's chains are ``full_every`` long, 10 by default; embedded in
-#: the manifest's JSON a chain of 1000 is also about as deep as Python's JSON reader goes)
+#: the longest delta chain a reader follows (a writer's chains are two frames, a delta on its base, or with
+#: ``delta_against="previous"`` at most ``full_every`` long; embedded in the manifest's JSON a chain of 1000 is
+#: also about as deep as Python's JSON reader goes)
 MAX_CHAIN = 1000
 #: the biggest chunk a reader decodes (writers cut tensors into ``chunk_mb`` chunks, 4 MiB by default; decoding
 #: one needs a few scratch buffers of its size)
@@ -132,7 +133,8 @@ def check_shard(shard: Any, where: str) -> None:
 
 
 def _check_leaf(name: str, lf: Any, where: str, groups: dict[str, Any] | None = None) -> None:
-    # the messages are only formatted for an error: a manifest of 10,000 tensors is checked in a few ms
+    # the messages are only formatted for an error (10,000 tensors are checked in about as long as their JSON
+    # takes to parse)
     problem = _leaf_problem(lf, groups)
     if problem is not None:
         raise IntegrityError(f"tensor {name!r} of {where} {problem}")
