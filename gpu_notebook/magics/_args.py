@@ -30,6 +30,7 @@ from gpu_notebook.doctor import parse_size
 __all__ = [
     "ArgParser",
     "budget_usd",
+    "convert",
     "count",
     "duration",
     "identifier",
@@ -62,6 +63,15 @@ def split(line: str) -> list[str]:
         return list(lex)
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
         raise UsageError(f"{exc} in {line.strip()!r}: close the quote (or escape it with \\)") from None
+
+
+def convert(parse: ArgParser, value: str, where: str) -> Any:
+    """``parse(value)`` for a value that is not an option's (``scale N``); a bad one is a usage error that
+    names ``where``."""
+    try:
+        return parse(value)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"{where}: {exc}") from None
 
 
 def _typed(parse: Callable[[str], Any], label: str) -> ArgParser:
@@ -125,11 +135,13 @@ def count(what: str, *, minimum: int = 1, maximum: int = 1_000_000) -> ArgParser
     return number(what, minimum=minimum, maximum=maximum, allow_minimum=True, integer=True)
 
 
-def duration(*, maximum: float = 7 * 24 * 3600.0, zero_is_no_limit: bool = False) -> ArgParser:
-    """Seconds: finite, positive, at most a week; ``0`` means no limit when ``zero_is_no_limit``."""
-    if zero_is_no_limit:
-        return number("seconds", maximum=maximum, zero=None)
-    return number("seconds", maximum=maximum)
+def duration(
+    *, minimum: float = 0.0, maximum: float = 7 * 24 * 3600.0, zero_is_no_limit: bool = False
+) -> ArgParser:
+    """Seconds: finite, over ``minimum`` (a period needs one: 1e-300 s would spin), at most a week; ``0``
+    means no limit when ``zero_is_no_limit``."""
+    zero = None if zero_is_no_limit else ...
+    return number("seconds", minimum=minimum, maximum=maximum, allow_minimum=minimum > 0, zero=zero)
 
 
 def percent() -> ArgParser:

@@ -10,9 +10,11 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cloud import CloudLauncher, active_states
 from gpu_notebook.cluster import Cluster, get_manager, rank_env, worker_setup
+from gpu_notebook.cluster.providers import cloud_spec
 from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local
 from gpu_notebook.magics._args import (
     budget_usd,
+    convert,
     count,
     idle_minutes,
     k8s_namespace,
@@ -406,6 +408,10 @@ class ClusterMagics(Magics):
                 worker_setup=setup,
                 **extra,
             )
+        if args.cloud:
+            cloud_spec(
+                cluster
+            )  # the cloud request's own checks (--gpu TYPE:COUNT, the name), before any launch
         if args.dry_run:
             show(cluster.plan())
             return
@@ -457,11 +463,10 @@ class ClusterMagics(Magics):
             )
 
     def _cmd_scale(self, args: Any) -> None:
-        if len(args.args) != 1 or not args.args[0].isdigit() or int(args.args[0]) < 1:
-            raise UsageError(
-                "scale takes one argument: the new number of workers (>= 1), e.g. %gpu_cluster scale 4"
-            )
-        print(get_manager().require_current().scale(int(args.args[0]), progress=progress_printer()))
+        if len(args.args) != 1:
+            raise UsageError("scale takes one argument: the new number of workers, e.g. %gpu_cluster scale 4")
+        workers = convert(count("workers", maximum=MAX_WORKERS), args.args[0], "scale N")
+        print(get_manager().require_current().scale(workers, progress=progress_printer()))
 
     def _cmd_restart(self, args: Any) -> None:
         print(self._pick(args).restart(progress=progress_printer()))

@@ -43,7 +43,7 @@ IDLE_STOP = option(
 )
 REFRESH = option(
     "--refresh",
-    type=duration(maximum=3600),
+    type=duration(minimum=0.1, maximum=3600),
     default=2.0,
     metavar="SECONDS",
     help="show: seconds between updates (default 2)",

@@ -25,16 +25,18 @@ from gpu_notebook.monitor import monitor_for, running_monitor
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
 
+#: the shortest sampling or refresh period (20 per second; shorter ones would only load the kernel)
+MIN_PERIOD_S = 0.05
 LOCAL = option("--local", action="store_true", help="watch only this machine, even when a cluster is running")
 INTERVAL = option(
     "--interval",
-    type=duration(maximum=3600),
+    type=duration(minimum=MIN_PERIOD_S, maximum=3600),
     metavar="SECONDS",
     help="sampling period on each node, seconds (default 0.5)",
 )
 REFRESH = option(
     "--refresh",
-    type=duration(maximum=3600),
+    type=duration(minimum=MIN_PERIOD_S, maximum=3600),
     metavar="SECONDS",
     help="show: dashboard refresh period (default 1)",
 )

@@ -77,7 +77,7 @@ def test_usage_errors_fail_the_cell_with_the_usage(ip) -> None:
 @pytest.mark.parametrize(
     "cell,etype,says",
     [
-        ("%gpu_cluster scale not-a-number", UsageError, "scale takes one argument"),
+        ("%gpu_cluster scale not-a-number", UsageError, "scale N: expected a whole number of workers"),
         ("%gpu_cluster bench", UsageError, "bench takes one argument"),
         ("%gpu_cluster no-such-command", UsageError, "invalid choice"),
         ("%gpu_cluster use no-such-cluster", GpuNotebookError, "no-such-cluster"),
