@@ -11,12 +11,18 @@ its copy, so there :class:`StreamProxy` writes to file descriptors 1 and 2 inste
 parent's reader delivers what the child writes, with the rank's prefix. The buffer's locks are taken around
 every fork (``os.register_at_fork``) and made anew in the child, so a fork while another thread prints never
 leaves the child a lock that nobody will release.
+
+What the driver has not drained yet is also kept in a file (:meth:`Capture.spool`), written as it arrives and
+emptied at every drain: a rank whose process dies (``os._exit``, a segfault, the OOM killer) takes its buffer
+with it, but the file stays, and the driver reads it on the death (see :mod:`._remains`). Python's
+``faulthandler`` writes the stack of a fatal signal into a second file next to it.
 """
 
 from __future__ import annotations
 
 import codecs
 import ctypes
+import faulthandler
 import io
 import os
 import sys
@@ -82,7 +88,39 @@ class Capture:
         self._sync_sent = 0
         self._sync_seen = 0
         self.forked = False  # this is a forked child's copy: its streams write to fds 1 and 2
+        self._spool_fd: int | None = None  # the file holding what was not drained yet (see spool())
+        self._fault_file: Any = None  # where faulthandler writes the stack of a fatal signal
         _CAPTURES.add(self)
+
+    def spool(self, path: str, fault_path: str | None = None) -> None:
+        """Also keep what is not drained yet in the file ``path`` (it outlives the process), and have
+        ``faulthandler`` write the current thread's stack into ``fault_path`` on a fatal signal.
+
+        Writes go straight to the file (no Python buffer): once a ``write`` returned, the text survives an
+        ``os._exit`` or a segfault a moment later.
+        """
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with self._lock:
+            self._spool_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            if self._chunks:
+                _write_all(self._spool_fd, "".join(self._chunks).encode("utf-8", "replace"))
+        if fault_path is not None:
+            self._fault_file = open(fault_path, "w")  # noqa: SIM115 - faulthandler keeps it for the process
+            faulthandler.enable(file=self._fault_file, all_threads=False)
+
+    def close_spool(self) -> None:
+        """Stop spooling and writing fatal-signal stacks (the worker is ending cleanly)."""
+        with self._lock:
+            fd, self._spool_fd = self._spool_fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if self._fault_file is not None:
+            faulthandler.disable()
+            self._fault_file.close()
+            self._fault_file = None
 
     def write(self, text: str) -> None:
         if text:
@@ -93,6 +131,20 @@ class Capture:
                     joined = "".join(self._chunks)[-4_000_000:]
                     self._chunks = ["[... output truncated ...]\n", joined]
                     self._total = len(joined)
+                    self._truncate_spool(joined)
+                elif self._spool_fd is not None:
+                    _write_all(self._spool_fd, text.encode("utf-8", "replace"))
+
+    def _truncate_spool(self, keep: str) -> None:
+        """Empty the spool file, keeping ``keep`` (called under the lock)."""
+        if self._spool_fd is None:
+            return
+        try:
+            os.ftruncate(self._spool_fd, 0)  # O_APPEND: the next write goes to the new end
+        except OSError:
+            return
+        if keep:
+            _write_all(self._spool_fd, keep.encode("utf-8", "replace"))
 
     def _before_fork(self) -> None:
         self._lock.acquire()
@@ -106,6 +158,7 @@ class Capture:
         self._lock = threading.Lock()
         self._sync_cond = threading.Condition()
         self._chunks, self._total = [], 0
+        self._spool_fd = None  # the parent's file: only the parent drains it
         self.forked = True
 
     def drain(self) -> str:
@@ -113,6 +166,7 @@ class Capture:
             text = "".join(self._chunks)
             self._chunks = []
             self._total = 0
+            self._truncate_spool("")
         return text
 
     def capture_fds(self) -> None:
@@ -243,11 +297,14 @@ class StreamProxy(io.TextIOBase):
 
 
 def _write_fd(fd: int, text: str) -> None:
-    data = text.encode("utf-8", "replace")
+    _write_all(fd, text.encode("utf-8", "replace"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
     try:
         while data:
             data = data[os.write(fd, data) :]
-    except OSError:  # the pipe is gone (the rank ended before its child): nowhere left to write
+    except OSError:  # the pipe or file is gone (the rank ended before its child), a full disk: nowhere left
         pass
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _placement, _recovery
+from gpu_notebook.distributed import _placement, _recovery, _remains
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
@@ -35,7 +35,15 @@ from gpu_notebook.distributed._worker import (
 )
 from gpu_notebook.errors import GpuNotebookError
 
-__all__ = ["DRAIN_MAX_S", "DRAIN_MIN_S", "GroupError", "GroupTimeouts", "Worker", "WorkerGroup"]
+__all__ = [
+    "DRAIN_MAX_S",
+    "DRAIN_MIN_S",
+    "GroupError",
+    "GroupTimeouts",
+    "Worker",
+    "WorkerGroup",
+    "nccl_needs_gpus",
+]
 
 
 class GroupError(GpuNotebookError, RuntimeError):
@@ -93,6 +101,8 @@ class WorkerGroup:
             raise ValueError("cpus_per_worker and gpus_per_worker must be >= 0")
         if backend not in ("auto", "gloo", "nccl"):
             raise ValueError("backend must be 'auto', 'gloo' or 'nccl'")
+        if backend == "nccl" and gpus_per_worker == 0:  # checked before any worker starts
+            raise GroupError(nccl_needs_gpus("the workers get no GPUs (gpus_per_worker=0)"))
         if gpu_visibility not in GPU_VISIBILITIES:  # checked here, not after workers were started for nothing
             raise ValueError(f"gpu_visibility must be one of {', '.join(map(repr, GPU_VISIBILITIES))}")
         self.size = size
@@ -240,8 +250,12 @@ class WorkerGroup:
         port = ray.get(workers[0].actor.free_port.remote())
         self.master = (master_ip, port)
         backend, why = self.requested_backend, ""
-        if backend == "auto":
-            backend, why = explain_backend(self.plans, [bool(w.meta.get("cuda_available")) for w in workers])
+        if backend in ("auto", "nccl"):
+            chosen, why = explain_backend(self.plans, [bool(w.meta.get("cuda_available")) for w in workers])
+            if backend == "nccl" and chosen != "nccl":  # before every rank fails inside CUDA
+                self._end_workers()
+                raise GroupError(nccl_needs_gpus(why))
+            backend = chosen
         self.backend_note = why
         say(
             f"initialising torch.distributed ({backend}{': ' + why if why else ''}; world size {self.size}, "
@@ -364,8 +378,9 @@ class WorkerGroup:
         """
         selected = parse_ranks(ranks, self.size)
         limit = self._limit(max_result_bytes)
+        some = self._some(selected)
         return self._execute(
-            lambda a: a.run_cell.remote(code, label, header, limit), selected, timeout, sink, progress
+            lambda a: a.run_cell.remote(code, label, header, limit, some), selected, timeout, sink, progress
         )
 
     def call(
@@ -383,7 +398,14 @@ class WorkerGroup:
         selected = parse_ranks(ranks, self.size)
         kw = kwargs or {}
         limit = self._limit(max_result_bytes)
-        return self._execute(lambda a: a.call.remote(fn, args, kw, limit), selected, timeout, sink, progress)
+        some = self._some(selected)
+        return self._execute(
+            lambda a: a.call.remote(fn, args, kw, limit, some), selected, timeout, sink, progress
+        )
+
+    def _some(self, selected: list[int]) -> list[int] | None:
+        """The selected ranks when they are not every rank (their collectives then check their group)."""
+        return None if set(selected) >= set(range(self.size)) else list(selected)
 
     def _limit(self, max_result_bytes: int | None) -> int | None:
         """The size limit a worker applies to a value: None for no limit."""
@@ -549,7 +571,12 @@ class WorkerGroup:
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
             self._dead.add(rank)
             worker = run.workers[rank] if rank < len(run.workers) else None
-            run.failures[rank] = _recovery.died_failure(rank, worker, exc, self.log)
+            remains = _remains.fetch(worker.meta, self.group_id) if worker is not None else _remains.Remains()
+            run.streamer.feed(rank, remains.output)  # what it wrote since the last drain: cell and log
+            run.streamer.finish(rank)
+            run.failures[rank] = _recovery.died_failure(
+                rank, worker, exc, run.last_output(rank), remains.fault
+            )
             return
         except Exception as exc:  # noqa: BLE001 - any other Ray error is this rank's failure, not the cell's
             run.failures[rank] = _recovery.unreturned_failure(rank, exc)
@@ -565,8 +592,8 @@ class WorkerGroup:
     def _conclude(self, run: CellRun, stuck: list[int], say: Progress) -> list[str]:
         """Decide what the cell's failures mean for the workers (kept, or rebuilt); returns the cell's notes."""
         if run.stopped is not None:
-            return [_recovery.mark_stopped(run, stuck, self.log)]
-        _recovery.mark_stuck(run, stuck, self.log)
+            return [_recovery.mark_stopped(run, stuck)]
+        _recovery.mark_stuck(run, stuck)
         died = run.died()
         if died or stuck:
             return [self._recover(_recovery.lost_ranks(died, stuck), say)]
@@ -594,6 +621,15 @@ class WorkerGroup:
             ray.get(refs, timeout=5)
         except Exception:  # noqa: BLE001 - best effort: a rank that cannot be interrupted is given up on later
             pass
+
+
+def nccl_needs_gpus(why: str) -> str:
+    """Why ``backend="nccl"`` cannot start here, and what to use instead."""
+    return (
+        f"--backend nccl needs a GPU of its own for every rank, one that CUDA can use, and here {why}. "
+        f"Use --backend gloo (or auto, which picks gloo here) on this cluster, or start one with GPUs "
+        f"(--gpus-per-worker 1)"
+    )
 
 
 def _kill(actors: Sequence[Any]) -> None:

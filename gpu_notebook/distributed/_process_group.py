@@ -7,25 +7,35 @@ built; the doctor's local group uses it too), then initialises ``torch.distribut
 ``init_process_group`` returns quietly on the initialised group and its ``destroy_process_group()`` is ignored
 (:func:`patch_torch_distributed`), because the group belongs to the worker, not to the cell.
 
+A cell may run on some ranks only (``--workers 0``). A collective there on a group with ranks outside the cell
+(the default group, say) would wait for them forever: the collectives of ``torch.distributed`` check that
+first, while such a cell runs (:func:`cell_ranks`), and raise :class:`CollectiveOutsideCellError` at once.
+
 Nothing here imports torch at module level: the driver (the notebook) may have no torch at all.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
+import inspect
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks
+from gpu_notebook.errors import GpuNotebookError
 
 __all__ = [
+    "COLLECTIVES",
+    "CollectiveOutsideCellError",
     "NOT_TORCHRUN",
     "RANK_VARIABLES",
     "USER_KEEPS",
     "TORCHRUN_ONLY",
     "RankDevices",
+    "cell_ranks",
     "choose_backend",
     "collective_seq",
     "explain_backend",
@@ -206,17 +216,114 @@ RANK_VARIABLES = frozenset(
 )
 
 
+# ---- collectives in a cell on some ranks (rank side) --------------------------------------------------------
+#: The ``torch.distributed`` functions every rank of their group must call (point-to-point ones need not).
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+)
+
+# the ranks running the current cell, when they are not all of the group's (None: every rank runs it)
+_CELL_RANKS: frozenset[int] | None = None
+
+
+class CollectiveOutsideCellError(GpuNotebookError, RuntimeError):
+    """A collective needs ranks that are not running this cell: it would wait for them forever."""
+
+
+class cell_ranks:  # noqa: N801 - used as a context manager, named like one
+    """While a cell runs on ``ranks`` only (None: on every rank), collectives check their group first."""
+
+    def __init__(self, ranks: Sequence[int] | None) -> None:
+        self.ranks = None if ranks is None else frozenset(ranks)
+
+    def __enter__(self) -> None:
+        global _CELL_RANKS
+        _CELL_RANKS = self.ranks
+
+    def __exit__(self, *exc: object) -> None:
+        global _CELL_RANKS
+        _CELL_RANKS = None
+
+
+def _check_group(name: str, group: Any, ranks: frozenset[int]) -> None:
+    """Raise when ``group`` (None: the default group) has ranks outside ``ranks``."""
+    import torch.distributed as dist
+
+    default = group is None or group is dist.GroupMember.WORLD
+    try:
+        members = range(dist.get_world_size()) if default else dist.get_process_group_ranks(group)
+    except Exception:  # noqa: BLE001 - not a group torch can tell the ranks of: the call itself decides
+        return
+    missing = sorted(set(members) - ranks)
+    if not missing:
+        return
+    which = "the default group" if default else f"a group of ranks {format_ranks(sorted(members))}"
+    raise CollectiveOutsideCellError(
+        f"dist.{name} on {which} needs {_ranks_text(missing)}, which "
+        f"{'is' if len(missing) == 1 else 'are'} not running this cell (it runs on "
+        f"{_ranks_text(sorted(ranks))}): it would wait for {'it' if len(missing) == 1 else 'them'} forever. "
+        f"Run the cell on every rank of the group, or use a group of this cell's ranks "
+        f"(dist.new_group([...]), created in a cell on every rank)"
+    )
+
+
+def _guard_collective(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` checking first, in a cell on some ranks only, that its group has no rank outside the cell."""
+    try:
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):
+        signature = None
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        ranks = _CELL_RANKS
+        if ranks is not None:
+            group = kwargs.get("group")
+            if "group" not in kwargs and signature is not None:
+                try:
+                    group = signature.bind_partial(*args, **kwargs).arguments.get("group")
+                except TypeError:  # the call itself raises the user's mistake
+                    group = None
+            _check_group(name, group, ranks)
+        return fn(*args, **kwargs)
+
+    guarded._gpu_notebook_guard = True  # type: ignore[attr-defined]
+    return guarded
+
+
 # ---- joining and leaving (rank side) ---------------------------------------------------------------------------
 def patch_torch_distributed() -> None:
     """Make torchrun-style code run unchanged on an already initialised group.
 
     ``init_process_group`` on an initialised default group returns quietly (it would raise otherwise), and
     ``destroy_process_group()`` of the default group is ignored: the group belongs to the worker, not the cell.
+    The :data:`COLLECTIVES` check their group in a cell on some ranks only (see :func:`cell_ranks`).
     """
     import torch.distributed as dist
 
     if getattr(dist.init_process_group, "_gpu_notebook", False):
         return
+    for name in COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if callable(fn) and not getattr(fn, "_gpu_notebook_guard", False):
+            setattr(dist, name, _guard_collective(name, fn))
     real_init, real_destroy = dist.init_process_group, dist.destroy_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:

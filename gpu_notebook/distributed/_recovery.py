@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook._display import Progress, first_line
-from gpu_notebook.distributed._output import RankLog, Streamer
+from gpu_notebook.distributed._output import Streamer
 from gpu_notebook.distributed._ranks import format_ranks
+from gpu_notebook.distributed._remains import fault_summary
 from gpu_notebook.distributed._results import CellResult, RankFailure, RankResults
 from gpu_notebook.distributed._worker import CellReply, Worker
 
@@ -37,6 +38,8 @@ __all__ = [
 
 #: Kinds of failure after which a rank's last output is shown (its own traceback says nothing).
 _SHOW_LAST_OUTPUT = ("died", "hung", "timeout", "interrupted")
+#: How many of its last lines a report shows (of the failing cell's output only: earlier cells' are in the logs).
+LAST_LINES = 10
 
 
 @dataclass
@@ -62,6 +65,10 @@ class CellRun:
     def died(self) -> list[int]:
         """The ranks whose worker process died, in order."""
         return sorted(r for r, f in self.failures.items() if f.kind == "died")
+
+    def last_output(self, rank: int) -> list[str]:
+        """The last lines ``rank`` printed in this cell (not in earlier ones)."""
+        return self.streamer.captured.get(rank, [])[-LAST_LINES:]
 
     def result(self, notes: Sequence[str]) -> CellResult:
         return CellResult(
@@ -102,21 +109,28 @@ def reply_failure(rank: int, reply: CellReply, interrupt_reason: str) -> RankFai
     )
 
 
-def died_failure(rank: int, worker: Worker | None, exc: BaseException, log: RankLog) -> RankFailure:
+def died_failure(
+    rank: int, worker: Worker | None, exc: BaseException, last_output: list[str], fault: str = ""
+) -> RankFailure:
     """The failure of a rank whose worker process died: its pid and node, Ray's word, its last output.
 
     Args:
         rank: the rank.
         worker: its record (None if the group no longer knows it: then the pid is shown as ``?``).
         exc: the Ray actor error its reply raised.
-        log: the group's log of every rank's output.
+        last_output: its last lines in this cell.
+        fault: what faulthandler wrote when a fatal signal (a segfault) killed it ("" for none).
     """
     where = worker.where() if worker is not None else "pid ? on ?"
+    summary = fault_summary(fault)
+    etype, _, evalue = summary.partition(": ")
     return RankFailure(
         rank=rank,
         kind="died",
         detail=f"the worker process ({where}) died: {first_line(str(exc))[:300]}",
-        last_output=log.tail(rank, 10),
+        etype=etype,
+        evalue=evalue,
+        last_output=list(last_output),
     )
 
 
@@ -161,14 +175,14 @@ def ray_cause(exc: BaseException) -> str:
 
 
 # ---- after the wait --------------------------------------------------------------------------------------------
-def mark_stopped(run: CellRun, stuck: Sequence[int], log: RankLog) -> str:
+def mark_stopped(run: CellRun, stuck: Sequence[int]) -> str:
     """Fail the ranks the stop ended (still running, or died with it) as ``"stopped"``; the cell's note."""
     for rank in [*stuck, *run.died()]:
         run.failures[rank] = RankFailure(
             rank=rank,
             kind="stopped",
             detail=f"cluster stopped while the cell ran ({run.stopped})",
-            last_output=log.tail(rank, 10),
+            last_output=run.last_output(rank),
         )
     return (
         f"Cluster stopped: {run.stopped}. Its workers were ended while the cell ran; nothing was "
@@ -176,18 +190,19 @@ def mark_stopped(run: CellRun, stuck: Sequence[int], log: RankLog) -> str:
     )
 
 
-def mark_stuck(run: CellRun, stuck: Sequence[int], log: RankLog) -> None:
-    """Fail the ranks that never came back, and give every rank left without a traceback its last output."""
+def mark_stuck(run: CellRun, stuck: Sequence[int]) -> None:
+    """Fail the ranks that never came back, and give every rank left without a traceback its last output
+    (of this cell: what earlier cells printed would read as if this one had)."""
     for rank in stuck:
         run.failures[rank] = RankFailure(
             rank=rank,
             kind=run.rebuild_reason or "hung",
             detail=_stuck_detail(run.rebuild_reason),
-            last_output=log.tail(rank, 10),
+            last_output=run.last_output(rank),
         )
     for f in run.failures.values():
         if f.kind in _SHOW_LAST_OUTPUT and not f.last_output:
-            f.last_output = log.tail(f.rank, 10)
+            f.last_output = run.last_output(f.rank)
 
 
 def _stuck_detail(reason: str) -> str:

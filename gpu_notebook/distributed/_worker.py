@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpu_notebook._display import fmt_bytes
-from gpu_notebook.distributed import _main, _process_group, _script, _shell
+from gpu_notebook.distributed import _main, _process_group, _remains, _script, _shell
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
@@ -188,6 +188,9 @@ class RankWorker:
         if env:
             os.environ.update(env)
         self._capture.capture_fds()
+        # what the driver has not drained yet survives the process (read on its death, see _remains)
+        self._spool = _remains.spool_paths(group_id, os.getpid())
+        self._capture.spool(*self._spool)
         _main.install_by_value()
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
@@ -240,13 +243,21 @@ class RankWorker:
             )
         return n == 1
 
-    def _guarded(self, work: Callable[[], Any], cell_file: str | None, max_bytes: int | None) -> CellReply:
+    def _guarded(
+        self,
+        work: Callable[[], Any],
+        cell_file: str | None,
+        max_bytes: int | None,
+        ranks: list[int] | None = None,
+    ) -> CellReply:
         """Run ``work`` (the user's code) as the interruptible cell and report its value or error.
 
         Only the user's code runs while the cell can be interrupted. An interrupt sent just as it ends can
         still fire in the few lines of this method before :meth:`_end_exec`: it is caught there, and
         ``_end_exec`` marks the cell ended and cancels any interrupt still pending for this thread, under the
-        lock that :meth:`interrupt` takes. Formatting, pickling and the output flush come after.
+        lock that :meth:`interrupt` takes. Formatting, pickling and the output flush come after. ``ranks``:
+        the ranks running this cell when they are not all of them (a collective that needs the others fails
+        at once, see :func:`._process_group.cell_ranks`).
         """
         tid = threading.get_ident()
         box: list[tuple[bool, Any]] = []
@@ -255,7 +266,8 @@ class RankWorker:
                 try:
                     with self._exec_lock:  # inside the try: an interrupt can fire as soon as this is set
                         self._exec_tid = tid
-                    box.append((True, work()))
+                    with _process_group.cell_ranks(ranks):
+                        box.append((True, work()))
                 except BaseException as exc:  # noqa: BLE001 - report everything, KeyboardInterrupt included
                     box.append((False, exc))
             finally:
@@ -352,12 +364,14 @@ class RankWorker:
         label: str,
         header: str | None = None,
         max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES,
+        ranks: list[int] | None = None,
     ) -> CellReply:
         """Run a cell in the persistent namespace; returns the last expression's value (like a REPL).
 
         ``header`` is the cell's first line in the notebook (the ``%%distributed`` line): line numbers in
         tracebacks then match the notebook cell's. The value is sent as :func:`_sendable` makes it, with
-        ``max_result_bytes`` as its size limit (None: no limit).
+        ``max_result_bytes`` as its size limit (None: no limit). ``ranks``: the ranks running the cell, when
+        they are not all (see :meth:`_guarded`).
         """
         filename = f"<{label}>"
         body = code
@@ -380,13 +394,18 @@ class RankWorker:
             exec(compile(tree, filename, "exec"), self.ns)
             return eval(compile(last, filename, "eval"), self.ns) if last is not None else None
 
-        return self._guarded(work, filename, max_result_bytes)
+        return self._guarded(work, filename, max_result_bytes, ranks)
 
     def call(
-        self, fn: Any, args: tuple, kwargs: dict, max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
+        self,
+        fn: Any,
+        args: tuple,
+        kwargs: dict,
+        max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES,
+        ranks: list[int] | None = None,
     ) -> CellReply:
         """Run a Python function in this rank's process (the group is initialised); its value as a cell's."""
-        return self._guarded(lambda: fn(*args, **kwargs), None, max_result_bytes)
+        return self._guarded(lambda: fn(*args, **kwargs), None, max_result_bytes, ranks)
 
     def push(self, values: dict[str, Any]) -> list[str]:
         self.ns.update(values)
@@ -409,8 +428,10 @@ class RankWorker:
         return value
 
     def shutdown(self) -> None:
-        """Leave the process group cleanly (best effort)."""
+        """Leave the process group cleanly (best effort) and remove the output spool: nobody will read it."""
         leave()
+        self._capture.close_spool()
+        _remains.remove(self._spool)
 
 
 for _name in _CTL:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_notebook.distributed import RankLog, Worker, WorkerGroup, plan_ranks
+from gpu_notebook.distributed import Worker, WorkerGroup, plan_ranks
 from gpu_notebook.distributed._recovery import died_failure, lost_ranks, rebuild, reply_failure
 
 
@@ -15,13 +15,23 @@ def _worker(pid: int = 4242, ip: str = "10.0.0.5") -> Worker:
 
 
 def test_a_dead_worker_is_named_by_rank_pid_and_node_with_its_last_output():
-    log = RankLog()
-    log.feed(0, "epoch 3\n")
-    f = died_failure(0, _worker(), RuntimeError("The actor died unexpectedly\nmore"), log)
+    f = died_failure(0, _worker(), RuntimeError("The actor died unexpectedly\nmore"), ["epoch 3"])
     assert (f.rank, f.kind) == (0, "died")
     assert f.detail == "the worker process (pid 4242 on 10.0.0.5) died: The actor died unexpectedly"
     assert f.last_output == ["epoch 3"]
+    assert (f.etype, f.evalue) == ("", "")
     assert _worker(pid=7).pid == 7 and _worker().rank == 0
+
+
+def test_a_fatal_signal_names_faulthandlers_error_and_the_cell_line():
+    fault = (
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x7f (most recent call first):\n"
+        '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at\n'
+        '  File "<cell In[7]>", line 4 in <module>\n'
+        '  File "/x/gpu_notebook/distributed/_worker.py", line 410 in work\n'
+    )
+    f = died_failure(1, _worker(), RuntimeError("The actor died unexpectedly"), [], fault)
+    assert (f.etype, f.evalue) == ("Fatal Python error", "Segmentation fault in string_at, at cell line 4")
 
 
 def test_a_keyboard_interrupt_is_the_groups_own_only_when_it_sent_one():
