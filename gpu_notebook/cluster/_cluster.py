@@ -8,6 +8,7 @@ size and start the worker group, run code, stop in order.
 from __future__ import annotations
 
 import html
+import math
 import os
 import sys
 import time
@@ -90,10 +91,17 @@ class Cluster:
     ) -> None:
         if workers is not None and workers < 1:
             raise ValueError("--workers must be at least 1")
-        if cpus_per_worker is not None and cpus_per_worker < 0:
-            raise ValueError("--cpus-per-worker must be >= 0")
-        if gpus_per_worker is not None and gpus_per_worker < 0:
-            raise ValueError("--gpus-per-worker must be >= 0")
+        # checked before anything starts: a nan or inf would pass every comparison below and fail much later
+        if cpus_per_worker is not None and not 0 <= cpus_per_worker < math.inf:
+            raise ValueError(f"--cpus-per-worker must be a finite number >= 0, not {cpus_per_worker!r}")
+        if gpus_per_worker is not None and not 0 <= gpus_per_worker < math.inf:
+            raise ValueError(f"--gpus-per-worker must be a finite number >= 0, not {gpus_per_worker!r}")
+        for key, what in (("idle_stop", "minutes"), ("budget", "US dollars")):
+            value = options.get(key)
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(
+                    f"--{key.replace('_', '-')} must be a positive number of {what}, not {value!r}"
+                )
         if address is not None:
             address = _connect.normalise_address(address)
         # address="local": a local Ray even when RAY_ADDRESS names a cluster (None follows RAY_ADDRESS, as ray.init)
