@@ -106,7 +106,7 @@ def number(
     """
     kind = "whole number" if integer else "number"
     if allow_minimum:
-        accepted = f"a {kind} of {what} from {_fmt(minimum)} to {_fmt(maximum)}"
+        accepted = f"a {kind} of {what}, at least {_fmt(minimum)} and at most {_fmt(maximum)}"
     elif minimum == 0:
         accepted = f"a positive {kind} of {what} up to {_fmt(maximum)}"
     else:
@@ -157,11 +157,8 @@ def tcp_port() -> ArgParser:
 def size(*, minimum: int = 1, zero_is_no_limit: bool = False) -> ArgParser:
     """Bytes: ``8``, ``64K``, ``128M``, ``2G`` (powers of 1024), at least ``minimum``; with
     ``zero_is_no_limit``, ``0`` (or ``none``) is 0, meaning no limit."""
-    accepted = "a size in bytes such as 65536, 64K, 128M or 2G"
-    if minimum > 1:
-        accepted += f", at least {minimum}"
-    if zero_is_no_limit:
-        accepted += " (0 or none: no limit)"
+    examples = "use e.g. 65536, 64K, 128M or 2G" + ("; 0 or none: no limit" if zero_is_no_limit else "")
+    accepted = f"a size of at least {minimum} bytes and at most 1048576G ({examples})"
 
     def parse(text: str) -> int:
         if zero_is_no_limit and text.strip().lower() in ("0", "none", "unlimited"):
@@ -169,7 +166,9 @@ def size(*, minimum: int = 1, zero_is_no_limit: bool = False) -> ArgParser:
         try:
             value = parse_size(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}") from None
+            value = -1
+        if value < 0 or (value == 0 and not text.strip()):
+            raise argparse.ArgumentTypeError(f"not a size: {text!r} ({examples})")
         if value < minimum or value > 2**50:
             raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
         return value
@@ -183,18 +182,18 @@ _RANKS_RE = re.compile(r"\s*\d+(\s*-\s*\d+)?\s*(,\s*\d+(\s*-\s*\d+)?\s*)*,?\s*")
 def rank_list() -> ArgParser:
     """A rank selection: ``all``, ``0,2``, ``0-3``, ``1,3-5``; kept as text (the cluster's size, known later,
     decides which ranks exist)."""
-    accepted = "all, a list of ranks like 0,2, or a range like 0-3"
+    accepted = "use 'all', a list like '0,2' or a range like '0-3'"  # as the library's parse_ranks says it
 
     def parse(text: str) -> str:
         t = text.strip()
         if t.lower() in ("all", "*"):
             return "all"
         if len(t) > 1000 or not _RANKS_RE.fullmatch(t):
-            raise argparse.ArgumentTypeError(f"expected {accepted}, not {text!r}")
+            raise argparse.ArgumentTypeError(f"bad rank selection {text!r}: {accepted}")
         for part in t.split(","):
             lo, _, hi = part.partition("-")
             if hi.strip() and int(hi) < int(lo):
-                raise argparse.ArgumentTypeError(f"a range goes up, as in 0-3, not {text!r}")
+                raise argparse.ArgumentTypeError(f"bad rank selection {text!r}: a range goes up, as in '0-3'")
         return t
 
     return _typed(parse, "ranks")

@@ -465,7 +465,11 @@ class ClusterMagics(Magics):
     def _cmd_scale(self, args: Any) -> None:
         if len(args.args) != 1:
             raise UsageError("scale takes one argument: the new number of workers, e.g. %gpu_cluster scale 4")
-        workers = convert(count("workers", maximum=MAX_WORKERS), args.args[0], "scale N")
+        workers = convert(
+            count("workers", maximum=MAX_WORKERS),
+            args.args[0],
+            "scale takes one argument (the new number of workers)",
+        )
         print(get_manager().require_current().scale(workers, progress=progress_printer()))
 
     def _cmd_restart(self, args: Any) -> None:

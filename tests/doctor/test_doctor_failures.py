@@ -120,8 +120,8 @@ def test_parse_size_rejects_infinity() -> None:
     ("line", "why"),
     [
         ("bench allreduce --max-bytes inf", "--max-bytes: not a size"),
-        ("bench allreduce --iters 0", "--iters must be at least 1"),
-        ("bench scaling --steps -1", "--steps must be at least 1"),
+        ("bench allreduce --iters 0", "--iters: expected a whole number of iterations, at least 1"),
+        ("bench scaling --steps -1", "--steps: expected a whole number of steps, at least 1"),
         ("bench scaling --iters 5", "--iters does not apply to bench scaling"),
         ("bench allreduce --steps 5", "--steps does not apply to bench allreduce"),
     ],
