@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from gpu_notebook.checkpoint import Checkpointer, LocalStore
+from gpu_notebook.checkpoint.save.lease import Lease, read_leases
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -164,6 +165,22 @@ def test_a_lease_keeps_the_objects_it_names(tmp_path: Path) -> None:
     assert orphan not in ck.gc(keep=1, grace_s=0).objects
     lease.unlink()
     assert ck.gc(keep=1, grace_s=0).objects == [orphan]
+
+
+def test_a_lease_is_renewed_while_its_save_runs_and_deleted_after(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    lease = Lease(store, "renewed", ["c0000000001"], {"objects/aa/aa"}, ttl_s=0.3)
+    lease.take()
+    try:
+        first = json.loads(store.get(lease.key))["expires_at"]
+        deadline = time.monotonic() + 10
+        while json.loads(store.get(lease.key))["expires_at"] == first:  # renewed every ttl/3
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert read_leases(store).live == 1
+    finally:
+        lease.release()
+    assert not store.exists(lease.key) and read_leases(store).live == 0
 
 
 # ------------------------------------------------------------ S3
