@@ -623,6 +623,7 @@ class Checkpointer:
                 "progress": self.progress,
                 "verify": verify,
                 "allow_pickle": allow,
+                "pools": (self._pool, self._uploads),  # idle while nothing is saved: no threads to start
             },
             fallback=fallback,
             latest=ckpt_id in (None, "latest") and step is None,

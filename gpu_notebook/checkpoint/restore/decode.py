@@ -70,8 +70,10 @@ def decode_shard(
     progress: Any,
     verify: bool,
     allow_pickle: bool,
+    pools: tuple[cf.ThreadPoolExecutor, cf.ThreadPoolExecutor] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The leaves of ``shard`` decoded: (leaf name -> value, leaf name -> its bytes)."""
+    """The leaves of ``shard`` decoded: (leaf name -> value, leaf name -> its bytes). ``pools``: the (decode,
+    fetch) thread pools to use (idle ones: a restore's workers wait for frames), else they are started for it."""
     check_restore(doc, shard)  # every size the manifest claims, and the memory they need, before allocating
     leaves = shard["leaves"]
     if not allow_pickle:  # refuse pickles before fetching anything
@@ -79,7 +81,7 @@ def decode_shard(
             if lf.get("kind") == "pickle":
                 leaf_from_bytes({**lf, "name": name}, np.zeros(0, np.uint8), allow_pickle=False)
     prog = Progress(f"restore {doc['id']}", sum(lf["nbytes"] for lf in leaves.values()), progress)
-    dec = _ShardDecoder(doc, store, threads, pack_max, verify)
+    dec = _ShardDecoder(doc, store, threads, pack_max, verify, pools)
     # a group (small tensors saved together) is decoded as one tensor; its members are views of its bytes
     groups = shard.get("groups") or {}
     encoded = {name: lf for name, lf in leaves.items() if "group" not in lf}
@@ -106,8 +108,17 @@ def decode_shard(
 class _ShardDecoder:
     """The chains of one shard, the reads that bring their frames, and the threads that decode them."""
 
-    def __init__(self, doc: dict[str, Any], store: Store, threads: int, pack_max: int, verify: bool) -> None:
+    def __init__(
+        self,
+        doc: dict[str, Any],
+        store: Store,
+        threads: int,
+        pack_max: int,
+        verify: bool,
+        pools: tuple[cf.ThreadPoolExecutor, cf.ThreadPoolExecutor] | None = None,
+    ) -> None:
         self.doc = doc
+        self.pools = pools  # (decode, fetch) thread pools to use, or None: start them for this restore
         self.store = store
         self.threads = threads
         self.pack_max = pack_max
@@ -304,13 +315,22 @@ class _ShardDecoder:
                 return
 
     def _decode_all(self) -> None:
+        """Decode on ``threads`` threads: the caller's and ``threads - 1`` of the decode pool (the Checkpointer's,
+        idle during a restore: no thread is started for one)."""
         n_workers = max(1, min(self.threads, len(self.chains)))
         if n_workers == 1:
             self._worker()
             return
-        pool = cf.ThreadPoolExecutor(max_workers=n_workers, thread_name_prefix="gnb-ckpt-restore")
+        own = self.pools is None
+        pool = (
+            cf.ThreadPoolExecutor(max_workers=n_workers - 1, thread_name_prefix="gnb-ckpt-restore")
+            if self.pools is None
+            else self.pools[0]
+        )
+        futs = [pool.submit(self._worker) for _ in range(n_workers - 1)]
         try:
-            for f in [pool.submit(self._worker) for _ in range(n_workers)]:
+            self._worker()
+            for f in futs:
                 f.result()
         except BaseException:  # e.g. KeyboardInterrupt: the workers stop at their next frame
             with self._cond:
@@ -318,13 +338,20 @@ class _ShardDecoder:
                 self._cond.notify_all()
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            cf.wait(futs)
+            if own:
+                pool.shutdown(wait=True)
 
     def run(self, prog: Progress) -> None:
         """Fetch and decode every chain into :attr:`datas`."""
         self.prog = prog
         io_threads = max(self.threads, int(getattr(self.store, "max_concurrency", 0)))
-        fetch_pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
+        own = self.pools is None
+        fetch_pool = (
+            cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="gnb-ckpt-fetch")
+            if self.pools is None
+            else self.pools[1]
+        )
         store = self.store
         self.futures = {
             i: fetch_pool.submit(store.get_range, key, lo, hi - lo)
@@ -338,7 +365,13 @@ class _ShardDecoder:
         try:
             self._decode_all()
         finally:
-            fetch_pool.shutdown(wait=True, cancel_futures=True)
+            pending = list(self.futures.values())
+            for f in pending:
+                f.cancel()
+            if own:
+                fetch_pool.shutdown(wait=True, cancel_futures=True)
+            else:
+                cf.wait(pending)
         if self._failed:
             raise self._failed[0]
         for src, dst in self.copies:
