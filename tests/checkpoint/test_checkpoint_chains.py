@@ -44,7 +44,9 @@ def test_every_delta_is_against_the_last_base_and_restores_bit_exact(tmp_path: P
     for info, want in saved:
         assert info is not None
         chunks = _chunks(reader.manifest(info.id))
-        assert max(c["depth"] for c in chunks) <= 1  # a delta's chunk: its frame on the base's frame, no deeper
+        assert (
+            max(c["depth"] for c in chunks) <= 1
+        )  # a delta's chunk: its frame on the base's frame, no deeper
         for c in chunks:
             if c["depth"]:
                 assert c["base"]["obj"] in base_objs and "base" not in c["base"]
