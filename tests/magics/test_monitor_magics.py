@@ -30,7 +30,7 @@ def test_bad_arguments_print_usage_not_a_traceback(ip) -> None:
         result = ip.run_cell("%gpu_monitor explode --local")
     assert isinstance(result.error_in_exec, UsageError)  # the cell fails
     assert (
-        "[--path PATH]" in cap.stderr
+        "COMMAND is one of show, stop, status" in cap.stderr
         and "%gpu_monitor" in cap.stderr
         and "invalid choice" in cap.stderr
         and "Traceback" not in cap.stderr + cap.stdout
