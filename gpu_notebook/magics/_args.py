@@ -10,7 +10,8 @@ Numbers are finite (``nan`` and ``inf`` are refused everywhere) and bounded: a b
 in a notebook (a budget of ``1e308`` dollars is a typo, not a policy).
 
 A magic's line is split as a POSIX shell splits it (:func:`split`): ``"runs/my store"`` is one argument without
-its quotes, ``'a b'`` too; an unclosed quote is a usage error.
+its quotes, ``'a b'`` too; an unclosed quote is a usage error. (IPython's own ``parse_argstring`` keeps the quotes:
+it splits with ``posix=False``.) On Windows a backslash is a path separator, not an escape.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import keyword
 import math
+import os
 import re
 import shlex
 from collections.abc import Callable
@@ -59,6 +61,8 @@ def split(line: str) -> list[str]:
     lex = shlex.shlex(line, posix=True)
     lex.whitespace_split = True
     lex.commenters = ""  # a '#' is part of a value (a URL fragment, a name), not a comment
+    if os.name == "nt":
+        lex.escape = ""  # C:\data\x.csv is a path there, not escapes
     try:
         return list(lex)
     except ValueError as exc:  # shlex: "No closing quotation", "No escaped character"
@@ -176,6 +180,8 @@ def size(*, minimum: int = 1, zero_is_no_limit: bool = False) -> ArgParser:
     return _typed(parse, "size")
 
 
+#: the highest rank a selection may name (a cluster has far fewer: the cluster says which exist)
+MAX_RANK = 65535
 _RANKS_RE = re.compile(r"\s*\d+(\s*-\s*\d+)?\s*(,\s*\d+(\s*-\s*\d+)?\s*)*,?\s*")
 
 
@@ -194,6 +200,8 @@ def rank_list() -> ArgParser:
             lo, _, hi = part.partition("-")
             if hi.strip() and int(hi) < int(lo):
                 raise argparse.ArgumentTypeError(f"bad rank selection {text!r}: a range goes up, as in '0-3'")
+            if any(int(n) > MAX_RANK for n in (lo, hi) if n.strip()):  # 0-99999999999 would fill the memory
+                raise argparse.ArgumentTypeError(f"bad rank selection {text!r}: ranks go up to {MAX_RANK}")
         return t
 
     return _typed(parse, "ranks")
