@@ -10,23 +10,32 @@ sources (no download). For each workload the *same* training state is checkpoint
   intervals earlier); the measured save is the next delta. Its save speed is reported together with the
   first delta's, which also searches each chunk's encoding (later saves reuse the choice).
 
-Save times are the best of 3 runs for every method (ours: twin Checkpointers that saved the same states into
-their own stores).
-Restore times are the best of 5 interleaved runs: ``torch.load`` of the ``torch.save`` file from the local disk
-against ours from the local store (the delta, i.e. its whole chain, and the full checkpoint), each from a fresh
-``Checkpointer``; the same again (best of 3) from a cold page cache (every file dropped from the cache first with
-``posix_fadvise``, as on a restarted machine; Linux only); and, from S3 (a moto server on loopback, in a
-child process), ``torch.load`` of the file plus downloading it with boto3 (the faster of one ``get_object`` and
-the managed ``download_fileobj``, whose parallel ranged GETs are what a big file on AWS wants but cost moto a
-whole-object read each) against ours from a copy of the store on the same server.
+Every time is the median of at least 3 runs, shown with its spread ``[min-max]``; runs that are compared are
+interleaved (on a shared machine alternating runs see the same disturbances) and the ratios are taken per
+interleaved run. Save times: 3 runs for every method (ours: twin Checkpointers that saved the same states into
+their own stores). Restore: ``torch.load`` of the ``torch.save`` file from the local disk against ours from the
+local store (the delta, i.e. its base and itself, and the full checkpoint), each from a fresh ``Checkpointer``;
+the same again from a cold page cache (every file dropped from the cache first with ``posix_fadvise``, as on a
+restarted machine; Linux only); and, from S3 (a moto server on loopback, in a child process), ``torch.load`` of
+the file plus downloading it with boto3 (the faster of one ``get_object`` and the managed ``download_fileobj``,
+whose parallel ranged GETs are what a big file on AWS wants but cost moto a whole-object read each) against ours
+from a copy of the store on the same server. Training stall is set against a plain host copy of the same state
+(``clone()`` of every tensor), and the CPU time a save takes from the process (its threads' scheduler counters,
+``stats.cpu_s``) is reported per save.
+
+The runs table: one training run per state (fp32, bf16, frozen fine-tuning), a checkpoint every 10 steps, each
+saved by Checkpointers that differ only in how deltas chain; ALL bytes written over the run (bases included) per
+checkpoint after the first, against ``torch.save``'s file of the same state, and every checkpoint's local restore
+time against ``torch.load`` of that file. Then host memory during saves (the process's resident set above what it
+was before the Checkpointer, sampled every 2 ms, as a multiple of the state's bytes: peak and steady, i.e. after
+the saves), and 10,000 tensors of 1 KB (save speed, manifest size at chain depth 1 and 9, restore time).
 
 Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
 every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
 (b) fine-tuning with most layers frozen; (c) full fine-tuning of the warmed-up model with a small learning rate.
 
-Run: ``python benchmarks/checkpoint.py`` (about 3 minutes on 2 cores); ``--quick`` for a smoke run,
-``--no-s3`` without the S3 restore, ``--no-sweep`` without the last table: the bytes and restore time that
-``max_restore_ratio`` trades (one run per dtype saved by Checkpointers that differ only in it).
+Run: ``python benchmarks/checkpoint.py`` (about 4 minutes on 2 cores); ``--quick`` for a smoke run,
+``--no-s3`` without the S3 restore, ``--no-sweep`` without the runs, memory and small-tensor tables.
 Numbers are wall-clock on whatever machine runs it; rerun before quoting them.
 """
 
@@ -39,6 +48,8 @@ import json
 import math
 import os
 import shutil
+import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -52,14 +63,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import _checkpoint_runs as R  # noqa: E402
+
 from gpu_notebook.checkpoint import Checkpointer  # noqa: E402
 
 CTX = 128
-REPEAT = 3  # restore timings: best of this many runs
-REPEAT_LOCAL = 5  # ... for the (fast) local restores of torch.save's file and of ours
-#: our saves: the best of this many identical runs (twin Checkpointers that saved the same states, each into its
+REPEAT = 3  # restore timings: the median of this many interleaved runs (shown with their spread)
+#: our saves: the median of this many identical runs (twin Checkpointers that saved the same states, each into its
 #: own store; a single timing on a shared machine is too easily disturbed), the first twin's checkpoint restored
 SAVE_TWINS = 3
+COLD = True  # also restore from a cold page cache (not in a smoke run)
 SEQ, BATCH = 64, 4  # training sequences: small, so that the whole benchmark runs in a few minutes on 2 cores
 
 
@@ -146,7 +159,7 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
 
     res: dict[str, dict[str, float]] = {}
     f = work / "ts.pt"
-    ts = _best(lambda: torch.save(sd, f), SAVE_TWINS)  # (each rewrites the file)
+    ts = med([_time(lambda: torch.save(sd, f)) for _ in range(SAVE_TWINS)])  # (each rewrites the file)
     res["torch.save"] = {
         "bytes": f.stat().st_size,
         "save_s": ts,
@@ -158,7 +171,7 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
         torch.save(sd, b)
         (work / "ts.pt.zst").write_bytes(zstandard.ZstdCompressor(level=3).compress(b.getvalue()))
 
-    ts = _best(save_zstd, SAVE_TWINS)
+    ts = med([_time(save_zstd) for _ in range(SAVE_TWINS)])
     comp = (work / "ts.pt.zst").read_bytes()
     t0 = time.perf_counter()
     raw = zstandard.ZstdDecompressor().decompress((work / "ts.pt.zst").read_bytes())
@@ -166,7 +179,12 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     res["torch.save+zstd3"] = {"bytes": len(comp), "save_s": ts, "restore_s": time.perf_counter() - t0}
 
     flat = _flat_tensors(sd)
-    ts = _best(lambda: safetensors.torch.save_file(flat, str(work / "st.safetensors")), SAVE_TWINS)
+    ts = med(
+        [
+            _time(lambda: safetensors.torch.save_file(flat, str(work / "st.safetensors")))
+            for _ in range(SAVE_TWINS)
+        ]
+    )
     t0 = time.perf_counter()
     safetensors.torch.load_file(str(work / "st.safetensors"))
     res["safetensors"] = {
@@ -176,11 +194,12 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     }
 
     d = work / "dcp"
-    ts = math.inf
+    dcp_times = []
     for j in range(SAVE_TWINS):  # each into its own folder
         t0 = time.perf_counter()
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(str(d if j == 0 else work / f"dcp-{j}")))
-        ts = min(ts, time.perf_counter() - t0)
+        dcp_times.append(time.perf_counter() - t0)
+    ts = med(dcp_times)
     target = _clone_struct(sd)
     t0 = time.perf_counter()
     dcp.load(target, storage_reader=dcp.FileSystemReader(str(d)))
@@ -202,7 +221,7 @@ def _clone_struct(x: Any) -> Any:
     return x
 
 
-def ours(ck: Checkpointer, state: dict[str, Any], step: int) -> dict[str, float]:
+def ours(ck: Checkpointer, state: dict[str, Any], step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     h = ck.save(state, step)
     stall = time.perf_counter() - t0
@@ -215,11 +234,11 @@ def ours(ck: Checkpointer, state: dict[str, Any], step: int) -> dict[str, float]
         assert torch.equal(got["model"][k].view(torch.uint8), v.detach().contiguous().view(torch.uint8)), k
     return {
         "bytes": info.new_bytes,
-        "save_s": total,
-        "stall_s": stall,
-        "restore_s": math.nan,  # measured in measure(), interleaved with torch.load
+        "save_s": [total],
+        "stall_s": [stall],
+        "cpu_s": [float(info.extra["stats"].get("cpu_s", math.nan))],
         "raw": info.raw_bytes,
-        "id": info.id,  # type: ignore[dict-item]
+        "id": info.id,
     }
 
 
@@ -234,14 +253,32 @@ def evict(files: list[Path]) -> None:
             os.close(fd)
 
 
-def _best(fn: Any, n: int = REPEAT) -> float:
-    """Best wall time of ``n`` runs (the machine is shared: the minimum is the least disturbed run)."""
-    best = math.inf
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _time(fn: Any) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def spread(xs: list[float], fmt: str = "{:.3f}", unit: str = "") -> str:
+    """``median [min-max]`` of a list of measurements."""
+    if not xs:
+        return "-"
+    return f"{fmt.format(med(xs))}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def ratios(num: list[float], den: list[float]) -> list[float]:
+    """Per interleaved run: ours / the baseline's."""
+    return [a / b for a, b in zip(num, den, strict=False) if b > 0]
+
+
+def host_copy_s(sd: dict[str, Any]) -> list[float]:
+    """A plain host copy of the state (``clone()`` of every tensor): the least a snapshot costs."""
+    ts = list(_flat_tensors(sd).values())
+    return [_time(lambda: [t.clone() for t in ts]) for _ in range(REPEAT)]
 
 
 # ------------------------------------------------------------------------------------------- S3 restore
@@ -265,9 +302,9 @@ class S3Bench:
 
     def restore(
         self, ts_file: Path, targets: dict[str, tuple[Path, str]], ref: dict[str, Any]
-    ) -> dict[str, float]:
-        """Restore time from S3: ``torch.load`` of the file plus its download, against ours for each target
-        (label -> (local store folder, checkpoint id)); all interleaved, best of ``REPEAT``."""
+    ) -> dict[str, list[float]]:
+        """Restore times from S3: ``torch.load`` of the file plus its download, against ours for each target
+        (label -> (local store folder, checkpoint id)); all interleaved, ``REPEAT`` runs each."""
         self.n += 1
         key = f"ts/{self.n}.pt"
         self.client.upload_file(str(ts_file), self.bucket, key)
@@ -298,17 +335,15 @@ class S3Bench:
             got = ck.restore(ckpt_id)
             assert torch.equal(got["model"][ref["k"]].view(torch.uint8), ref["v"].view(torch.uint8))
 
-        best = {"torch.load+download": math.inf, **{label: math.inf for label in cks}}
+        times: dict[str, list[float]] = {"torch.load+download": [], **{label: [] for label in cks}}
         for _ in range(REPEAT):  # interleaved
             # the baseline is the faster way to download the file (both measured, interleaved)
-            best["torch.load+download"] = min(
-                best["torch.load+download"], _best(baseline_managed, 1), _best(baseline_get, 1)
-            )
+            times["torch.load+download"].append(min(_time(baseline_managed), _time(baseline_get)))
             for label, (ck, ckpt_id) in cks.items():
-                best[label] = min(best[label], _best(lambda: mine(ck, ckpt_id), 1))  # noqa: B023
+                times[label].append(_time(lambda: mine(ck, ckpt_id)))  # noqa: B023
         for ck, _ in cks.values():
             ck.close()
-        return best
+        return times
 
 
 # ------------------------------------------------------------------------------------------- workloads
@@ -324,21 +359,24 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
         label: str, model: nn.Module, opt: torch.optim.Optimizer, step: int, interval: int, n_params: int
     ) -> None:
         """Base checkpoint, a first delta one interval later, then the measured (steady-state) delta."""
-        cks = [Checkpointer(work / f"ck-{len(rows)}-{j}", full_every=10) for j in range(SAVE_TWINS)]
+        cks = [
+            Checkpointer(work / f"ck-{len(rows)}-{j}", full_every=10, progress=False)
+            for j in range(SAVE_TWINS)
+        ]
         state = {"model": model, "optim": opt, "step": step}
         for ck in cks:
             ck.save(state, step).result()
         train(model, opt, data, interval, g)
         state["step"] = step + interval
-        first_s = math.inf
+        first_s = []
         for ck in cks:
             t0 = time.perf_counter()
             first = ck.save(state, step + interval).result()
-            first_s = min(first_s, time.perf_counter() - t0)
+            first_s.append(time.perf_counter() - t0)
             assert first is not None
         train(model, opt, data, interval, g)
         state["step"] = step + 2 * interval
-        rows.extend(measure(label, state, cks, work, n_params, s3, first.raw_bytes / first_s / 1e6))
+        rows.extend(measure(label, state, cks, work, n_params, s3, first.raw_bytes / med(first_s) / 1e6))
         for ck in cks:
             ck.close()
 
@@ -347,7 +385,8 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
         pretrained_opt: dict[str, Any] | None = None
         for dtype in (torch.float32, torch.bfloat16):
             name = "fp32" if dtype == torch.float32 else "bf16"
-            for interval in (10, long_iv):
+            intervals = (10,) if quick else (10, long_iv)  # (a smoke run: the long interval is left out)
+            for interval in intervals:
                 torch.manual_seed(0)
                 model = TinyGPT()
                 if dtype == torch.bfloat16:
@@ -358,7 +397,7 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
                 for pg in opt.param_groups:
                     pg["lr"] = 1e-4  # then fine-tuning-like learning rate
                 interval_run(f"(a) {name}, every {interval} steps", model, opt, warm, interval, n_params)
-                if dtype == torch.float32 and interval == long_iv:  # the "pretrained" model of (b) and (c)
+                if dtype == torch.float32 and interval == intervals[-1]:  # the "pretrained" model of (b), (c)
                     pretrained = {k: v.clone() for k, v in model.state_dict().items()}
                     pretrained_opt = copy.deepcopy(opt.state_dict())
         # (b) fine-tuning with most layers frozen
@@ -384,7 +423,8 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
         )
         # (c) full fine-tuning of the warmed-up model with a small learning rate: with a fresh AdamW (its moments
         # still growing fast) and continuing the run's own AdamW
-        for label, opt_state in (("fresh AdamW", None), ("AdamW continued", pretrained_opt)):
+        variants = (("fresh AdamW", None), ("AdamW continued", pretrained_opt))
+        for label, opt_state in variants[1:] if quick else variants:
             model = TinyGPT()
             model.load_state_dict(pretrained)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
@@ -400,80 +440,6 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
     return rows
 
 
-def policy_sweep(quick: bool) -> list[dict[str, Any]]:
-    """The trade-off between bytes and restore speed that ``max_restore_ratio`` sets: one training run per dtype
-    (checkpoint every 10 steps), each state saved by Checkpointers that differ only in it; for each, the bytes of
-    every checkpoint after the first (a full base for all) and the local restore time of every checkpoint (best
-    of 3), against ``torch.save``'s file of the same state and ``torch.load`` of it (page cache)."""
-    g = torch.Generator().manual_seed(1)
-    data = corpus()
-    ratios = (1.2, 2.0, 3.0)
-    n_saves = 5 if quick else 10
-    out: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-sweep-"))
-    try:
-        for dtype in (torch.float32, torch.bfloat16):
-            torch.manual_seed(0)
-            model = TinyGPT() if dtype == torch.float32 else TinyGPT().to(torch.bfloat16)
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-            train(model, opt, data, 5 if quick else 30, g)
-            for pg in opt.param_groups:
-                pg["lr"] = 1e-4
-            cks = {
-                r: Checkpointer(work / f"{dtype}-{r}", max_restore_ratio=r, progress=False) for r in ratios
-            }
-            ids: dict[float, list[str]] = {r: [] for r in ratios}
-            new: dict[float, list[int]] = {r: [] for r in ratios}
-            ts_bytes, ts_load = [], []
-            state = {"model": model, "optim": opt, "step": 0}
-            for i in range(n_saves):
-                if i:
-                    train(model, opt, data, 10, g)
-                state["step"] = 10 * i
-                for r, ck in cks.items():
-                    info = ck.save(state, 10 * i).result()
-                    assert info is not None
-                    ids[r].append(info.id)
-                    new[r].append(info.new_bytes)
-                f = work / f"ts-{dtype}-{i}.pt"
-                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
-                ts_bytes.append(f.stat().st_size)
-                ts_load.append(_best(lambda: torch.load(f, weights_only=True), REPEAT))  # noqa: B023
-            for r, ck in cks.items():
-                rd = Checkpointer(Path(ck.store.root), progress=False)  # type: ignore[attr-defined]
-                rel = [_best(lambda: rd.restore(c), REPEAT) / t for c, t in zip(ids[r], ts_load, strict=True)]  # noqa: B023
-                rd.close()
-                out.append(
-                    {
-                        "dtype": "fp32" if dtype == torch.float32 else "bf16",
-                        "max_restore_ratio": r,
-                        "bytes": sum(new[r][1:]) / sum(ts_bytes[1:]),
-                        "bases": sum(1 for c in ck.list() if c.is_base) - 1,
-                        "saves": n_saves - 1,
-                        "restore_mean": sum(rel) / len(rel),
-                        "restore_worst": max(rel),
-                    }
-                )
-                ck.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return out
-
-
-def sweep_table(rows: list[dict[str, Any]]) -> str:
-    out = [
-        "| state | max_restore_ratio | bytes per checkpoint (saves 2 to n) | full bases among them | "
-        "local restore time / torch.load: mean, worst |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['dtype']}, every 10 steps | {r['max_restore_ratio']:g} | {r['bytes']:.3f} | "
-            f"{r['bases']} of {r['saves']} | {r['restore_mean']:.2f}x, {r['restore_worst']:.2f}x |"
-        )
-    return "\n".join(out)
-
-
 def measure(
     label: str,
     state: dict[str, Any],
@@ -487,21 +453,23 @@ def measure(
     tag = abs(hash(label))
     bdir = work / f"base-{tag}"
     bdir.mkdir()
-    res = bench_baselines(sd, bdir)
+    res: dict[str, dict[str, Any]] = bench_baselines(sd, bdir)  # type: ignore[assignment]
     ck_delta = cks_delta[0]
-    ck_full = Checkpointer(work / f"full-{tag}")
+    ck_full = Checkpointer(work / f"full-{tag}", progress=False)
     full = ours(ck_full, state, state["step"])
     delta = ours(ck_delta, state, state["step"])
-    for j in range(1, len(cks_delta)):  # the same saves again (twins): the best time
-        twin_full = Checkpointer(work / f"full-{tag}-{j}")
+    for j in range(1, len(cks_delta)):  # the same saves again (twins), interleaved
+        twin_full = Checkpointer(work / f"full-{tag}-{j}", progress=False)
         for mine, ck in ((full, twin_full), (delta, cks_delta[j])):
             again = ours(ck, state, state["step"])
-            mine["save_s"] = min(mine["save_s"], again["save_s"])
-            mine["stall_s"] = min(mine["stall_s"], again["stall_s"])
+            for k in ("save_s", "stall_s", "cpu_s"):
+                mine[k] += again[k]
         twin_full.close()
     res["ours, full"] = full
     res["ours, delta"] = delta
     delta["first_mb_s"] = first_mb_s
+    delta["host_copy_s"] = host_copy_s(sd)
+    ts_file = bdir / "ts.pt"
     if s3 is not None:
         k0, v0 = next(iter(state["model"].state_dict().items()))
         ref = {"k": k0, "v": v0.detach().contiguous()}
@@ -509,44 +477,40 @@ def measure(
             "delta": (Path(ck_delta.store.root), str(delta["id"])),  # type: ignore[attr-defined]
             "full": (Path(ck_full.store.root), str(full["id"])),  # type: ignore[attr-defined]
         }
-        got = s3.restore(bdir / "ts.pt", targets, ref)
+        got = s3.restore(ts_file, targets, ref)
         res["torch.save"]["s3_restore_s"] = got["torch.load+download"]
         delta["s3_restore_s"] = got["delta"]
         full["s3_restore_s"] = got["full"]
-    # local restores again, interleaved and from fresh Checkpointers (as a new process would): on a shared
-    # machine alternating runs see the same disturbances
-    ts_file = bdir / "ts.pt"
+    # local restores, interleaved and from fresh Checkpointers (as a new process would)
     readers = {
         "ours, delta": (Checkpointer(Path(ck_delta.store.root), progress=False), str(delta["id"])),  # type: ignore[attr-defined]
         "ours, full": (Checkpointer(Path(ck_full.store.root), progress=False), str(full["id"])),  # type: ignore[attr-defined]
     }
-    best = {"torch.save": math.inf, **{k: math.inf for k in readers}}
-    for _ in range(REPEAT_LOCAL):
-        best["torch.save"] = min(best["torch.save"], _best(lambda: torch.load(ts_file, weights_only=True), 1))
+    warm: dict[str, list[float]] = {"torch.save": [], **{k: [] for k in readers}}
+    for _ in range(REPEAT):
+        warm["torch.save"].append(_time(lambda: torch.load(ts_file, weights_only=True)))
         for k, (rd, cid) in readers.items():
-            best[k] = min(best[k], _best(lambda: rd.restore(cid), 1))  # noqa: B023
-    for k, v in best.items():
+            warm[k].append(_time(lambda: rd.restore(cid)))  # noqa: B023
+    for k, v in warm.items():
         res[k]["restore_s"] = v
     # the same from a cold page cache (what a restarted machine reads from its disk): every file of the run is
     # dropped from the cache before each restore
-    if hasattr(os, "posix_fadvise"):
+    if hasattr(os, "posix_fadvise") and COLD:
         files = {
             "torch.save": [ts_file],
             **{
-                k: [f for f in Path(rd.store.root).rglob("*") if f.is_file()]
+                k: [f for f in Path(rd.store.root).rglob("*") if f.is_file()]  # type: ignore[attr-defined]
                 for k, (rd, _) in readers.items()
-            },  # type: ignore[attr-defined]
+            },
         }
-        cold = {k: math.inf for k in files}
+        cold: dict[str, list[float]] = {k: [] for k in files}
         for _ in range(REPEAT):
             evict(files["torch.save"])
-            cold["torch.save"] = min(
-                cold["torch.save"], _best(lambda: torch.load(ts_file, weights_only=True), 1)
-            )
+            cold["torch.save"].append(_time(lambda: torch.load(ts_file, weights_only=True)))
             for k, (rd, cid) in readers.items():
                 evict(files[k])
                 fresh = Checkpointer(Path(rd.store.root), progress=False)  # type: ignore[attr-defined]
-                cold[k] = min(cold[k], _best(lambda: fresh.restore(cid), 1))  # noqa: B023
+                cold[k].append(_time(lambda: fresh.restore(cid)))  # noqa: B023
                 fresh.close()
         for k, v in cold.items():
             res[k]["cold_restore_s"] = v
@@ -556,6 +520,7 @@ def measure(
     ref_bytes = res["torch.save"]["bytes"]
     rows = []
     for method, r in res.items():
+        save_s = med(r["save_s"]) if isinstance(r["save_s"], list) else r["save_s"]
         rows.append(
             {
                 "workload": label,
@@ -563,64 +528,77 @@ def measure(
                 "method": method,
                 "bytes": int(r["bytes"]),
                 "ratio": r["bytes"] / ref_bytes,
-                "save_s": r["save_s"],
-                "mb_s": (full["raw"] / r["save_s"] / 1e6) if r["save_s"] > 0 else math.inf,
+                "save_s": save_s,
+                "save_runs": r["save_s"] if isinstance(r["save_s"], list) else [save_s],
+                "mb_s": (full["raw"] / save_s / 1e6) if save_s > 0 else math.inf,
                 "stall_s": r.get("stall_s"),
-                "restore_s": r["restore_s"],
-                "cold_restore_s": r.get("cold_restore_s"),
-                "s3_restore_s": r.get("s3_restore_s"),
+                "cpu_s": r.get("cpu_s"),
+                "host_copy_s": r.get("host_copy_s"),
+                "restore_s": med(_as_runs(r.get("restore_s"))),
+                "restore_runs": _as_runs(r.get("restore_s")),
+                "cold_restore_runs": r.get("cold_restore_s"),
+                "s3_restore_runs": r.get("s3_restore_s"),
                 "first_mb_s": r.get("first_mb_s"),
             }
         )
     return rows
 
 
+def _as_runs(v: Any) -> list[float]:
+    """Measurements as a list (a baseline measured once: one)."""
+    if v is None:
+        return []
+    return list(v) if isinstance(v, list) else [float(v)]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    """Every method of every workload."""
+    """Every method of every workload (times: median [min-max] of the runs)."""
     head = (
         "| workload | method | bytes written | ratio to torch.save | save s | save MB/s of state | "
         "training stall s | restore s (local) | restore s (local, cold cache) | restore s (S3) |"
     )
     out = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        stall = f"{r['stall_s']:.3f}" if r["stall_s"] is not None else ""
-        s3 = f"{r['s3_restore_s']:.3f}" if r.get("s3_restore_s") is not None else ""
-        cold = f"{r['cold_restore_s']:.3f}" if r.get("cold_restore_s") is not None else ""
+        stall = spread(r["stall_s"]) if r["stall_s"] is not None else ""
         out.append(
-            f"| {r['workload']} | {r['method']} | {r['bytes'] / 1e6:.2f} MB | {r['ratio']:.3f} | {r['save_s']:.3f} | "
-            f"{r['mb_s']:.0f} | {stall} | {r['restore_s']:.3f} | {cold} | {s3} |"
+            f"| {r['workload']} | {r['method']} | {r['bytes'] / 1e6:.2f} MB | {r['ratio']:.3f} | "
+            f"{spread(r['save_runs'])} | {r['mb_s']:.0f} | {stall} | {spread(r['restore_runs'])} | "
+            f"{spread(r['cold_restore_runs'] or [])} | {spread(r['s3_restore_runs'] or [])} |"
         )
     return "\n".join(out)
 
 
+def _x(ours_runs: list[float] | None, base_runs: list[float] | None) -> str:
+    """Our time / the baseline's, per interleaved run: median [min-max]."""
+    if not ours_runs or not base_runs:
+        return "-"
+    return spread(ratios(ours_runs, base_runs), "{:.2f}", "x")
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
-    """One line per workload: bytes as a ratio to torch.save, our save speed and stall, restore times."""
+    """One line per workload: bytes as a ratio to torch.save, our save speed, stall and CPU time, and our restore
+    time as a ratio to torch.load's (per interleaved run: median [min-max])."""
     head = (
         "| workload | torch.save+zstd | safetensors | torch.distributed.checkpoint | ours, full | ours, delta | "
-        "our save MB/s | training stall | restore, local: torch.load / ours delta / ours full | "
-        "restore, local, cold cache: same | restore, S3: torch.load + download / ours delta / ours full |"
+        "our save MB/s | training stall / host copy | CPU s per save | "
+        "restore / torch.load, local: delta, full | local, cold cache: delta, full | "
+        "S3 (vs download + torch.load): delta, full |"
     )
-    out = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["workload"], {})[r["method"]] = r
     for wl, m in by.items():
         d, ts, f = m["ours, delta"], m["torch.save"], m["ours, full"]
-        s3 = (
-            f"{ts['s3_restore_s']:.3f} / {d['s3_restore_s']:.3f} / {f['s3_restore_s']:.3f} s"
-            if d.get("s3_restore_s") is not None and ts.get("s3_restore_s") is not None
-            else "-"
-        )
-        cold = (
-            f"{ts['cold_restore_s']:.3f} / {d['cold_restore_s']:.3f} / {f['cold_restore_s']:.3f} s"
-            if d.get("cold_restore_s") is not None and ts.get("cold_restore_s") is not None
-            else "-"
-        )
+        stall = f"{1e3 * med(d['stall_s']):.0f} ms / {1e3 * med(d['host_copy_s']):.0f} ms"
         out.append(
             f"| {wl} | {m['torch.save+zstd3']['ratio']:.3f} | {m['safetensors']['ratio']:.3f} | "
-            f"{m['torch.distributed.checkpoint']['ratio']:.3f} | {m['ours, full']['ratio']:.3f} | "
-            f"{d['ratio']:.3f} | {d['mb_s']:.0f} ({d['first_mb_s']:.0f} first) | {1e3 * d['stall_s']:.0f} ms | "
-            f"{ts['restore_s']:.3f} / {d['restore_s']:.3f} / {f['restore_s']:.3f} s | {cold} | {s3} |"
+            f"{m['torch.distributed.checkpoint']['ratio']:.3f} | {f['ratio']:.3f} | "
+            f"{d['ratio']:.3f} | {d['mb_s']:.0f} ({d['first_mb_s']:.0f} first) | {stall} | {spread(d['cpu_s'])} | "
+            f"{_x(d['restore_runs'], ts['restore_runs'])}, {_x(f['restore_runs'], ts['restore_runs'])} | "
+            f"{_x(d['cold_restore_runs'], ts['cold_restore_runs'])}, "
+            f"{_x(f['cold_restore_runs'], ts['cold_restore_runs'])} | "
+            f"{_x(d['s3_restore_runs'], ts['s3_restore_runs'])}, {_x(f['s3_restore_runs'], ts['s3_restore_runs'])} |"
         )
     return "\n".join(out)
 
@@ -634,9 +612,18 @@ def main() -> None:
     ap.add_argument(
         "--no-s3", action="store_true", help="skip the restore from S3 (a moto server on loopback)"
     )
-    ap.add_argument("--no-sweep", action="store_true", help="skip the max_restore_ratio sweep")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the runs, memory and small-tensor tables")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument(
+        "--memory-only", action="store_true", help=argparse.SUPPRESS
+    )  # (the memory table's child)
     args = ap.parse_args()
+    global REPEAT, SAVE_TWINS, COLD
+    if args.memory_only:  # in a fresh process: nothing freed earlier is there for the saves to reuse
+        print(json.dumps(R.memory(args.quick, TinyGPT, REPEAT)))
+        return
+    if args.quick:  # a smoke run: fewer runs of everything
+        REPEAT, SAVE_TWINS, COLD = 2, 2, False
     t0 = time.time()
     s3 = None if args.no_s3 else S3Bench()
     try:
@@ -644,16 +631,37 @@ def main() -> None:
     finally:
         if s3 is not None:
             s3.close()
+    took = {"workloads": time.time() - t0}
     print(table(rows))
     print()
     print(summary(rows))
-    sweep = [] if args.no_sweep else policy_sweep(args.quick)
-    if sweep:
+    sweep: list[dict[str, Any]] = []
+    mem: dict[str, Any] = {}
+    small: dict[str, Any] = {}
+    if not args.no_sweep:
+        t1 = time.time()
+        sweep = R.runs(args.quick, TinyGPT, train, corpus, REPEAT)
+        took["runs"] = time.time() - t1
         print()
-        print(sweep_table(sweep))
-    print(f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s total")
+        print(R.runs_table(sweep))
+        child = [sys.executable, __file__, "--memory-only"] + (["--quick"] if args.quick else [])
+        t1 = time.time()
+        mem = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+        took["memory"] = time.time() - t1
+        t1 = time.time()
+        print()
+        print(R.memory_table(mem))
+        small = R.small_tensors(args.quick, REPEAT)
+        took["small tensors"] = time.time() - t1
+        print()
+        print(R.small_table(small))
+    parts = ", ".join(f"{k} {v:.0f} s" for k, v in took.items())
+    print(
+        f"\n{torch.get_num_threads()} torch threads, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s total ({parts})"
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "sweep": sweep}, indent=1))
+        doc = {"rows": rows, "sweep": sweep, "memory": mem, "small": small}
+        Path(args.json).write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,261 @@
+"""The tables of ``benchmarks/checkpoint.py`` that follow whole runs: bytes and restore time over a run of
+checkpoints (bases included), host memory during saves, and 10,000 small tensors.
+
+Imported by ``checkpoint.py`` (the model, the training loop and the corpus are passed in: this module has no model
+of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpu_notebook.checkpoint import Checkpointer
+
+#: the ways deltas chain that the runs table compares: (label, Checkpointer options)
+POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("chains of one (default)", {}),
+    ("chains (delta_against='previous')", {"delta_against": "previous"}),
+)
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _spread(xs: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    if not xs:
+        return "-"
+    return f"{fmt.format(statistics.median(xs))}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def _states(
+    quick: bool, model_cls: Any, train: Callable[..., float], data: torch.Tensor, g: torch.Generator
+) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]]:
+    """fp32 and bf16 training after a warm-up, and fine-tuning with most layers frozen."""
+    out = []
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = model_cls().to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        train(model, opt, data, 5 if quick else 30, g)
+        for pg in opt.param_groups:
+            pg["lr"] = 1e-4
+        out.append((name, model, opt))
+    torch.manual_seed(0)
+    model = model_cls()
+    train(model, torch.optim.AdamW(model.parameters(), lr=1e-3), data, 5 if quick else 30, g)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    last: Any = model.blocks[-1]
+    trainable = [last.attn.out_proj.weight, model.ln.weight, model.ln.bias]
+    for t in trainable:
+        t.requires_grad_(True)
+    out.append(("frozen (2% trainable)", model, torch.optim.AdamW(trainable, lr=1e-4)))
+    return out
+
+
+def runs(
+    quick: bool, model_cls: Any, train: Callable[..., float], corpus: Callable[[], torch.Tensor], repeat: int
+) -> list[dict[str, Any]]:
+    """Per state and policy: all bytes written over a run (every checkpoint after the first, bases included) per
+    checkpoint, as a ratio to ``torch.save``'s file of the same state; and per checkpoint the local restore time
+    as a ratio to ``torch.load`` of that file (``repeat`` interleaved runs each; the median of each checkpoint's
+    ratios, then their median and worst over the run)."""
+    g = torch.Generator().manual_seed(1)
+    data = corpus()
+    n_saves = 3 if quick else 12
+    out: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-runs-"))
+    try:
+        for name, model, opt in _states(quick, model_cls, train, data, g):
+            cks = {
+                label: Checkpointer(work / f"{len(out)}-{i}", progress=False, preemption=None, **kw)
+                for i, (label, kw) in enumerate(POLICIES)
+            }
+            ids: dict[str, list[str]] = {label: [] for label in cks}
+            ts_files: list[Path] = []
+            state = {"model": model, "optim": opt, "step": 0}
+            for i in range(n_saves):
+                if i:
+                    train(model, opt, data, 10, g)
+                state["step"] = 10 * i
+                for label, ck in cks.items():
+                    info = ck.save(state, 10 * i).result()
+                    assert info is not None
+                    ids[label].append(info.id)
+                f = work / f"ts-{len(out)}-{i}.pt"
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
+                ts_files.append(f)
+            ts_bytes = [f.stat().st_size for f in ts_files]
+            readers = {
+                label: Checkpointer(ck.store.root, progress=False, preemption=None)
+                for label, ck in cks.items()
+            }  # type: ignore[attr-defined]
+            rel: dict[str, list[float]] = {label: [] for label in cks}
+            for i, f in enumerate(ts_files):
+                per: dict[str, list[float]] = {label: [] for label in cks}
+                for _ in range(repeat):  # interleaved
+                    t_load = _time(lambda: torch.load(f, weights_only=True))  # noqa: B023
+                    for label, rd in readers.items():
+                        per[label].append(_time(lambda: rd.restore(ids[label][i])) / t_load)  # noqa: B023
+                for label in cks:
+                    rel[label].append(statistics.median(per[label]))
+            for label, ck in cks.items():
+                lst = ck.list()
+                written = sum(c.new_bytes for c in lst[1:])
+                out.append(
+                    {
+                        "state": name,
+                        "policy": label,
+                        "bytes": written / sum(ts_bytes[1:]),
+                        "bases": sum(1 for c in lst[1:] if c.is_base),
+                        "saves": n_saves - 1,
+                        "restore_median": statistics.median(rel[label]),
+                        "restore_worst": max(rel[label]),
+                        "restore_all": rel[label],
+                    }
+                )
+                ck.close()
+                readers[label].close()
+            for f in ts_files:
+                f.unlink()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def runs_table(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| state, a checkpoint every 10 steps | deltas | all bytes written per checkpoint (2 to n, bases included)"
+        " / torch.save | full bases among them | local restore / torch.load over the run: median, worst |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['state']} | {r['policy']} | {r['bytes']:.3f} | {r['bases']} of {r['saves']} | "
+            f"{r['restore_median']:.2f}x, {r['restore_worst']:.2f}x |"
+        )
+    return "\n".join(out)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def memory(quick: bool, model_cls: Any, repeat: int) -> dict[str, Any]:
+    """Host memory of the saves of one Checkpointer (a base, then deltas): the process's resident set above what
+    it was before, sampled every 2 ms, as a multiple of the state's bytes; peak (during the saves) and steady
+    (after each save, once committed: the buffers kept for the next one)."""
+    if not os.path.exists("/proc/self/statm"):
+        return {}
+    torch.manual_seed(0)
+    model = model_cls()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.zeros(1, 8, dtype=torch.long)).sum().backward()
+    opt.step()  # the optimizer's state exists
+    state = {"model": model, "optim": opt, "step": 0}
+    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-mem-"))
+    peak = [0]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.002)
+
+    try:
+        base = _rss()
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        steady = []
+        raw = 0
+        with Checkpointer(work, progress=False, preemption=None) as ck:
+            for i in range(2 + repeat):
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.mul_(1 + 1e-6)
+                info = ck.save(state, i).result()
+                assert info is not None
+                raw = info.raw_bytes
+                steady.append((_rss() - base) / raw)
+        stop.set()
+        sampler.join()
+        return {"peak": (peak[0] - base) / raw, "steady": steady[2:], "state_mb": raw / 1e6}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def memory_table(m: dict[str, Any]) -> str:
+    if not m:
+        return "(host memory: no /proc here)"
+    return "\n".join(
+        [
+            "| host memory of the saves above the process's before them, / the state's bytes | peak | steady |",
+            "| --- | ---: | ---: |",
+            f"| {m['state_mb']:.0f} MB state, a base then deltas | {m['peak']:.2f}x | "
+            f"{_spread(m['steady'], unit='x')} |",
+        ]
+    )
+
+
+def small_tensors(quick: bool, repeat: int) -> dict[str, Any]:
+    """10,000 tensors of 1 KB: save speed of a full checkpoint (3 fresh Checkpointers) and of a delta, the
+    manifest's size after 1 and after 9 deltas (``quick``: 4; chains of one: the same), and the restore time."""
+    g = torch.Generator().manual_seed(0)
+    state = {f"t{i}": torch.randn(256, generator=g) for i in range(10_000)}
+    raw = sum(t.nbytes for t in state.values())
+    work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-small-"))
+    full_s, delta_s, restore_s = [], [], []
+    manifests: dict[int, int] = {}
+    try:
+        depth = 3 if quick else 9
+        for j in range(2 if quick else max(3, repeat)):
+            with Checkpointer(work / str(j), progress=False, preemption=None) as ck:
+                full_s.append(_time(lambda: ck.save(state, 0).result()))  # noqa: B023
+                for step in range(1, depth + 1 if j == 0 else 2):
+                    for t in list(state.values())[step::7]:
+                        t.add_(1e-3)
+                    t0 = time.perf_counter()
+                    info = ck.save(state, step).result()
+                    delta_s.append(time.perf_counter() - t0)
+                    assert info is not None
+                    if j == 0 and step in (1, depth):
+                        manifests[step] = (work / "0" / "manifests" / f"{info.id}.json").stat().st_size
+                got = ck.restore()
+                assert all(torch.equal(got[k], v) for k, v in list(state.items())[:50])
+                restore_s.append(_time(lambda: ck.restore()))  # noqa: B023
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "full_mb_s": [raw / t / 1e6 for t in full_s],
+        "delta_mb_s": [raw / t / 1e6 for t in delta_s],
+        "manifest_kb": {"1": manifests[1] / 1024, "n": manifests[depth] / 1024, "depth": depth},
+        "restore_s": restore_s,
+    }
+
+
+def small_table(r: dict[str, Any]) -> str:
+    mk = r["manifest_kb"]
+    return "\n".join(
+        [
+            f"| 10,000 tensors of 1 KB | save MB/s, full | save MB/s, delta | manifest after 1 / {mk['depth']} deltas "
+            "| restore s |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| ours | {_spread(r['full_mb_s'], '{:.0f}')} | {_spread(r['delta_mb_s'], '{:.0f}')} | "
+            f"{mk['1']:.0f} / {mk['n']:.0f} KB | {_spread(r['restore_s'], '{:.3f}')} |",
+        ]
+    )
