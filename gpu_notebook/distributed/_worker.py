@@ -110,7 +110,8 @@ class Unpicklable:
         self.type_name, self.text, self.reason = type_name, text, reason
 
     def __repr__(self) -> str:
-        return self.text
+        # labelled: shown as the value's own repr, it would read as if the value had come back
+        return f"<{self.type_name} not sent (it cannot be pickled: {self.reason}): {self.text}>"
 
 
 class TooLarge:
