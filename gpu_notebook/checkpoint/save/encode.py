@@ -84,6 +84,7 @@ class ChunkEncoder:
         # most _UPLOADS_PER_THREAD frames per encoding thread wait for theirs (the memory they hold is bounded)
         self.uploads = uploads
         self._uploading: list[cf.Future[None]] = []
+        self._upload_lock = threading.Lock()
         self._upload_slots = threading.BoundedSemaphore(_UPLOADS_PER_THREAD * max(1, threads))
         self._claimed: dict[
             str, int
@@ -104,12 +105,12 @@ class ChunkEncoder:
             self._upload_slots.release()
             raise
         fut.add_done_callback(lambda _f: self._upload_slots.release())
-        with self._claim_lock:
+        with self._upload_lock:
             self._uploading.append(fut)
 
     def wait_uploads(self, cancel: bool = False) -> None:
         """Wait for every upload of this save (``cancel``: drop those not started); raise the first failure."""
-        with self._claim_lock:
+        with self._upload_lock:
             futs, self._uploading = self._uploading, []
         if cancel:
             for f in futs:
