@@ -29,6 +29,7 @@ from gpu_notebook.cluster.providers import (
     cloud_spec,
 )
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
+from gpu_notebook.distributed._group import nccl_needs_gpus
 
 __all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
 
@@ -102,6 +103,8 @@ class Cluster:
                 raise ValueError(
                     f"--{key.replace('_', '-')} must be a positive number of {what}, not {value!r}"
                 )
+        if backend == "nccl" and gpus_per_worker == 0:
+            raise ValueError(nccl_needs_gpus("--gpus-per-worker 0 gives the workers none"))
         if address is not None:
             address = _connect.normalise_address(address)
         # address="local": a local Ray even when RAY_ADDRESS names a cluster (None follows RAY_ADDRESS, as ray.init)
@@ -219,6 +222,8 @@ class Cluster:
                 runtime_env=_package_check.job_env(self.address, self.options),
             )
             workers, cpus, gpus = self._size_workers()
+            if self.backend_request == "nccl" and not gpus:  # before any worker starts: they would all fail
+                raise ClusterError(nccl_needs_gpus("this cluster has no GPUs"))
             runtime_env, worker_env = provider.worker_env(self, say)  # --working-dir, --pip, --env
             self.group = WorkerGroup(
                 workers,
@@ -301,21 +306,26 @@ class Cluster:
         """End the workers and, if this cluster started Ray, Ray itself. Returns a one-line summary."""
         if self.state in ("stopped", "new"):
             return f"cluster {self.name!r} is not running"
-        for hook in list(self._stop_hooks):
-            try:
-                hook(reason)
-            except Exception as exc:  # noqa: BLE001 - a hook must not keep workers alive
-                print(f"gpu_notebook: stop hook failed: {exc}", file=sys.stderr)
-        n = self.world_size
-        if self.group is not None:
-            self.group.stop(f"cluster {self.name!r}: {reason}")  # (a cell still running reports this reason)
+        if self.state == "stopping":  # another thread (a budget stop, say) is ending it now
+            return f"cluster {self.name!r} is already being stopped"
         manager = get_manager()
-        last_user = self._last_user_of_connection(manager)
-        shut_ray = bool(last_user and self.connection and self.connection.started_here)
-        if last_user:  # a local Ray we started shuts down; a remote one is only disconnected from
-            _connect.disconnect()
-        self.state = "stopped"
-        manager.remove(self)
+        self.state = "stopping"  # every view says so at once, not "running" while the workers end
+        try:
+            for hook in list(self._stop_hooks):
+                try:
+                    hook(reason)
+                except Exception as exc:  # noqa: BLE001 - a hook must not keep workers alive
+                    print(f"gpu_notebook: stop hook failed: {exc}", file=sys.stderr)
+            n = self.world_size
+            if self.group is not None:
+                self.group.stop(f"cluster {self.name!r}: {reason}")  # (a running cell reports this reason)
+            last_user = self._last_user_of_connection(manager)
+            shut_ray = bool(last_user and self.connection and self.connection.started_here)
+            if last_user:  # a local Ray we started shuts down; a remote one is only disconnected from
+                _connect.disconnect()
+        finally:  # even when ending the workers failed: they are not running for anyone to use
+            self.state = "stopped"
+            manager.remove(self)
         teardown = self.provider.teardown(self, None, reason)
         msg = f"cluster {self.name!r} stopped: {n} worker(s) ended"
         if teardown:

@@ -359,7 +359,7 @@ class CostMeter:
             return
         at = self.clock() if at is None else at
         state = getattr(c, "state", "running")
-        if state in ("stopped", "failed", "new"):
+        if state in ("stopping", "stopped", "failed", "new"):
             self.sync_nodes([], at)
             return
         try:

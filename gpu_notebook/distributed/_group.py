@@ -485,15 +485,20 @@ class WorkerGroup:
         say = progress or (lambda msg: None)
         workers = list(self.workers)  # stop() from another thread empties self.workers
         run = CellRun(
-            workers=workers, selected=selected, streamer=Streamer(self.log, sink), start=time.monotonic()
+            workers=workers,
+            selected=selected,
+            streamer=Streamer(self.log, sink),
+            start=time.monotonic(),
+            log_mark=self.log.mark(),
         )
         run.last_drain, run.drain_every = run.start, DRAIN_MIN_S
         run.pending = {submit(workers[r].actor): r for r in selected}
         self.busy = True
         try:
             self._wait(run, timeout)
-            if run.stopped is None and self._stopping is not None and run.died():
-                run.stopped = self._stopping  # the workers died because the group was being stopped
+            if run.stopped is None and self._stopping is not None:
+                # the ranks replied (the stop's interrupt ended them) or died because the group was stopped
+                run.stopped = self._stopping
             stuck = sorted(run.pending.values())  # ranks that never came back
             self._drain([r for r in selected if r not in stuck] + stuck, run.streamer, workers)
             for rank in selected:

@@ -23,6 +23,9 @@ class RankLog:
         self.max_lines = max_lines
         self._lines: dict[int, collections.deque[str]] = {}
         self._partial: dict[int, str] = {}
+        self._fed: dict[
+            int, int
+        ] = {}  # complete lines ever added per rank (a cell's lines are those after a mark)
         self._lock = threading.Lock()
 
     def feed(self, rank: int, text: str) -> list[str]:
@@ -38,6 +41,7 @@ class RankLog:
             complete = [line for line in complete if not line.startswith(_RAY_MARKERS)]
             dq = self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines))
             dq.extend(complete)
+            self._fed[rank] = self._fed.get(rank, 0) + len(complete)
             return complete
 
     def live(self, rank: int) -> str | None:
@@ -55,7 +59,26 @@ class RankLog:
             if not rest:
                 return []
             self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines)).append(rest)
+            self._fed[rank] = self._fed.get(rank, 0) + 1
             return [rest]
+
+    def mark(self) -> dict[int, int]:
+        """Where each rank's log is now: :meth:`since` gives the lines added after it (a cell's own)."""
+        with self._lock:
+            return dict(self._fed)
+
+    def since(self, rank: int, mark: dict[int, int], n: int) -> list[str]:
+        """The last ``n`` lines of ``rank`` added after ``mark`` (from :meth:`mark`), its unfinished one too.
+
+        Whoever drained them (the cell's stream, or ``%gpu_cluster logs`` meanwhile), and none from before.
+        """
+        with self._lock:
+            new = self._fed.get(rank, 0) - mark.get(rank, 0)
+            dq = self._lines.get(rank, ())
+            lines = list(dq)[len(dq) - min(new, len(dq)) :] if new > 0 else []
+            if self._partial.get(rank):
+                lines.append(self._partial[rank])
+        return lines[-n:] if n > 0 else []
 
     def tail(self, rank: int, n: int | None = None) -> list[str]:
         with self._lock:
@@ -72,6 +95,7 @@ class RankLog:
         with self._lock:
             self._lines.clear()
             self._partial.clear()
+            self._fed.clear()
 
 
 def _final_state(line: str) -> str:

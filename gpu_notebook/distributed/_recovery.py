@@ -50,6 +50,7 @@ class CellRun:
     selected: list[int]  # the ranks it runs on
     streamer: Streamer  # their output, prefixed, to the cell and the group's log
     start: float  # time.monotonic() when it was submitted
+    log_mark: dict[int, int] = field(default_factory=dict)  # where the group's log was when the cell started
     pending: dict[Any, int] = field(default_factory=dict)  # Ray object ref -> rank, for ranks not yet replied
     values: dict[int, Any] = field(default_factory=dict)
     failures: dict[int, RankFailure] = field(default_factory=dict)
@@ -68,7 +69,7 @@ class CellRun:
 
     def last_output(self, rank: int) -> list[str]:
         """The last lines ``rank`` printed in this cell (not in earlier ones)."""
-        return self.streamer.captured.get(rank, [])[-LAST_LINES:]
+        return self.streamer.log.since(rank, self.log_mark, LAST_LINES)
 
     def result(self, notes: Sequence[str]) -> CellResult:
         return CellResult(
@@ -176,8 +177,13 @@ def ray_cause(exc: BaseException) -> str:
 
 # ---- after the wait --------------------------------------------------------------------------------------------
 def mark_stopped(run: CellRun, stuck: Sequence[int]) -> str:
-    """Fail the ranks the stop ended (still running, or died with it) as ``"stopped"``; the cell's note."""
-    for rank in [*stuck, *run.died()]:
+    """Fail the ranks the stop ended as ``"stopped"``; the cell's note.
+
+    Those are the ranks still running, those that died with it, and those whose code the stop's own interrupt
+    ended (a ``KeyboardInterrupt`` reply): that one is not the stop button, and must not read like it.
+    """
+    interrupted = [r for r, f in run.failures.items() if f.kind == "error" and f.etype == "KeyboardInterrupt"]
+    for rank in [*stuck, *run.died(), *interrupted]:
         run.failures[rank] = RankFailure(
             rank=rank,
             kind="stopped",

@@ -112,6 +112,8 @@ class DistributedError(GpuNotebookError, Exception):
         kinds = {f.kind for f in self.failures}
         if kinds == {"interrupted"}:  # the stop button: not a failure of the user's code
             head = f"Interrupted: the cell was stopped on {n}{total} rank(s) ({format_ranks(self.ranks)})"
+        elif kinds == {"stopped"}:  # a budget or idle stop, or a stop from elsewhere: the note says which
+            head = f"Cluster stopped while the cell ran on {n}{total} rank(s) ({format_ranks(self.ranks)})"
         elif kinds == {"timeout"}:
             head = f"Timeout: the cell ran past --timeout on {n}{total} rank(s) ({format_ranks(self.ranks)})"
         else:

@@ -20,7 +20,7 @@ from gpu_notebook.magics._common import (
     reported,
     subcommands,
 )
-from gpu_notebook.monitor import monitor_for, running_monitor
+from gpu_notebook.monitor import monitor_for, running_monitor, stop_monitors
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
@@ -154,10 +154,12 @@ class MonitorMagics(Magics):
         for w in self._widgets:
             w.stop()
         self._widgets.clear()
-        mon = self._running(args)  # never start samplers (actors on every node) only to stop them
-        if mon is not None:
-            mon.stop()
-        print("GPU monitor stopped." if mon is not None or had_widgets else "No GPU monitor is running.")
+        # never starts samplers only to stop them; without --local, a --local monitor stops too
+        stopped = stop_monitors(local=args.local, every=not args.local)
+        if stopped:  # say which: a cluster's, this machine's (--local), or both
+            print(f"GPU monitor stopped. Stopped: {', '.join(stopped)}.")
+        else:
+            print("GPU monitor stopped." if had_widgets else "No GPU monitor is running.")
 
     def _cmd_status(self, args: Any) -> None:
         mon = self._running(args)

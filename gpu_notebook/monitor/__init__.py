@@ -28,6 +28,7 @@ __all__ = [
     "prometheus_text",
     "running_monitor",
     "sampler_actor_class",
+    "stop_monitors",
     "utilisation_summary",
 ]
 
@@ -35,7 +36,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._advice import REMEDIES, Advice
     from gpu_notebook.monitor._aggregator import Aggregator
     from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
-    from gpu_notebook.monitor._monitor import Monitor, monitor_for, running_monitor, utilisation_summary
+    from gpu_notebook.monitor._monitor import (
+        Monitor,
+        monitor_for,
+        running_monitor,
+        stop_monitors,
+        utilisation_summary,
+    )
     from gpu_notebook.monitor._ring import RingBuffer
     from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler, sampler_actor_class
 
@@ -52,6 +59,7 @@ __getattr__, __dir__ = lazy_module(
         "Monitor": "._monitor",
         "monitor_for": "._monitor",
         "running_monitor": "._monitor",
+        "stop_monitors": "._monitor",
         "utilisation_summary": "._monitor",
         "RingBuffer": "._ring",
         "GPU_METRICS": "._sampler",

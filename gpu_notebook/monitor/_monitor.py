@@ -25,7 +25,7 @@ from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prome
 from gpu_notebook.monitor._html import snapshot_table_html
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
-__all__ = ["Monitor", "monitor_for", "running_monitor", "utilisation_summary"]
+__all__ = ["Monitor", "monitor_for", "running_monitor", "stop_monitors", "utilisation_summary"]
 
 
 class Monitor:
@@ -567,3 +567,28 @@ def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> M
         mon = (Monitor.local(**kwargs) if cluster is None else Monitor(cluster, **kwargs)).start()
         _registry.monitors.set(key, mon)
     return mon
+
+
+def stop_monitors(cluster: Any = None, *, local: bool = False, every: bool = False) -> list[str]:
+    """Stop the shared monitor :func:`running_monitor` finds (``every``: also this machine's and every
+    cluster's); returns what was stopped, in words (``"this machine"``, ``"cluster 'shared'"``).
+
+    A ``--local`` monitor runs next to a cluster's: a plain stop that left it running while saying "stopped"
+    would leave a sampling thread nobody sees.
+    """
+    keys = [_key(_default_cluster(cluster, local))]
+    if every:
+        keys += [_registry.LOCAL, *_registry.get_manager().list()]
+    stopped: list[str] = []
+    seen: list[Any] = []
+    for key in keys:
+        if any(key is k for k in seen):
+            continue
+        seen.append(key)
+        mon = _registry.monitors.get(key)
+        if mon is not None and mon.started:
+            mon.stop()
+            stopped.append(
+                "this machine" if key is _registry.LOCAL else f"cluster {getattr(key, 'name', '?')!r}"
+            )
+    return stopped

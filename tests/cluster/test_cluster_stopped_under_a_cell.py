@@ -25,6 +25,8 @@ pytestmark = pytest.mark.timeout(180)
 
 G5 = ("aws", "g5.xlarge", "us-east-1", "on_demand")  # 1.006 USD/h in the shipped catalog
 CELL = "import time\nprint('training', flush=True)\ntime.sleep(120)\n"
+# a training loop: the stop's interrupt ends it at once, so the rank replies before its worker is ended
+LOOP_CELL = "import time\nprint('training', flush=True)\nfor _ in range(6000):\n    time.sleep(0.02)\n"
 
 
 @pytest.fixture
@@ -70,7 +72,12 @@ def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def _run_and_stop(
-    ip: Any, c: Cluster, stop: Callable[[], Any], *, ready: threading.Event | None = None
+    ip: Any,
+    c: Cluster,
+    stop: Callable[[], Any],
+    *,
+    ready: threading.Event | None = None,
+    cell: str = CELL,
 ) -> tuple[str, float]:
     """Run :data:`CELL` on ``c`` through the magic while another thread calls ``stop()``.
 
@@ -93,7 +100,7 @@ def _run_and_stop(
     if ready is not None:
         assert ready.wait(30), "the stopping thread never got ready"
     t0 = time.monotonic()
-    res = ip.run_cell(f"%%distributed --cluster {c.name}\n{CELL}")
+    res = ip.run_cell(f"%%distributed --cluster {c.name}\n{cell}")
     took = time.monotonic() - t0
     t.join(60)
     assert not t.is_alive() and errors == []
@@ -151,6 +158,35 @@ def test_the_budget_stop_under_a_running_cell(ip, small, capsys) -> None:
     text, took = _run_and_stop(ip, c, over_budget)
     _assert_stopped_cell(text, took, c, r"budget of \$5\.00 reached: \$5\.1\d spent \(estimate\)")
     assert msgs[-1].startswith("budget of $5.00 reached")
+
+
+def test_a_budget_stop_ending_a_training_loop_reads_as_the_stop_and_every_view_agrees(
+    ip, small, capsys
+) -> None:
+    """The stop's own interrupt ends the rank's loop: the cell said ``rank 0: KeyboardInterrupt``, as if the
+    stop button had been pressed."""
+    c = small("stop-budget-loop", "--budget 5")
+    offset = [0.0]
+    w = attach_policies(
+        c,
+        budget_usd=5.0,
+        node_pricing=lambda node_id: G5,
+        clock=lambda: time.time() + offset[0],
+        start=False,
+        notify=lambda m: None,
+    )
+
+    def over_budget() -> None:
+        offset[0] = 5.1 * 3600
+        assert "workers stopped" in w.tick()[0]
+
+    text, took = _run_and_stop(ip, c, over_budget, cell=LOOP_CELL)
+    assert text.startswith("Cluster stopped while the cell ran on 1 of 1 rank(s) (0)"), text
+    assert "KeyboardInterrupt" not in text and "Interrupted" not in text
+    _assert_stopped_cell(text, took, c, r"budget of \$5\.00 reached: \$5\.1\d spent \(estimate\)")
+    capsys.readouterr()
+    ip.run_line_magic("gpu_cluster", "list")
+    assert "stop-budget-loop" not in capsys.readouterr().out  # no longer listed as running
 
 
 def test_the_idle_stop_under_a_running_cell(ip, small, capsys) -> None:

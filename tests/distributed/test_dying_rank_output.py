@@ -62,3 +62,16 @@ def test_a_timeout_report_shows_only_this_cells_output(ip, shared):
     assert "printed by an earlier cell" not in text
     res = ip.run_cell("%%distributed -o alive\n1\n")  # interrupted, not rebuilt: the workers go on
     assert res.success and list(ip.user_ns["alive"]) == [1, 1]
+
+
+def test_the_log_gives_the_lines_after_a_mark_whoever_drained_them():
+    from gpu_notebook.distributed import RankLog
+
+    log = RankLog(max_lines=3)
+    log.feed(0, "old 1\nold 2\n")
+    mark = log.mark()
+    assert log.since(0, mark, 10) == []
+    log.feed(0, "new 1\nnew 2\nnew 3\nnew 4\npart")
+    assert log.since(0, mark, 10) == ["new 2", "new 3", "new 4", "part"]  # the ring keeps 3 lines
+    assert log.since(0, mark, 2) == ["new 4", "part"]
+    assert log.since(1, mark, 10) == []
