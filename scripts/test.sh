@@ -25,5 +25,10 @@ if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then e
     .venv/bin/ruff format --check gpu_notebook tests benchmarks scripts
     .venv/bin/lint-imports
     .venv/bin/mypy gpu_notebook
+    echo "==> the checkpoint codec's C as strict C99 (-Wall -Wextra -pedantic -Werror)"
+    scripts/check_c.sh .venv/bin/python
+    echo "==> the pure checkpoint tests once more without the C kernels (the numpy fallback)"
+    GPU_NOTEBOOK_NO_C_EXT=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
+        tests/checkpoint/test_checkpoint_{codec,format,golden,hostile,local,robustness,sizes}.py
 fi
 exec .venv/bin/python -m pytest --durations=20 "$@"  # the slowest tests, to keep the run short
