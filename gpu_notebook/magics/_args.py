@@ -43,6 +43,7 @@ __all__ = [
     "path",
     "percent",
     "rank_list",
+    "rank_number",
     "size",
     "split",
     "tcp_port",
@@ -85,7 +86,7 @@ def _typed(parse: Callable[[str], Any], label: str) -> ArgParser:
 
 
 def _fmt(value: float) -> str:
-    return f"{value:g}"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 def number(
@@ -96,6 +97,7 @@ def number(
     allow_minimum: bool = False,
     integer: bool = False,
     zero: Any = ...,
+    phrase: str | None = None,
 ) -> ArgParser:
     """A finite number in ``(minimum, maximum]`` (``[minimum, maximum]`` with ``allow_minimum``).
 
@@ -107,6 +109,8 @@ def number(
         Only whole numbers (``2``, not ``2.5``).
     zero
         When given, ``0`` is accepted and means this value (``None``: no limit).
+    phrase
+        What the message says is accepted, when "a number of WHAT" does not read well (``a rank from 0 to 1024``).
     """
     kind = "whole number" if integer else "number"
     if allow_minimum:
@@ -117,6 +121,7 @@ def number(
         accepted = f"a {kind} of {what} over {_fmt(minimum)} and up to {_fmt(maximum)}"
     if zero is not ...:
         accepted += " (0: no limit)"
+    accepted = phrase or accepted
 
     def parse(text: str) -> Any:
         try:
@@ -137,6 +142,17 @@ def number(
 def count(what: str, *, minimum: int = 1, maximum: int = 1_000_000) -> ArgParser:
     """A whole number of ``what`` from ``minimum`` to ``maximum``."""
     return number(what, minimum=minimum, maximum=maximum, allow_minimum=True, integer=True)
+
+
+def rank_number(*, maximum: int = 1024) -> ArgParser:
+    """One rank: a whole number from 0 (the cluster's size, known later, says which exist)."""
+    return number(
+        "rank",
+        maximum=maximum,
+        allow_minimum=True,
+        integer=True,
+        phrase=f"a rank (0, 1, ... up to {maximum})",
+    )
 
 
 def duration(

@@ -21,6 +21,7 @@ from gpu_notebook.magics._args import (
     name,
     number,
     path,
+    rank_number,
     size,
     text,
 )
@@ -205,7 +206,7 @@ LOCAL = option(
     "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
 )
 LOGS_ARGS = (
-    option("--rank", type=count("rank", minimum=0, maximum=MAX_WORKERS), help="logs: only this rank"),
+    option("--rank", type=rank_number(maximum=MAX_WORKERS), help="logs: only this rank"),
     option(
         "--tail",
         type=count("lines", maximum=1_000_000),

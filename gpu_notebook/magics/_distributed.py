@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.distributed import format_ranks, parse_ranks
-from gpu_notebook.magics._args import count, duration, identifier, name, rank_list, size
+from gpu_notebook.magics._args import duration, identifier, name, rank_list, rank_number, size
 from gpu_notebook.magics._common import (
     MagicError,
     option,
@@ -273,7 +273,7 @@ class DistributedMagics(Magics):
     @argument(
         "--rank",
         "-r",
-        type=count("rank", minimum=0, maximum=1024),
+        type=rank_number(),
         default=0,
         help="from this rank (default 0)",
     )

@@ -208,9 +208,9 @@ def test_stopping_a_cluster_whose_start_failed_leaves_the_live_ray_alone():
     "line,expect",
     [
         ("logs --rank 99", "has no rank 99: ranks 0-"),  # used to say "no output recorded yet"
-        ("logs --rank -1", "has no rank -1"),
-        ("logs --tail 0", "tail must be at least 1 line"),  # used to print nothing recorded
-        ("logs --tail -3", "tail must be at least 1 line"),
+        ("logs --rank -1", "--rank: expected a rank (0, 1, ... up to 1024), not '-1'"),
+        ("logs --tail 0", "--tail: expected a whole number of lines, at least 1"),  # used to print nothing
+        ("logs --tail -3", "--tail: expected a whole number of lines, at least 1"),
     ],
 )
 def test_logs_of_a_rank_that_does_not_exist_say_so(ip, shared, capsys, line, expect):

@@ -119,7 +119,7 @@ def test_magic_catalog_and_usage(shell) -> None:
     assert (
         "UsageError" in cap.stderr
         and "%gpu_cost" in cap.stderr
-        and "[--budget USD]" in cap.stderr
+        and "COMMAND is one of show, status, policies" in cap.stderr
         and "Traceback" not in cap.stderr
     )
     _, cap = _run(shell, "catalog --cloud ibm")
