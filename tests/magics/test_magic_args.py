@@ -203,3 +203,12 @@ def test_a_syntax_error_in_a_cell_shows_the_cell_not_ast_py(shell) -> None:
     assert exc is not None and "ast.py" not in shown and "Traceback" not in shown
     assert "SyntaxError: '(' was never closed" in shown and "line 3" in shown and "y = (" in shown
     assert "no cluster" not in shown  # found before a cluster is needed
+
+
+def test_a_quoted_namespace_is_rendered_without_its_quotes(ip, monkeypatch) -> None:
+    monkeypatch.setattr(_registry, "_MANAGER", _registry.ClusterManager())
+    with capture_output() as cap:
+        res = ip.run_cell("%gpu_cluster start --cloud kubernetes --gpu A100:1 --namespace 'x' --dry-run")
+    assert res.error_in_exec is None, cap.stderr
+    plan = "".join(o.data.get("text/plain", "") for o in cap.outputs) + cap.stdout
+    assert "\n  namespace: x\n" in plan and "'x'" not in plan and "in x (dry run" in plan
