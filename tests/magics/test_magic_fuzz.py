@@ -326,7 +326,12 @@ def test_every_nasty_value_in_every_option(shell) -> None:
                 _check(opt, value, outcome)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,  # nothing kept between runs: CI starts fresh, and the repository gets no .hypothesis/ examples
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_random_values_and_combinations(shell, data: st.DataObject) -> None:
     """Random text in one option, and a second option of the same subcommand with a nasty value."""
