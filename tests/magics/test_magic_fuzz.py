@@ -34,6 +34,8 @@ from gpu_notebook.errors import GpuNotebookError
 from gpu_notebook.magics import MAGICS
 
 pytest.importorskip("plotly")
+# a hang is a failure: each test takes seconds here; the whole file must stay under a minute in CI
+pytestmark = pytest.mark.timeout(60)
 
 #: magics this test does not cover yet, with the reason
 NOT_COVERED = {
