@@ -11,14 +11,21 @@ from typing import TYPE_CHECKING
 
 from gpu_notebook._lazy import lazy_module
 
-__all__ = ["CostWidget", "MonitorWidget", "cost_view"]
+__all__ = ["CostWidget", "MonitorWidget", "cost_view", "live_views", "stop_live_views"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.widgets._cost import CostWidget, cost_view
+    from gpu_notebook.widgets._live import live_views, stop_live_views
     from gpu_notebook.widgets._monitor import MonitorWidget
 
 __getattr__, __dir__ = lazy_module(
     __name__,
     __all__,
-    {"CostWidget": "._cost", "cost_view": "._cost", "MonitorWidget": "._monitor"},
+    {
+        "CostWidget": "._cost",
+        "cost_view": "._cost",
+        "MonitorWidget": "._monitor",
+        "live_views": "._live",
+        "stop_live_views": "._live",
+    },
 )

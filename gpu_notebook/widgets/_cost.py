@@ -131,6 +131,11 @@ class CostWidget(LiveView):
         if autostart:
             self.start()
 
+    def _finished(self) -> bool:
+        """The meter's cluster has stopped: one last refresh shows the final figure, then the thread ends."""
+        cluster = getattr(self.meter, "cluster", None)
+        return cluster is not None and getattr(cluster, "state", "running") in ("stopped", "failed")
+
     # -- refresh -----------------------------------------------------------------------------------------------
     def refresh(self, force: bool = False) -> bool:
         """Send new numbers if they changed and the message cap allows; returns whether anything was sent."""

@@ -13,11 +13,32 @@ views keep to their message budget.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
-__all__ = ["LiveView", "RateCap"]
+__all__ = ["LiveView", "RateCap", "live_views", "stop_live_views"]
+
+# every view whose refresh thread runs, whoever started it: the magics that made them may have been reloaded
+# (``%reload_ext gpu_notebook``) and lost their own lists, but the threads go on until stopped
+_LIVE: weakref.WeakSet[LiveView] = weakref.WeakSet()
+_LIVE_LOCK = threading.Lock()
+
+
+def live_views(kind: type | None = None) -> list[LiveView]:
+    """The views (of ``kind``, a LiveView subclass; None for all) whose refresh thread runs."""
+    with _LIVE_LOCK:
+        views = list(_LIVE)
+    return [v for v in views if v.live and (kind is None or isinstance(v, kind))]
+
+
+def stop_live_views(kind: type | None = None) -> int:
+    """Stop every live view (of ``kind``); returns how many were stopped."""
+    views = live_views(kind)
+    for v in views:
+        v.stop()
+    return len(views)
 
 
 class RateCap:
@@ -152,6 +173,8 @@ class LiveView:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, daemon=True, name=self.thread_name)
             self._thread.start()
+            with _LIVE_LOCK:
+                _LIVE.add(self)
         return self
 
     def stop(self, snapshot: bool = True) -> None:
@@ -160,6 +183,8 @@ class LiveView:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._thread = None
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
         if snapshot and self._handle is not None:
             from IPython.display import HTML
 
