@@ -244,12 +244,15 @@ def _cluster_values(c: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def _state() -> tuple[Any, ...]:
-    """What a magic may register: clusters, and per cluster a monitor, a cost meter, a policy watcher."""
+def _state(shell: Any) -> tuple[Any, ...]:
+    """What a magic may register: clusters, per cluster a monitor, a cost meter, a policy watcher; and the
+    live views the magics keep (a cost view, a monitor dashboard)."""
     maps = (_registry.monitors, _registry.cost_meters, _registry.policy_watchers)
+    views = [getattr(m, "_widgets", ()) for m in shell.magics_manager.registry.values()]
     return (
         tuple(id(c) for c in _registry.get_manager().list()),
         *(tuple(sorted(id(v) for v in m._items.values())) for m in maps),  # noqa: SLF001 - the test's view
+        tuple(id(v) for vs in views for v in vs),
     )
 
 
@@ -267,14 +270,14 @@ def run(shell: Any, opt: Opt, line: str) -> tuple[str, BaseException | None]:
     """Run the line as a cell; fail the test unless it ended in a usage error, one of our one-line errors, a
     spy, or a result; and unless it left the registry as it was. Returns ('usage'|'ours'|'reached'|'ok')."""
     ray_before = _ray_up()
-    before = _state()
+    before = _state(shell)
     cell = f"%%{opt.magic} {line}\n1\n" if opt.magic == "distributed" else f"%{opt.magic} {line}"
     with capture_output() as cap:
         res = shell.run_cell(cell)
     exc = res.error_in_exec or res.error_before_exec
     shown = cap.stdout + cap.stderr
     assert "Traceback" not in shown and 'File "/' not in shown, (cell, shown)
-    assert _state() == before, f"{cell!r} left something registered"
+    assert _state(shell) == before, f"{cell!r} left something registered"
     assert _ray_up() == ray_before, f"{cell!r} started Ray"
     if exc is None:
         return "ok", None
