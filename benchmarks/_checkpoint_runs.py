@@ -7,6 +7,7 @@ of its own).
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import shutil
@@ -29,16 +30,34 @@ POLICIES: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def _time(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any]) -> float:
+    """Wall time of one call."""
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def _spread(xs: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+_time = timed
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
+
+
+def spread(xs: list[float], fmt: str = "{:.3f}", unit: str = "") -> str:
+    """``median [min-max]`` of a list of measurements."""
     if not xs:
         return "-"
-    return f"{fmt.format(statistics.median(xs))}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+    return f"{fmt.format(med(xs))}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def _spread(xs: list[float], fmt: str = "{:.2f}", unit: str = "") -> str:
+    return spread(xs, fmt, unit)
+
+
+def ratios(num: list[float], den: list[float]) -> list[float]:
+    """Per interleaved run: ours / the baseline's."""
+    return [a / b for a, b in zip(num, den, strict=False) if b > 0]
 
 
 def _states(

@@ -48,7 +48,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import sysconfig
@@ -64,6 +63,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import _checkpoint_runs as R  # noqa: E402
+from _checkpoint_runs import med, ratios, spread  # noqa: E402
+from _checkpoint_runs import timed as _time  # noqa: E402
 
 from gpu_notebook.checkpoint import Checkpointer  # noqa: E402
 
@@ -251,28 +252,6 @@ def evict(files: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
-
-
-def _time(fn: Any) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else math.nan
-
-
-def spread(xs: list[float], fmt: str = "{:.3f}", unit: str = "") -> str:
-    """``median [min-max]`` of a list of measurements."""
-    if not xs:
-        return "-"
-    return f"{fmt.format(med(xs))}{unit} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
-
-
-def ratios(num: list[float], den: list[float]) -> list[float]:
-    """Per interleaved run: ours / the baseline's."""
-    return [a / b for a, b in zip(num, den, strict=False) if b > 0]
 
 
 def host_copy_s(sd: dict[str, Any]) -> list[float]:
