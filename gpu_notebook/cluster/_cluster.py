@@ -29,7 +29,7 @@ from gpu_notebook.cluster.providers import (
     cloud_spec,
 )
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
-from gpu_notebook.distributed._group import nccl_needs_gpus
+from gpu_notebook.distributed._process_group import nccl_needs_gpus
 
 __all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
 

@@ -22,7 +22,7 @@ from typing import Any
 from gpu_notebook._display import Progress
 from gpu_notebook.distributed import _placement, _recovery, _remains
 from gpu_notebook.distributed._output import RankLog, Streamer
-from gpu_notebook.distributed._process_group import explain_backend
+from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
 from gpu_notebook.distributed._recovery import CellRun
 from gpu_notebook.distributed._results import CellResult
@@ -35,15 +35,7 @@ from gpu_notebook.distributed._worker import (
 )
 from gpu_notebook.errors import GpuNotebookError
 
-__all__ = [
-    "DRAIN_MAX_S",
-    "DRAIN_MIN_S",
-    "GroupError",
-    "GroupTimeouts",
-    "Worker",
-    "WorkerGroup",
-    "nccl_needs_gpus",
-]
+__all__ = ["DRAIN_MAX_S", "DRAIN_MIN_S", "GroupError", "GroupTimeouts", "Worker", "WorkerGroup"]
 
 
 class GroupError(GpuNotebookError, RuntimeError):
@@ -125,9 +117,8 @@ class WorkerGroup:
         self._pg: Any = None
         self._spawned: list[Any] = []  # actors started but not yet given a rank: stop() ends them too
         self._dead: set[int] = set()
-        self._seqs: dict[
-            int, int
-        ] = {}  # rank -> collectives issued on the default group, after its last cell
+        # rank -> collectives issued on the default group, after its last cell
+        self._seqs: dict[int, int] = {}
         self.started_at: float | None = None
         self.busy = False
         self._stopping: str | None = None  # set by stop(): why the group is going away (a running cell ends)
@@ -302,6 +293,8 @@ class WorkerGroup:
             except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
                 pass
         _kill(actors)
+        for w in self.workers:  # a worker killed before it could remove its output spool (this machine's)
+            _remains.remove(_remains.spool_paths(self.group_id, w.pid))
         self.workers, self._spawned = [], []
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
@@ -626,15 +619,6 @@ class WorkerGroup:
             ray.get(refs, timeout=5)
         except Exception:  # noqa: BLE001 - best effort: a rank that cannot be interrupted is given up on later
             pass
-
-
-def nccl_needs_gpus(why: str) -> str:
-    """Why ``backend="nccl"`` cannot start here, and what to use instead."""
-    return (
-        f"--backend nccl needs a GPU of its own for every rank, one that CUDA can use, and here {why}. "
-        f"Use --backend gloo (or auto, which picks gloo here) on this cluster, or start one with GPUs "
-        f"(--gpus-per-worker 1)"
-    )
 
 
 def _kill(actors: Sequence[Any]) -> None:

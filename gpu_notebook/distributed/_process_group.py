@@ -41,6 +41,7 @@ __all__ = [
     "explain_backend",
     "join",
     "leave",
+    "nccl_needs_gpus",
     "patch_torch_distributed",
     "select_devices",
     "torchrun_env",
@@ -105,6 +106,15 @@ def explain_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[b
 def choose_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[bool]) -> str:
     """NCCL when every rank has a GPU of its own that CUDA can use, else gloo; see :func:`explain_backend`."""
     return explain_backend(plans, cuda_available)[0]
+
+
+def nccl_needs_gpus(why: str) -> str:
+    """Why ``backend="nccl"`` cannot start here, and what to use instead."""
+    return (
+        f"--backend nccl needs a GPU of its own for every rank, one that CUDA can use, and here {why}. "
+        f"Use --backend gloo (or auto, which picks gloo here) on this cluster, or start one with GPUs "
+        f"(--gpus-per-worker 1)"
+    )
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
