@@ -249,6 +249,9 @@ COLLECTIVES = (
     "scatter_object_list",
 )
 
+#: What DistributedDataParallel calls on its group when it is built (private, the group their first argument).
+GROUP_FIRST = ("_broadcast_coalesced", "_verify_params_across_processes")
+
 # the ranks running the current cell, when they are not all of the group's (None: every rank runs it)
 _CELL_RANKS: frozenset[int] | None = None
 
@@ -286,7 +289,7 @@ def _check_group(name: str, group: Any, ranks: frozenset[int]) -> None:
         return
     which = "the default group" if default else f"a group of ranks {format_ranks(sorted(members))}"
     raise CollectiveOutsideCellError(
-        f"dist.{name} on {which} needs {_ranks_text(missing)}, which "
+        f"dist.{name.lstrip('_')} on {which} needs {_ranks_text(missing)}, which "
         f"{'is' if len(missing) == 1 else 'are'} not running this cell (it runs on "
         f"{_ranks_text(sorted(ranks))}): it would wait for {'it' if len(missing) == 1 else 'them'} forever. "
         f"Run the cell on every rank of the group, or use a group of this cell's ranks "
@@ -306,7 +309,9 @@ def _guard_collective(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         ranks = _CELL_RANKS
         if ranks is not None:
             group = kwargs.get("group")
-            if "group" not in kwargs and signature is not None:
+            if name in GROUP_FIRST:
+                group = args[0] if args else kwargs.get("process_group")
+            elif "group" not in kwargs and signature is not None:
                 try:
                     group = signature.bind_partial(*args, **kwargs).arguments.get("group")
                 except TypeError:  # the call itself raises the user's mistake
@@ -330,7 +335,7 @@ def patch_torch_distributed() -> None:
 
     if getattr(dist.init_process_group, "_gpu_notebook", False):
         return
-    for name in COLLECTIVES:
+    for name in COLLECTIVES + GROUP_FIRST:
         fn = getattr(dist, name, None)
         if callable(fn) and not getattr(fn, "_gpu_notebook_guard", False):
             setattr(dist, name, _guard_collective(name, fn))

@@ -28,6 +28,18 @@ def test_an_all_reduce_in_a_cell_on_one_rank_fails_at_once_and_says_why(ip, shar
     assert res.success and list(ip.user_ns["kept"]) == [100, 101]
 
 
+def test_ddp_built_in_a_cell_on_one_rank_fails_at_once(ip, shared):
+    res = ip.run_cell(
+        "%%distributed --workers 1 --timeout 60\nimport torch\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(torch.nn.Linear(2, 2))\n"
+    )
+    err = res.error_in_exec
+    assert err is not None
+    text = "\n".join(err._render_traceback_())
+    assert "CollectiveOutsideCellError" in text and "needs rank 0, which is not running this cell" in text
+    assert "Timeout" not in text and "rebuilt" not in text
+
+
 def test_a_subgroup_of_the_cells_ranks_still_works(ip, shared):
     res = ip.run_cell("%%distributed\nimport torch, torch.distributed as dist\nsolo = dist.new_group([0])\n")
     assert res.success
