@@ -205,7 +205,6 @@ class Committer:
             doc["per_rank"] = sorted(sections, key=lambda s: int(s["rank"]))
         if self._writers:
             doc["attempt"] = self._name
-        data = json.dumps(doc, separators=(",", ":")).encode()
         try:
             if self.order is not None:  # the next free place in the store's commit order (see order.py)
                 got = self.order.commit(doc, self._write_manifest, movable=not self._writers)
@@ -216,7 +215,7 @@ class Committer:
                         retryable=False,
                     )
                 doc = got
-            elif not self.store.put(manifest_key(ckpt_id), data, create_only=True):
+            elif not self._write_manifest(doc):
                 doc = self._ours_already(snap, ckpt_id)
         except Exception as e:  # noqa: BLE001 - any failure to commit is told to the other ranks, then raised
             self.failed(ckpt_id, e)
