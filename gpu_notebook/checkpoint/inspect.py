@@ -19,6 +19,7 @@ from .format.manifest import (
     read_manifest,
     restore_frames,
     seq_of,
+    shard_chunks,
 )
 from .results import DiffResult, ShowResult
 from .stores import Store
@@ -162,18 +163,20 @@ class Inspector:
             return read_manifest(self.store, id_from_key(matches[0].key))  # type: ignore[arg-type]
 
     def show(self, ckpt_id: str | None = None) -> ShowResult:
-        """Summary of one checkpoint: info, and per tensor dtype/shape/chunks/transforms/stored bytes."""
+        """Summary of one checkpoint: info, what a restore of it reads (the groups of small tensors and the
+        per-rank sections included), and per tensor dtype/shape/chunks/transforms/stored bytes."""
         doc = self.resolve(ckpt_id, None)
         tensors = {}
-        frames = restore_frames(
-            c for sh in doc["shards"] for lf in sh["leaves"].values() for c in lf["chunks"]
-        )
-        for shard in doc["shards"]:
-            for name, lf in shard["leaves"].items():
+        parts = [*doc["shards"], *(doc.get("per_rank") or [])]
+        chunks = [c for part in parts for c in shard_chunks(part)]
+        frames = restore_frames(chunks)
+        several = len(parts) > 1
+        for part in parts:
+            for name, lf in part["leaves"].items():
                 ts: dict[str, int] = {}
                 for c in lf["chunks"]:
                     ts[c["t"]] = ts.get(c["t"], 0) + 1
-                label = name if len(doc["shards"]) == 1 else f"rank{shard['rank']}:{name}"
+                label = f"rank{part['rank']}:{name}" if several else name
                 tensors[label] = {
                     "dtype": lf["dtype"],
                     "shape": lf["shape"],
@@ -183,12 +186,14 @@ class Inspector:
                     "transforms": ts,
                     "max_depth": max((c.get("depth", 0) for c in lf["chunks"]), default=0),
                 }
+                if "group" in lf:  # a small tensor saved inside its group's chunks
+                    tensors[label]["group"] = lf["group"]
         return ShowResult(
             info=CheckpointInfo.from_manifest(doc),
             restore={
                 "bytes": sum(frames.values()),
                 "objects": len({k for k, _ in frames}),
-                "max_depth": max((t["max_depth"] for t in tensors.values()), default=0),
+                "max_depth": max((c.get("depth", 0) for c in chunks), default=0),
             },
             stats=doc.get("stats", {}),
             writer=doc.get("writer", {}),
