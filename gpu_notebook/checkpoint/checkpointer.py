@@ -35,6 +35,7 @@ from .format.manifest import (
     hash_fn,
     open_format,
 )
+from .format.validate import MAX_CHAIN
 from .gc import collect
 from .inspect import Inspector
 from .per_rank import has_per_rank
@@ -183,8 +184,8 @@ class Checkpointer:
             raise ValueError("on_busy must be 'wait' or 'skip'")
         if on_preemption not in ("auto", "full", "delta"):
             raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
-        if full_every < 1:
-            raise ValueError("full_every must be >= 1")
+        if not 1 <= full_every <= MAX_CHAIN:  # a reader refuses longer delta chains (format/validate.py)
+            raise ValueError(f"full_every must be between 1 and {MAX_CHAIN}, not {full_every!r}")
         if max_restore_ratio is not None and max_restore_ratio < 1:
             raise ValueError("max_restore_ratio must be >= 1 (or None)")
         # format version 4 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)

@@ -189,3 +189,13 @@ def test_a_member_outside_its_group_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     with pytest.raises(IntegrityError, match="f5.*does not lie within its group 'float32'"):
         _ck(tmp_path).restore(info.id)
+
+
+def test_a_writer_never_makes_a_chain_a_reader_refuses(tmp_path: Path) -> None:
+    """Readers refuse delta chains longer than MAX_CHAIN frames (hostile stores): a writer asked for longer ones
+    is refused when it is made, not after it has written checkpoints nobody can restore."""
+    from gpu_notebook.checkpoint.format.validate import MAX_CHAIN
+
+    with pytest.raises(ValueError, match=f"full_every must be between 1 and {MAX_CHAIN}"):
+        Checkpointer(tmp_path, full_every=MAX_CHAIN + 1, delta_against="previous", preemption=None)
+    Checkpointer(tmp_path, full_every=MAX_CHAIN, preemption=None, current=False).close()
