@@ -1,5 +1,5 @@
 """Every rank's own state in replicated DDP: each rank's RNG states and data order (a stateful sampler marked
-``PerRank``) are saved beside rank 0's shared state and restored to the same rank, bit-exact (real gloo ranks,
+``PerRank``, and a real torchdata ``StatefulDataLoader``) are saved beside rank 0's shared state and restored to the same rank, bit-exact (real gloo ranks,
 torch.multiprocessing spawn, 2 processes seeded differently)."""
 
 from __future__ import annotations
@@ -77,17 +77,34 @@ def _train(rank: int, world: int, root: str, phase: str) -> None:
             opt.step()
             return {"idx": idx, "noise": noise.numpy().tobytes().hex(), "scale": scale, "shift": shift}
 
-        state = {"model": net, "optim": opt, "sampler": PerRank(sampler), "step": SAVE_AT}
+        # and a real torchdata StatefulDataLoader, shuffled by its own generator (seeded per rank), part-way through
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        gen = torch.Generator().manual_seed((rank + 1) if phase == "first" else 99)
+        loader = StatefulDataLoader(list(range(40)), batch_size=3, shuffle=True, generator=gen)
+        state = {
+            "model": net,
+            "optim": opt,
+            "sampler": PerRank(sampler),
+            "loader": PerRank(loader),
+            "step": SAVE_AT,
+        }
         if phase == "first":
+            batches = iter(loader)
             for _ in range(SAVE_AT):
                 step()
+                next(batches)
             h = ckpt.save(state, block=True)
             out["saved_id"] = h.id
             out["sampler_at_save"] = sampler.state_dict()
         else:
-            got = ckpt.restore(into=state, rng=True)  # the same dict: PerRank(sampler) is loaded too
+            got = ckpt.restore(
+                into=state, rng=True
+            )  # the same dict: the PerRank sampler and loader are loaded too
             out["restored_sampler"] = got["sampler"]
+            batches = iter(loader)  # resumes where the saved loader was
         out["records"] = [step() for _ in range(AFTER)]
+        out["loader"] = [next(batches).tolist() for _ in range(AFTER)]
         out["weights"] = [p.detach().numpy().tobytes().hex() for p in net.parameters()]
         ckpt.close()
     finally:
@@ -118,7 +135,9 @@ def test_every_rank_resumes_its_own_rng_and_data_order_bit_exact(runs: str) -> N
     for r in range(2):
         assert again[r]["restored_sampler"] == first[r]["sampler_at_save"], r
         assert again[r]["records"] == first[r]["records"], r  # every batch and random draw, bit-exact
+        assert again[r]["loader"] == first[r]["loader"], r  # the StatefulDataLoader goes on where it was
         assert again[r]["weights"] == first[r]["weights"], r
+    assert first[0]["loader"] != first[1]["loader"]  # (each rank's loader shuffles its own way)
     assert first[0]["weights"] == first[1]["weights"]  # (DDP: the same weights on every rank)
 
 
@@ -141,7 +160,7 @@ def test_the_manifest_holds_one_shared_shard_and_a_section_per_rank(runs: str) -
 
 def test_another_world_size_must_say_what_to_do_with_the_per_rank_sections(runs: str) -> None:
     ck = Checkpointer(f"{runs}/store", rank=0, world_size=1, preemption=None)
-    with pytest.raises(CheckpointError, match=r"PerRank values \(sampler\).*2 rank.*per_rank='drop'"):
+    with pytest.raises(CheckpointError, match=r"PerRank values \(loader, sampler\).*2 rank.*per_rank='drop'"):
         ck.restore()
     dropped = ck.restore(per_rank="drop")
     assert "sampler" not in dropped and dropped["step"] == SAVE_AT
