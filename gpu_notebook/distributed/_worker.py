@@ -191,7 +191,10 @@ class RankWorker:
         self._capture.capture_fds()
         # what the driver has not drained yet survives the process (read on its death, see _remains)
         self._spool = _remains.spool_paths(group_id, os.getpid())
-        self._capture.spool(*self._spool)
+        try:
+            self._capture.spool(*self._spool)
+        except OSError:  # no writable temporary directory: the worker runs, its last words may be lost
+            pass
         _main.install_by_value()
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
