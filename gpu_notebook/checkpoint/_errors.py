@@ -51,14 +51,15 @@ class FormatVersionError(CheckpointError):
 
 
 class ShapeMismatchError(CheckpointError, ValueError):
-    """Restoring into objects whose tensor shapes or dtypes differ from the checkpoint's."""
+    """Restoring into objects that do not match the checkpoint: their types (a tensor where a module was saved,
+    an SGD optimizer for an Adam one), keys, tensor shapes or dtypes. Nothing was loaded."""
 
     def __init__(self, mismatches: list[tuple[str, object, object]]) -> None:
         self.mismatches = mismatches
         lines = [f"  {name}: checkpoint {a}, target {b}" for name, a, b in mismatches[:20]]
         more = f"\n  ... and {len(mismatches) - 20} more" if len(mismatches) > 20 else ""
         super().__init__(
-            f"{len(mismatches)} tensor(s) differ between the checkpoint and the restore target:\n"
+            f"{len(mismatches)} mismatch(es) between the checkpoint and the restore target (nothing was loaded):\n"
             + "\n".join(lines)
             + more
         )

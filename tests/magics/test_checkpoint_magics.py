@@ -156,3 +156,31 @@ def test_gc_through_a_used_store(ip: Any, store: Any, capsys: pytest.CaptureFixt
     assert "deleted 2 checkpoint(s)" in capsys.readouterr().out
     assert [c.id for c in ck.list()] == ids[-2:]
     assert "ambiguous" in failed(ip, "restore c000000000")
+
+
+def test_restore_into_checks_every_target_before_changing_any(
+    ip: Any, store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--into model=a,step=b`` with a wrong ``b`` leaves ``a`` untouched; a tensor or an optimizer where a
+    module was saved, a plain value into a tensor, an Adam checkpoint into an SGD optimizer: each is refused,
+    naming the key and what the checkpoint holds, and nothing changes."""
+    ck, ids = store
+    torch.manual_seed(5)
+    a, b = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+    t, opt = torch.zeros(3), torch.optim.Adam(a.parameters())
+    ip.user_ns.update(a=a, b=b, t=t, opt=opt)
+    ip.user_ns.pop("ckpt_state", None)
+    before = a.weight.detach().clone()
+    url = ck.store.url
+    for line, expected in [
+        ("model=a,step=b", "step: checkpoint a plain value (int 3), target a module (Linear)"),
+        ("model=t", "model: checkpoint a module's state (Linear), target a tensor [3] float32"),
+        ("model=opt", "model: checkpoint a module's state (Linear), target an optimizer (Adam)"),
+        ("model=a,step=t", "step: checkpoint a plain value (int 3), target a tensor [3] float32"),
+        ("model=a,optim=opt", "optim: checkpoint an optimizer's state (SGD), target an optimizer (Adam)"),
+    ]:
+        err = failed(ip, f"restore --store {url} --into {line}")
+        assert expected in err and "Traceback" not in err, (line, err)
+        assert torch.equal(a.weight, before) and not t.any() and not opt.state, line
+    assert "ckpt_state" not in ip.user_ns  # no half-done restore either
+    capsys.readouterr()
