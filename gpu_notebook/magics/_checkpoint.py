@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from gpu_notebook import checkpoint
+from gpu_notebook import _registry, checkpoint
 from gpu_notebook.errors import GpuNotebookError
 from gpu_notebook.magics._common import MagicError, parse, reported, usage_error
 
@@ -35,6 +38,17 @@ def _refused_value(args: Any) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _keeping_current() -> Iterator[None]:
+    """The current Checkpointer stays the current one (a library restore makes its Checkpointer current; the
+    magics' own must never become it: a budget stop saves with the current one, training code may look it up)."""
+    before = _registry.active_checkpointer()
+    try:
+        yield
+    finally:
+        _registry.set_active_checkpointer(before)
+
+
 def _checkpointer(checkpoint: Any, store: Any, **options: Any) -> Any:
     """``Checkpointer(store, ...)``; a store URL it cannot parse (``s3://``) is an error of the magic's."""
     try:
@@ -52,6 +66,8 @@ class CheckpointMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self._used: Any = None  # the Checkpointer opened by ``use`` (the library only keeps a weak reference)
+        # the current Checkpointer when ``use`` was typed: a Checkpointer made current after it takes over again
+        self._used_over: weakref.ref[Any] | None = None
         self._opened: dict[tuple[str, str | None, bool], Any] = {}  # --store checkpointers, kept for reuse
 
     @magic_arguments()
@@ -91,8 +107,9 @@ class CheckpointMagics(Magics):
     def gpu_checkpoint(self, line: str) -> Any:
         """List, inspect, restore, compare and garbage-collect delta checkpoints.
 
-        The store is the one of the last ``Checkpointer`` created in this kernel, or the one set with
-        ``%gpu_checkpoint use STORE``, or ``--store``.
+        The store is ``--store``'s; else the one of the last ``use STORE``, unless a ``Checkpointer`` was made
+        current after it; else the current ``Checkpointer``'s (the last one created in this kernel). ``use`` and
+        ``--store`` never change which ``Checkpointer`` is current.
 
         Examples
         --------
@@ -134,7 +151,10 @@ class CheckpointMagics(Magics):
     def _ckpt(self, args: Any, checkpoint: Any, write: bool = False) -> Any:
         if args.store:
             return self._open(checkpoint, args.store, args.endpoint_url, write)
-        cur = checkpoint.current() or self._used
+        cur = checkpoint.current()
+        over = self._used_over() if self._used_over is not None else None
+        if self._used is not None and (cur is None or cur is over):
+            cur = self._used  # ``use`` picked it, and no other Checkpointer was made current since
         if cur is None:
             raise MagicError("no current checkpoint store: use %gpu_checkpoint use STORE, or --store STORE")
         if write and cur.read_only:  # the store set by ``use`` is opened read-only: gc needs one that writes
@@ -149,11 +169,15 @@ class CheckpointMagics(Magics):
     def _cmd_use(self, args: Any, checkpoint: Any) -> None:
         opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
         # read-only: a mistyped path is an error (not a new, empty store) and nothing is written
-        ck = _checkpointer(checkpoint, args.ids[0], read_only=True, preemption=None, **opts)
+        # current=False: the training loop's Checkpointer stays the current one (a budget stop saves with it)
+        ck = _checkpointer(checkpoint, args.ids[0], read_only=True, preemption=None, current=False, **opts)
         if self._used is not None and self._used is not ck:
             self._used.close(wait=False)
         self._used = ck
-        print(f"current checkpoint store: {ck.store.url} ({len(ck.list())} checkpoints)")
+        cur = checkpoint.current()
+        self._used_over = weakref.ref(cur) if cur is not None else None
+        kept = f"; {cur.store.url} stays the current Checkpointer" if cur is not None else ""
+        print(f"%gpu_checkpoint reads {ck.store.url} ({len(ck.list())} checkpoints){kept}")
 
     def _cmd_list(self, args: Any, checkpoint: Any) -> Any:
         lst = self._ckpt(args, checkpoint).list()
@@ -183,13 +207,14 @@ class CheckpointMagics(Magics):
                 if var not in ns:
                     raise MagicError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
-        state = ck.restore(
-            self._one_id(args),
-            step=args.step,
-            into=into,
-            allow_pickle=args.allow_pickle or None,
-            fallback=args.fallback,
-        )
+        with _keeping_current():
+            state = ck.restore(
+                self._one_id(args),
+                step=args.step,
+                into=into,
+                allow_pickle=args.allow_pickle or None,
+                fallback=args.fallback,
+            )
         ns[args.out] = state
         info = ck.last_info
         print(

@@ -184,3 +184,35 @@ def test_restore_into_checks_every_target_before_changing_any(
         assert torch.equal(a.weight, before) and not t.any() and not opt.state, line
     assert "ckpt_state" not in ip.user_ns  # no half-done restore either
     capsys.readouterr()
+
+
+def test_use_and_store_never_switch_the_current_checkpointer(
+    ip: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While a training ``Checkpointer('/A')`` is current, ``restore --store /B`` and ``use /B`` leave it current
+    (a budget stop saves with it; a later plain restore loads A); ``use`` only picks what later magics read."""
+    from gpu_notebook import checkpoint
+
+    other = Checkpointer(tmp_path / "B", preemption=None, current=False)
+    other.save({"x": torch.ones(2), "step": 0}, block=True)
+    a = Checkpointer(tmp_path / "A", preemption=None)  # the training loop's
+    a.save({"x": torch.zeros(2), "step": 100}, block=True)
+    ip.run_line_magic("gpu_checkpoint", f"restore --store {other.store.url} -o st")
+    assert ip.user_ns["st"]["step"] == 0 and checkpoint.current() is a
+    ip.run_line_magic("gpu_checkpoint", "restore -o st")  # a plain restore: still A's
+    assert ip.user_ns["st"]["step"] == 100 and checkpoint.current() is a
+    ip.run_line_magic("gpu_checkpoint", f"use {other.store.url}")
+    assert checkpoint.current() is a
+    assert f"{a.store.url} stays the current Checkpointer" in capsys.readouterr().out
+    ip.run_line_magic("gpu_checkpoint", "restore -o st")  # the magics read the store of `use`...
+    assert ip.user_ns["st"]["step"] == 0 and checkpoint.current() is a  # ... and A stays current
+    a.save({"x": torch.zeros(2), "step": 101}, block=True)  # training goes on: the magics still read B
+    ip.run_line_magic("gpu_checkpoint", "restore -o st")
+    assert ip.user_ns["st"]["step"] == 0
+    c = Checkpointer(tmp_path / "C", preemption=None)  # a Checkpointer made after `use`: the magics follow it
+    c.save({"x": torch.zeros(2), "step": 7}, block=True)
+    ip.run_line_magic("gpu_checkpoint", "restore -o st")
+    assert ip.user_ns["st"]["step"] == 7 and checkpoint.current() is c
+    for ck in (other, a, c):
+        ck.close()
+    capsys.readouterr()
