@@ -3,18 +3,31 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import keyword
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
 from gpu_notebook import _registry, checkpoint
 from gpu_notebook.errors import GpuNotebookError
-from gpu_notebook.magics._common import MagicError, parse, reported, usage_error
+from gpu_notebook.magics._args import convert, count, identifier, number, path, text
+from gpu_notebook.magics._common import (
+    MagicError,
+    Option,
+    option,
+    options,
+    parse,
+    refuse_others,
+    reported,
+    subcommands,
+)
 
 COMMANDS = ["list", "show", "restore", "diff", "gc", "use"]
 #: how many positional ids each command takes (min, max)
@@ -27,14 +40,119 @@ _IDS_HINT = {
     "gc": "gc takes no checkpoint id (how many to keep: --keep N)",
     "use": "use takes one store: %gpu_checkpoint use /path/or/s3://bucket/prefix",
 }
+_CHECKPOINT_ID = text("a checkpoint id such as c0000000007 (or a unique prefix of one), or latest")
+_STORE = path("store (a folder or s3://bucket/prefix)")
+
+
+def _into_pairs(value: str) -> list[tuple[str, str]]:
+    """``KEY=VAR[,KEY=VAR]`` (``KEY`` alone: ``VAR`` is ``KEY``) as (key, variable) pairs."""
+    pairs = []
+    for part in value.split(","):
+        key, _, var = part.strip().partition("=")
+        key, var = key.strip(), (var or key).strip()
+        if not key or not var.isidentifier() or keyword.iskeyword(var):
+            raise argparse.ArgumentTypeError(
+                f"expected KEY=VARIABLE[,KEY=VARIABLE] such as model=net,optim (a Python variable each), "
+                f"not {value!r}"
+            )
+        pairs.append((key, var))
+    return pairs
+
+
+def _into(value: str) -> str:
+    _into_pairs(value)
+    return value.strip()
+
+
+_into.__name__ = "KEY=VARIABLE list"
+
+STORE = option(
+    "--store",
+    type=_STORE,
+    help="the store (folder or s3://bucket/prefix); default: the current checkpointer's",
+)
+ENDPOINT = option(
+    "--endpoint-url",
+    type=text("an S3 endpoint URL such as http://localhost:9000"),
+    help="S3-compatible endpoint (MinIO, ...); s3:// stores only",
+)
+STEP = option(
+    "--step",
+    type=count("steps", minimum=0, maximum=10**15),
+    metavar="N",
+    help="restore/show: the newest checkpoint at this step",
+)
+INTO = option(
+    "--into",
+    type=_into,
+    metavar="KEY=VAR[,KEY=VAR]",
+    help="restore: load in place into notebook variables, KEY=VAR[,KEY=VAR] (KEY alone: VAR=KEY)",
+)
+OUT = option(
+    "-o",
+    "--out",
+    type=identifier(),
+    default="ckpt_state",
+    metavar="NAME",
+    help="restore: variable that receives the state (default ckpt_state)",
+)
+KEEP = option(
+    "--keep",
+    type=count("checkpoints"),
+    default=3,
+    metavar="N",
+    help="gc: commits of the live branch to keep (default 3)",
+)
+KEEP_ABANDONED = option("--keep-abandoned", action="store_true", help="gc: keep the abandoned branches too")
+GRACE = option(
+    "--grace",
+    type=number("seconds", maximum=365 * 24 * 3600.0, allow_minimum=True),
+    default=3600.0,
+    metavar="SECONDS",
+    help="gc: keep unreferenced objects younger than this, s (3600)",
+)
+DRY_RUN = option("--dry-run", action="store_true", help="gc: only report what would be deleted")
+ALLOW_PICKLE = option(
+    "--allow-pickle", action="store_true", help="restore: allow pickled values (trusted stores only)"
+)
+FALLBACK = option(
+    "--fallback",
+    action="store_true",
+    help="restore (latest): if its data is missing or corrupted, the newest intact older checkpoint",
+)
+EVERY_OPTION = (
+    STORE,
+    ENDPOINT,
+    STEP,
+    INTO,
+    OUT,
+    KEEP,
+    KEEP_ABANDONED,
+    GRACE,
+    DRY_RUN,
+    ALLOW_PICKLE,
+    FALLBACK,
+)
+#: the options each subcommand takes; any other option given is a usage error, never ignored
+OPTIONS: dict[str, tuple[Option, ...]] = {
+    "list": (STORE, ENDPOINT),
+    "show": (STORE, ENDPOINT, STEP),
+    "restore": (STORE, ENDPOINT, STEP, INTO, OUT, ALLOW_PICKLE, FALLBACK),
+    "diff": (STORE, ENDPOINT),
+    "gc": (STORE, ENDPOINT, KEEP, KEEP_ABANDONED, GRACE, DRY_RUN),
+    "use": (ENDPOINT,),
+}
+_POSITIONALS = {"show": "[ID]", "restore": "[ID]", "diff": "A B", "use": "STORE"}
 
 
 def _refused_value(args: Any) -> str | None:
     """What is wrong with a value given (the Checkpointer's own checks, made before a store is opened)."""
     if args.command == "restore" and args.ids and args.ids[0] != "latest" and args.step is not None:
         return f"give a checkpoint id or a step, not both (id {args.ids[0]!r}, step {args.step})"
-    if args.command == "gc" and args.keep < 1:
-        return "keep must be >= 1"
+    store = args.ids[0] if args.command == "use" else args.store
+    if args.endpoint_url and not (store or "").startswith("s3://"):
+        where = "use STORE" if args.command == "use" else "--store"
+        return f"--endpoint-url only applies to an s3:// store ({where} s3://bucket/prefix)"
     return None
 
 
@@ -73,36 +191,8 @@ class CheckpointMagics(Magics):
     @magic_arguments()
     @argument("command", nargs="?", default="list", choices=COMMANDS, help="what to do (default: list)")
     @argument("ids", nargs="*", help="show/restore: ID (default latest); diff: A B; use: STORE")
-    @argument("--store", help="the store (folder or s3://bucket/prefix); default: the current checkpointer's")
-    @argument("--endpoint-url", help="S3-compatible endpoint (MinIO, ...)")
-    @argument("--step", type=int, help="restore/show: the newest checkpoint at this step")
-    @argument(
-        "--into",
-        help="restore: load in place into notebook variables, KEY=VAR[,KEY=VAR] (KEY alone: VAR=KEY)",
-    )
-    @argument(
-        "-o",
-        "--out",
-        default="ckpt_state",
-        help="restore: variable that receives the state (default ckpt_state)",
-    )
-    @argument("--keep", type=int, default=3, help="gc: commits of the live branch to keep (default 3)")
-    @argument("--keep-abandoned", action="store_true", help="gc: keep the abandoned branches too")
-    @argument(
-        "--grace",
-        type=float,
-        default=3600.0,
-        help="gc: keep unreferenced objects younger than this, s (3600)",
-    )
-    @argument("--dry-run", action="store_true", help="gc: only report what would be deleted")
-    @argument(
-        "--allow-pickle", action="store_true", help="restore: allow pickled values (trusted stores only)"
-    )
-    @argument(
-        "--fallback",
-        action="store_true",
-        help="restore (latest): if its data is missing or corrupted, the newest intact older checkpoint",
-    )
+    @options(*EVERY_OPTION)
+    @subcommands(OPTIONS, _POSITIONALS)
     @line_magic
     def gpu_checkpoint(self, line: str) -> Any:
         """List, inspect, restore, compare and garbage-collect delta checkpoints.
@@ -121,14 +211,16 @@ class CheckpointMagics(Magics):
         In [6]: %gpu_checkpoint gc --keep 3
         """
         args = parse(self.gpu_checkpoint, line)
-        lo, hi = _IDS[args.command]
-        if not lo <= len(args.ids) <= hi:
-            raise usage_error(
-                self.gpu_checkpoint, f"{_IDS_HINT[args.command]}, got {' '.join(args.ids) or 'none'}"
-            )
-        refused = _refused_value(args)
-        if refused:
-            raise usage_error(self.gpu_checkpoint, refused)
+        with reported(self.gpu_checkpoint, command=args.command):
+            refuse_others(args, OPTIONS, args.command)
+            lo, hi = _IDS[args.command]
+            if not lo <= len(args.ids) <= hi:
+                raise UsageError(f"{_IDS_HINT[args.command]}, got {' '.join(args.ids) or 'none'}")
+            parser = _STORE if args.command == "use" else _CHECKPOINT_ID
+            args.ids = [convert(parser, i, args.command) for i in args.ids]
+            refused = _refused_value(args)
+            if refused:
+                raise UsageError(refused)
         with reported(self.gpu_checkpoint):
             try:
                 return getattr(self, f"_cmd_{args.command}")(args, checkpoint)
@@ -150,6 +242,8 @@ class CheckpointMagics(Magics):
 
     def _ckpt(self, args: Any, checkpoint: Any, write: bool = False) -> Any:
         if args.store:
+            if write:  # read-only first: a mistyped store is an error, not a new empty store made to gc it
+                self._open(checkpoint, args.store, args.endpoint_url, False)
             return self._open(checkpoint, args.store, args.endpoint_url, write)
         cur = checkpoint.current()
         over = self._used_over() if self._used_over is not None else None
@@ -201,9 +295,7 @@ class CheckpointMagics(Magics):
         into = None
         if args.into:
             into = {}
-            for part in args.into.split(","):
-                key, _, var = part.strip().partition("=")
-                var = var or key
+            for key, var in _into_pairs(args.into):
                 if var not in ns:
                     raise MagicError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
@@ -229,7 +321,15 @@ class CheckpointMagics(Magics):
         res = self._ckpt(args, checkpoint, write=not args.dry_run).gc(
             keep=args.keep, grace_s=args.grace, dry_run=args.dry_run, keep_abandoned=args.keep_abandoned
         )
-        print(("(dry run) " if args.dry_run else "") + repr(res))
+        if not args.dry_run:
+            print(repr(res))
+            return
+        busy = f"; {res.leases} save(s) in flight keep what they reuse" if res.leases else ""
+        print(
+            f"gc (dry run, nothing deleted): would keep {len(res.kept)} checkpoint(s), would delete "
+            f"{len(res.manifests)} checkpoint(s) and {len(res.objects)} object(s), would free "
+            f"{res.bytes / 1e6:.1f} MB{busy}"
+        )
 
 
 __all__ = ["CheckpointMagics"]

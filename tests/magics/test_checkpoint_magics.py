@@ -68,7 +68,8 @@ def test_restore_into_notebook_variables(ip: Any, store: Any, capsys: pytest.Cap
 def test_gc(ip: Any, store: Any, capsys: pytest.CaptureFixture[str]) -> None:
     ck, ids = store
     ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --dry-run --store {ck.store.url}")
-    assert "(dry run)" in capsys.readouterr().out and len(ck.list()) == 4
+    out = capsys.readouterr().out
+    assert "would delete 3 checkpoint(s)" in out and "deleted 3" not in out and len(ck.list()) == 4
     ip.run_line_magic("gpu_checkpoint", f"gc --keep 1 --grace 0 --store {ck.store.url}")
     assert "deleted 3 checkpoint(s)" in capsys.readouterr().out
     assert [c.id for c in ck.list()] == ids[-1:]
@@ -107,7 +108,7 @@ def test_wrong_positional_arguments_print_usage(
     ck, ids = store
     err = failed(ip, f"gc 1 --store {ck.store.url}", UsageError)  # (meant --keep 1)
     assert "gc takes no checkpoint id (how many to keep: --keep N), got 1" in err
-    assert "%gpu_checkpoint [--store STORE]" in err and "Traceback" not in err  # the usage
+    assert "%gpu_checkpoint gc [--store STORE]" in err and "Traceback" not in err  # the usage of gc
     assert [c.id for c in ck.list()] == ids  # nothing was deleted
     assert "list takes no checkpoint id" in failed(ip, f"list {ids[0]} --store {ck.store.url}", UsageError)
     err = failed(ip, f"show {ids[0]} {ids[1]} --store {ck.store.url}", UsageError)
@@ -216,3 +217,37 @@ def test_use_and_store_never_switch_the_current_checkpointer(
     for ck in (other, a, c):
         ck.close()
     capsys.readouterr()
+
+
+def test_every_option_is_typed_and_checked_before_anything_runs(
+    ip: Any, store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gc --grace -5``, ``--keep 0``, ``--step nan``, an option of another subcommand, ``--endpoint-url`` with a
+    folder: each is a usage error naming the option, and nothing is deleted; a quoted store with spaces is one
+    path; gc of a mistyped ``--store`` makes no new store."""
+    ck, ids = store
+    url = ck.store.url
+    for line, expected in [
+        (f"gc --grace -5 --keep 1 --store {url}", "--grace: expected a number of seconds"),
+        (f"gc --grace nan --keep 1 --store {url}", "--grace: expected a number of seconds"),
+        (f"gc --keep 0 --store {url}", "--keep: expected a whole number of checkpoints"),
+        (f"show --step nan --store {url}", "--step: expected a whole number of steps"),
+        (f"restore --step -1 --store {url}", "--step: expected a whole number of steps"),
+        (f"gc --keep 1 --into x --store {url}", "--into does not apply to gc"),
+        (f"list --step 1 --store {url}", "--step does not apply to list"),
+        (f"restore -o 1x --store {url}", "--out: expected a Python variable name"),
+        (f"restore --into model=1x --store {url}", "--into: expected KEY=VARIABLE"),
+        (f"list --store {url} --endpoint-url http://x", "--endpoint-url only applies to an s3:// store"),
+        ("show '' ", "show: expected a checkpoint id"),
+    ]:
+        err = failed(ip, line, UsageError)
+        assert expected in err and "Traceback" not in err, (line, err)
+    assert [c.id for c in ck.list()] == ids  # nothing was deleted
+    spaced = Checkpointer(tmp_path / "my store", preemption=None, current=False)
+    spaced.save({"x": torch.ones(1), "step": 0}, block=True)
+    ip.run_line_magic("gpu_checkpoint", f'use "{tmp_path}/my store"')
+    assert "(1 checkpoints)" in capsys.readouterr().out
+    typo = tmp_path / "rnu"
+    assert f"no checkpoint store at {typo}" in failed(ip, f"gc --store {typo}")
+    assert not typo.exists()
+    spaced.close()
