@@ -9,9 +9,8 @@ line, the kernel's registry (clusters, monitors, cost meters, policy watchers) i
 half-started. No cluster is current (a fresh manager), so magics that need one fail with our one-line
 ``NoClusterError`` once their arguments are checked.
 
-``%gpu_checkpoint`` is not covered yet: its options move to the typed parsers with the checkpoint work
-(issue 16 owns ``gpu_notebook/magics/_checkpoint.py`` now); :data:`NOT_COVERED` says so, and the coverage test
-fails once it can be covered, or when any other magic gains an option this table does not know.
+``%gpu_checkpoint`` runs against a real store: a tmp folder with one small checkpoint, made current (``use``
+fuzzes that folder). The coverage test fails when a magic gains an option this table does not know.
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ pytest.importorskip("plotly")
 pytestmark = pytest.mark.timeout(60)
 
 #: magics this test does not cover yet, with the reason
-NOT_COVERED = {
-    "gpu_checkpoint": "its options move to the typed parsers with the checkpoint work (issue 16 owns "
-    "gpu_notebook/magics/_checkpoint.py until then)",
-}
+NOT_COVERED: dict[str, str] = {}
+#: where ``{store}`` in a line points: the fuzz's checkpoint store (set by the ``shell`` fixture)
+CKPT_STORE: list[str] = []
 
 #: the values every option is fed (each as the shell would quote it, and as typed, unquoted)
 NASTY = [
@@ -131,7 +129,7 @@ def _kind(o: Any) -> str:
     parser = o.kwargs.get("type")
     name = getattr(parser, "__name__", "")
     numeric = ("seconds", "minutes", "US dollars", "CPUs", "GPUs", "workers", "worker nodes", "iterations")
-    numeric += ("steps", "rank", "lines", "percent", "size", "TCP port (0: any free one)")
+    numeric += ("steps", "rank", "lines", "percent", "size", "TCP port (0: any free one)", "checkpoints")
     return "number" if name in numeric else "text"
 
 
@@ -165,6 +163,19 @@ def _rank_opts() -> list[Opt]:
     return out
 
 
+def _checkpoint_opts() -> list[Opt]:
+    from gpu_notebook.magics import _checkpoint
+
+    prefix = {"diff": "diff c0000000000 latest", "use": "use {store}"}
+    out = [
+        Opt("gpu_checkpoint", prefix.get(command, command), o.flag, _kind(o))
+        for command, opts in _checkpoint.OPTIONS.items()
+        for o in opts
+    ]
+    # the positionals: a checkpoint id, a store
+    return out + [Opt("gpu_checkpoint", c, "", "text") for c in ("show", "restore", "use")]
+
+
 def every_option() -> list[Opt]:
     from gpu_notebook.magics import _cost, _monitor
 
@@ -173,6 +184,7 @@ def every_option() -> list[Opt]:
         + _subcommand_opts("gpu_cost", _cost)
         + _subcommand_opts("gpu_monitor", _monitor)
         + _rank_opts()
+        + _checkpoint_opts()
     )
 
 
@@ -198,9 +210,13 @@ def _finite(values: dict[str, Any]) -> bool:
 
 
 @pytest.fixture
-def shell(ip, monkeypatch: pytest.MonkeyPatch):
-    """``ip`` with no cluster (a fresh manager) and spies in place of everything that would start something."""
+def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
+    """``ip`` with no cluster (a fresh manager) and spies in place of everything that would start something;
+    a current checkpoint store with one small checkpoint."""
+    import torch
+
     from gpu_notebook.catalog import _catalog
+    from gpu_notebook.checkpoint import Checkpointer
     from gpu_notebook.cluster import _cluster
     from gpu_notebook.cluster.providers import cloud_spec
     from gpu_notebook.magics import _cluster as cluster_magics
@@ -231,7 +247,14 @@ def shell(ip, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(_catalog.Catalog, "refresh", refresh)
     monkeypatch.setattr(cluster_magics, "diagnose_local", diagnose_local)
     ip.user_ns["x"] = 1  # %gpu_push x gets as far as needing a cluster
-    return ip
+    mag = ip.magics_manager.registry["CheckpointMagics"]
+    for attr, fresh in (("_used", None), ("_used_over", None), ("_opened", {})):
+        monkeypatch.setattr(mag, attr, fresh)  # the store of an earlier `use` is not this test's
+    ck = Checkpointer(tmp_path / "ck", preemption=None)
+    ck.save({"w": torch.ones(4), "step": 0}, block=True)
+    monkeypatch.setattr(sys.modules[__name__], "CKPT_STORE", [str(tmp_path / "ck")])
+    yield ip
+    ck.close()
 
 
 def _cluster_values(c: Any) -> dict[str, Any]:
@@ -271,6 +294,7 @@ def run(shell: Any, opt: Opt, line: str) -> tuple[str, BaseException | None]:
     spy, or a result; and unless it left the registry as it was. Returns ('usage'|'ours'|'reached'|'ok')."""
     ray_before = _ray_up()
     before = _state(shell)
+    line = line.replace("{store}", CKPT_STORE[0]) if CKPT_STORE else line
     cell = f"%%{opt.magic} {line}\n1\n" if opt.magic == "distributed" else f"%{opt.magic} {line}"
     with capture_output() as cap:
         res = shell.run_cell(cell)
