@@ -223,7 +223,8 @@ class DistributedMagics(Magics):
             )
         if args.no_stream:
             print_buffered(result)
-        if args.out:
+        # a cell where every rank failed leaves NAME as it was (an earlier result is not replaced by nothing)
+        if args.out and (len(result.values) or not result.failures):
             self._ns[args.out] = result.values
         if result.ranks and result.values and not _ends_with_semicolon(cell):  # a trailing ; hides values
             _show_values(dict(result.values.items()))
