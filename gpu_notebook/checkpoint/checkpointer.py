@@ -138,7 +138,8 @@ class Checkpointer:
         marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
         Works with read-only credentials.
     current
-        Make this the current checkpointer (the store ``%gpu_checkpoint`` uses by default).
+        Make this the current checkpointer (the store ``%gpu_checkpoint`` uses by default), now and at each save or
+        restore; False: never (a checkpointer for inspecting another store).
     store_options
         Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
 
@@ -236,6 +237,7 @@ class Checkpointer:
         self._inspect = Inspector(self.store, self.threads)
         self.last_info: CheckpointInfo | None = None
         open_format(self.store, self._version, read_only=self.read_only, write_marker=self.rank == 0)
+        self._current = bool(current)  # saves and restores make it current again, unless False
         if current:
             _set_current(self)
 
@@ -306,7 +308,8 @@ class Checkpointer:
         """
         self._check_writable("save")
         notice_fallback()  # once per process: without the C kernels saves and restores are slower
-        _set_current(self)
+        if self._current:
+            _set_current(self)
         self._raise_pending()
         # several ranks write this save: a sharded one, or a replicated one with per-rank sections
         multi = self.world_size > 1 and (self.sharded or self.rng or has_per_rank(state))
@@ -603,7 +606,8 @@ class Checkpointer:
         ------
         NoCheckpointError, IntegrityError, ObjectMissingError, FormatVersionError, ShapeMismatchError
         """
-        _set_current(self)
+        if self._current:
+            _set_current(self)
         self._wait_inflight()
         try:
             doc = self._inspect.resolve(ckpt_id, step)

@@ -33,3 +33,19 @@ def test_show_lists_the_per_rank_sections(tmp_path: Path) -> None:
     assert sections, list(shown.tensors)  # the section's tensors, under its rank
     assert shown.restore["bytes"] > info.restore_bytes  # the section is read too
     ck.close()
+
+
+def test_a_checkpointer_made_with_current_false_never_becomes_current(tmp_path: Path) -> None:
+    """``current=False`` (a checkpointer for inspecting another store) stays out of the way of the training one:
+    its saves and restores do not make it the one the magics and a budget stop use."""
+    from gpu_notebook.checkpoint import current
+
+    train = Checkpointer(tmp_path / "a", preemption=None, progress=False)
+    other = Checkpointer(tmp_path / "b", preemption=None, progress=False, current=False)
+    other.save({"w": torch.ones(3)}, 0, block=True)
+    other.restore()
+    assert current() is train
+    train.save({"w": torch.zeros(3)}, 0, block=True)
+    assert current() is train
+    other.close()
+    train.close()
