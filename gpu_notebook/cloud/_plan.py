@@ -98,7 +98,15 @@ class Plan:
         lines.append(
             f"  chosen: {'spot' if s.spot else 'on-demand'} workers"
             + (" with on-demand fallback" if s.spot and s.spot_fallback and s.cloud != "kubernetes" else "")
-            + (f"; head auto-stop after {s.idle_stop_minutes:g} idle min" if s.idle_stop_minutes else "")
+            + (
+                (
+                    f"; idle stop after {s.idle_stop_minutes:g} idle min, by this kernel"
+                    if s.cloud == "kubernetes"  # the KubeRay manifest has no head-side watcher
+                    else f"; head auto-stop after {s.idle_stop_minutes:g} idle min"
+                )
+                if s.idle_stop_minutes
+                else ""
+            )
         )
         lines.extend(f"  note: {n}" for n in self.notes)
         return lines
@@ -147,6 +155,11 @@ def make_plan(spec: ClusterSpec, catalog: Any = None) -> Plan:
     if spec.cloud == "kubernetes":
         manifest = render_kuberay_manifest(spec)
         notes.append("Kubernetes: cost depends on your cluster's nodes; no estimate.")
+        if spec.idle_stop_minutes:
+            notes.append(
+                "Kubernetes: the idle stop runs in this kernel (there is no watcher on the head pod): if the "
+                "kernel ends first, `%gpu_cluster stop` or `kubectl delete raycluster` removes the cluster"
+            )
         if spec.ship_package:
             notes.append("this kernel's gpu_notebook reaches the pods through Ray's runtime_env at start")
         return Plan(spec, resolved, manifest, "kuberay", notes)

@@ -127,6 +127,20 @@ def test_plan_for_each_cloud_validates(cloud):
     assert plan.kind == "ray" and plan.hourly("spot") < plan.hourly("on_demand")
 
 
+def test_a_kubernetes_plan_promises_no_head_side_idle_stop():
+    """The KubeRay manifest has no idle watcher on the head pod: the plan says the idle stop runs in this kernel,
+    and what removes the cluster when the kernel ends first (issue 17 item 8)."""
+    import json
+
+    plan = plan_cluster(ClusterSpec(cloud="kubernetes", gpu="A100:8", name="gnb-kidle", idle_stop_minutes=10))
+    text = plan.text()
+    assert "head auto-stop" not in text and "idle stop after 10 idle min, by this kernel" in text
+    assert any("no watcher on the head pod" in n for n in plan.notes)
+    assert "_idle_watch" not in json.dumps(plan.config)  # (nothing on the head would stop it)
+    aws = plan_cluster(ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-aidle", idle_stop_minutes=10))
+    assert "head auto-stop after 10 idle min" in aws.text() and "_idle_watch" in aws.text()
+
+
 def test_plan_for_kubernetes_is_a_manifest_without_prices():
     plan = plan_cluster(ClusterSpec(cloud="kubernetes", gpu="A100:8", name="gnb-k"))
     assert plan.kind == "kuberay" and plan.config["kind"] == "RayCluster"
