@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["Progress", "first_line", "error_line", "fmt_bytes"]
+__all__ = ["Progress", "first_line", "error_line", "fmt_bytes", "text_table"]
 
 #: A callback that receives one line of progress for the user (a stage of a start, a launch, a save).
 Progress = Callable[[str], None]
@@ -58,3 +58,17 @@ def fmt_bytes(n: float, *, binary: bool = False) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Rows as left-aligned columns under a header: the ``text/plain`` twin of an HTML table.
+
+    >>> print(text_table(["node", "CPU %"], [["a1", "12"], ["b", "7"]]))
+    node  CPU %
+    a1    12
+    b     7
+    """
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]
+    )

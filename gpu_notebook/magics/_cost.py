@@ -8,8 +8,9 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import HTML, display
+from IPython.display import display
 
+from gpu_notebook._display import text_table
 from gpu_notebook.catalog import get_catalog
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.cost import (
@@ -32,7 +33,9 @@ from gpu_notebook.magics._common import (
     subcommands,
     usage_errors,
 )
-from gpu_notebook.widgets import cost_view
+from gpu_notebook.widgets import Static, cost_view
+from gpu_notebook.widgets._cost import CostWidget
+from gpu_notebook.widgets._live import stop_live_views
 
 COMMANDS = ["show", "status", "policies", "catalog", "refresh", "stop"]
 
@@ -187,22 +190,20 @@ class CostMagics(Magics):
             "spot",
             "reserved_1y",
         ]
+
+        def cell(r: dict[str, Any], c: str) -> str:
+            v = r.get(c, "")
+            return f"{v:.3f}" if isinstance(v, float) and c in cols[6:] else str(v)
+
+        cells = [[cell(r, c) for c in cols] for r in rows]
         head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join(
-            "<tr>"
-            + "".join(
-                f"<td>{r.get(c, ''):.3f}</td>"
-                if isinstance(r.get(c), float) and c in cols[6:]
-                else f"<td>{html.escape(str(r.get(c, '')))}</td>"
-                for c in cols
-            )
-            + "</tr>"
-            for r in rows
-        )
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in cells)
+        title = f"USD per hour, estimates — {cat.source}, as of {cat.date}"
         display(
-            HTML(
+            Static(
                 f"<div><b>USD per hour, estimates</b> &mdash; {html.escape(cat.source)}, as of "
-                f"{html.escape(cat.date)}<table><tr>{head}</tr>{body}</table></div>"
+                f"{html.escape(cat.date)}<table><tr>{head}</tr>{body}</table></div>",
+                f"{title}\n{text_table(cols, cells)}",
             )
         )
 
@@ -213,10 +214,12 @@ class CostMagics(Magics):
         print(get_catalog().refresh(clouds=clouds, regions=regions))
 
     def _cmd_stop(self, args: Any) -> None:
-        for w in self._widgets:
+        n = sum(w.live for w in self._widgets)
+        for w in self._widgets:  # also one whose thread ended with its cluster: it leaves its snapshot behind
             w.stop()
-        n = len(self._widgets)
         self._widgets.clear()
+        # and every other live cost view: one made by magics since reloaded (%reload_ext) is in no list of ours
+        n += stop_live_views(CostWidget)
         print(f"{n} cost view(s) stopped." if n else "No live cost view.")
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
-from IPython.display import HTML, display
+from IPython.display import display
 from traitlets import Float
 
 from gpu_notebook.magics._args import duration, path, percent, tcp_port, text
@@ -21,6 +21,7 @@ from gpu_notebook.magics._common import (
     subcommands,
 )
 from gpu_notebook.monitor import monitor_for, running_monitor, stop_monitors
+from gpu_notebook.widgets import Static
 
 COMMANDS = ["show", "stop", "status", "snapshot", "advice", "csv", "prometheus"]
 
@@ -166,7 +167,8 @@ class MonitorMagics(Magics):
         print(repr(mon) if mon is not None else "No GPU monitor is running; start one with %gpu_monitor")
 
     def _cmd_snapshot(self, args: Any) -> None:
-        display(HTML(self._monitor(args).snapshot_html()))
+        mon = self._monitor(args)
+        display(Static(mon.snapshot_html(), mon.snapshot_text()))
 
     def _cmd_advice(self, args: Any) -> None:
         items = self._monitor(args).advice(args.advice_window, args.threshold)

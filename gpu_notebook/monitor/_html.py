@@ -1,4 +1,5 @@
-"""Static HTML of a monitor's newest reading: what a saved notebook (or one without widgets) shows."""
+"""Static HTML of a monitor's newest reading (what a saved notebook, or one without widgets, shows) and its
+``text/plain`` twin (what a terminal or a plain-text log shows)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpu_notebook._display import text_table
 from gpu_notebook.monitor._advice import Advice
 
-__all__ = ["down_nodes_html", "snapshot_table_html"]
+__all__ = ["down_nodes_html", "snapshot_table_html", "snapshot_table_text"]
 
 
 class _Shown(Protocol):
@@ -81,3 +83,50 @@ def down_nodes_html(mon: _Shown) -> str:
         return ""
     items = "".join(f"<li>node {html.escape(n[:12])} down: {html.escape(r)}</li>" for n, r in failed.items())
     return f"<ul class='gpu-notebook-monitor-down' style='color:#a00'>{items}</ul>"
+
+
+def snapshot_table_text(mon: _Shown) -> str:
+    """The same reading, advice and down nodes as :func:`snapshot_table_html`, as plain text."""
+    latest = mon.latest()
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(mon.clock()))
+    parts = [f"GPU monitor snapshot {when} · {len(mon.nodes)} node(s), {mon.gpu_count} GPU(s)"]
+    if latest["gpus"]:
+        parts.append(
+            text_table(
+                ["node", "GPU", "name", "util %", "memory MiB", "power W", "temp °C", "SM active"],
+                [
+                    [
+                        r["node"][:12],
+                        str(r["index"]),
+                        r["name"],
+                        _fmt(r["util_gpu"]),
+                        f"{_fmt(r['mem_used_mib'])} / {_fmt(r['mem_total_mib'])}",
+                        f"{_fmt(r['power_w'])} / {_fmt(r['power_limit_w'])}",
+                        _fmt(r["temp_c"]),
+                        _fmt(r["sm_active"], ".2f"),
+                    ]
+                    for r in latest["gpus"]
+                ],
+            )
+        )
+    if latest["hosts"]:
+        parts.append(
+            text_table(
+                ["node", "host", "CPU %", "memory MiB", "network rx / tx kB/s"],
+                [
+                    [
+                        h["node"][:12],
+                        "GPU node" if h["has_gpu"] else "CPU only",
+                        _fmt(h["cpu_percent"]),
+                        f"{_fmt(h['mem_used_mib'])} / {_fmt(h['mem_total_mib'])}",
+                        f"{_fmt(h['net_rx_Bps'] / 1e3, '.1f')} / {_fmt(h['net_tx_Bps'] / 1e3, '.1f')}",
+                    ]
+                    for h in latest["hosts"]
+                ],
+            )
+        )
+    if not latest["gpus"] and not latest["hosts"]:
+        parts.append("no samples yet")
+    parts += [f"node {n[:12]} down: {r}" for n, r in mon.failed_nodes.items()]
+    parts += [f"- {a.message}" for a in mon.advice()]
+    return "\n".join(parts)

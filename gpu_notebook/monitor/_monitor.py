@@ -22,7 +22,7 @@ from gpu_notebook._display import error_line
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
 from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
-from gpu_notebook.monitor._html import snapshot_table_html
+from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
 __all__ = ["Monitor", "monitor_for", "running_monitor", "stop_monitors", "utilisation_summary"]
@@ -476,6 +476,10 @@ class Monitor:
     def snapshot_html(self) -> str:
         """A static HTML table of the newest reading (what a saved notebook shows)."""
         return snapshot_table_html(self)
+
+    def snapshot_text(self) -> str:
+        """The same reading as :meth:`snapshot_html`, as plain text (what a terminal shows)."""
+        return snapshot_table_text(self)
 
     def _repr_html_(self) -> str:
         return snapshot_table_html(self)

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from gpu_notebook._lazy import lazy_module
 
-__all__ = ["CostWidget", "MonitorWidget", "cost_view", "live_views", "stop_live_views"]
+__all__ = ["CostWidget", "MonitorWidget", "Static", "cost_view", "live_views", "stop_live_views"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.widgets._cost import CostWidget, cost_view
-    from gpu_notebook.widgets._live import live_views, stop_live_views
+    from gpu_notebook.widgets._live import Static, live_views, stop_live_views
     from gpu_notebook.widgets._monitor import MonitorWidget
 
 __getattr__, __dir__ = lazy_module(
@@ -25,6 +25,7 @@ __getattr__, __dir__ = lazy_module(
         "CostWidget": "._cost",
         "cost_view": "._cost",
         "MonitorWidget": "._monitor",
+        "Static": "._live",
         "live_views": "._live",
         "stop_live_views": "._live",
     },

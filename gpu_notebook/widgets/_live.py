@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Self
 
-__all__ = ["LiveView", "RateCap", "live_views", "stop_live_views"]
+__all__ = ["LiveView", "RateCap", "Static", "live_views", "stop_live_views"]
 
 # every view whose refresh thread runs, whoever started it: the magics that made them may have been reloaded
 # (``%reload_ext gpu_notebook``) and lost their own lists, but the threads go on until stopped
@@ -39,6 +39,27 @@ def stop_live_views(kind: type | None = None) -> int:
     for v in views:
         v.stop()
     return len(views)
+
+
+class Static:
+    """A static result that says the same as ``text/html`` and as ``text/plain``.
+
+    What a magic displays instead of a bare ``IPython.display.HTML`` (which a terminal or a plain-text log
+    shows as ``<IPython.core.display.HTML object>``).
+    """
+
+    def __init__(self, html: str, text: str) -> None:
+        self.html = html
+        self.text = text
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(self.text)
 
 
 class RateCap:
@@ -78,7 +99,8 @@ class LiveView:
     - :meth:`_parts`: every widget to close on :meth:`close`;
     - :meth:`refresh` ``(force=False) -> bool``: send what changed, at most what ``self.rate`` allows;
     - :meth:`snapshot_html`: the static HTML fallback (no scripts, no images);
-    - :meth:`_text_plain`: the one-line ``text/plain`` fallback.
+    - :meth:`_text_plain`: the one-line ``text/plain`` fallback (and :meth:`snapshot_text`, the plain-text twin of
+      :meth:`snapshot_html`, where that one line does not say the same).
 
     It may override :meth:`_tick` (what one timer tick does; default :meth:`refresh`), :meth:`_finished`
     (whether the object shown has ended, after which one last forced refresh ends the thread) and
@@ -107,6 +129,10 @@ class LiveView:
 
     def _text_plain(self) -> str:
         return repr(self)
+
+    def snapshot_text(self) -> str:
+        """The static snapshot as plain text (what :meth:`stop` leaves for a terminal or a plain-text log)."""
+        return self._text_plain()
 
     def _parts(self) -> tuple[Any, ...]:
         return (self.box,)
@@ -186,9 +212,7 @@ class LiveView:
         with _LIVE_LOCK:
             _LIVE.discard(self)
         if snapshot and self._handle is not None:
-            from IPython.display import HTML
-
-            self._handle.update(HTML(self.snapshot_html()))
+            self._handle.update(Static(self.snapshot_html(), self.snapshot_text()))
 
     def close(self) -> None:
         """Stop refreshing and close the widgets (their browser views go away); the object shown keeps running."""

@@ -576,6 +576,10 @@ class MonitorWidget(LiveView):
         """The static HTML table fallback (no scripts, no images)."""
         return self.monitor.snapshot_html()
 
+    def snapshot_text(self) -> str:
+        """The same table as :meth:`snapshot_html`, as plain text."""
+        return str(self.monitor.snapshot_text())
+
     def show(self) -> None:
         """Display the dashboard and keep a handle so :meth:`stop` can leave a static snapshot behind."""
         self._show()
