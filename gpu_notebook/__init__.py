@@ -46,7 +46,8 @@ def load_ipython_extension(ipython: Any) -> None:
 def unload_ipython_extension(ipython: Any) -> None:
     """Remove the gpu_notebook magics: ``%unload_ext gpu_notebook``.
 
-    Clusters stay until ``%gpu_cluster stop`` (or ``get_manager().stop_all()``) or the kernel exits.
+    The live views the magics started stop; clusters stay until ``%gpu_cluster stop`` (or
+    ``get_manager().stop_all()``) or the kernel exits.
     """
     from gpu_notebook.magics import unregister
 

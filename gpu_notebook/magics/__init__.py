@@ -97,8 +97,23 @@ def _ours(part: MagicsPart, instance: Any) -> bool:
     return cls is not None and isinstance(instance, cls)
 
 
+def _stop_views(instance: Any) -> None:
+    """Stop the live views (``%gpu_cost``, ``%gpu_monitor``) this magics instance started: once it is unloaded,
+    no magic can reach them to stop them, and their refresh threads would run on."""
+    views = getattr(instance, "_widgets", None)
+    if not isinstance(views, list):
+        return
+    for view in views:
+        stop = getattr(view, "stop", None)
+        if callable(stop):
+            stop()
+    views.clear()
+
+
 def unregister(ipython: Any) -> list[str]:
-    """Remove the gpu_notebook magics from ``ipython`` (``%unload_ext``); returns the names removed.
+    """Remove the gpu_notebook magics from ``ipython`` (``%unload_ext``, ``%reload_ext``); returns the names
+    removed. The live views they started stop (each leaves its static snapshot); the objects they showed (a
+    monitor, a cluster's cost meter) keep running.
 
     Only what :func:`register` put there goes: a magic of the same name someone registered since stays.
     """
@@ -108,6 +123,7 @@ def unregister(ipython: Any) -> list[str]:
         instance = manager.registry.get(part.cls)
         if instance is None or not _ours(part, instance):
             continue
+        _stop_views(instance)
         del manager.registry[part.cls]
         for kind, table in manager.magics.items():
             for magic_name, func in instance.magics.get(kind, {}).items():
