@@ -179,7 +179,9 @@ class MonitorMagics(Magics):
         )
 
     def _cmd_csv(self, args: Any) -> None:
-        text = self._monitor(args).to_csv(args.path)
+        mon = self._monitor(args)
+        # no GPU anywhere: the host metrics, not an empty nvidia-smi table
+        text = mon.to_csv(args.path, hosts=mon.gpu_count == 0)
         print(f"wrote {args.path}" if args.path else text, end="\n" if args.path else "")
 
     def _cmd_prometheus(self, args: Any) -> None:

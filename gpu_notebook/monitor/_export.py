@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._aggregator import Aggregator
 
-__all__ = ["prometheus_text", "nvidia_smi_csv", "PrometheusServer", "PROMETHEUS_CONTENT_TYPE"]
+__all__ = ["prometheus_text", "nvidia_smi_csv", "host_csv", "PrometheusServer", "PROMETHEUS_CONTENT_TYPE"]
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -161,6 +161,31 @@ def nvidia_smi_csv(agg: Aggregator, since_t: float = 0.0, *, node_column: bool =
     records.sort(key=lambda r: (r[0], r[2], int(r[3])))
     lines += [r[1] for r in records]
     return "\n".join(lines) + "\n"
+
+
+def host_csv(agg: Aggregator, since_t: float = 0.0) -> str:
+    """The host metrics of every node (CPU, memory, network) as CSV: what a cluster without GPUs can export.
+
+    One row per node per sample, oldest first, timestamps as in :func:`nvidia_smi_csv`.
+    """
+    head = "timestamp, node, cpu [%], memory.used [MiB], memory.total [MiB], net.rx [kB/s], net.tx [kB/s]"
+    records: list[tuple[float, int, str]] = []
+    metrics = ("cpu_percent", "mem_used_mib", "mem_total_mib", "net_rx_Bps", "net_tx_Bps")
+    for node_i, (node, s) in enumerate(agg.states()):
+        cols = [s.host_col(m) for m in metrics]
+        if any(c is None for c in cols):
+            continue
+        t, data = s.buffer.window(since_t)
+        for k in range(len(t)):
+            vals = []
+            for m, c in zip(metrics, cols, strict=True):
+                v = float(data[k, c])
+                if m.endswith("_Bps"):
+                    v /= 1e3
+                vals.append("[N/A]" if math.isnan(v) else f"{v:.1f}" if m.endswith("_Bps") else f"{v:.0f}")
+            records.append((float(t[k]), node_i, f"{_smi_time(float(t[k]))}, {node}, {', '.join(vals)}"))
+    records.sort(key=lambda r: (r[0], r[1]))
+    return "\n".join([head] + [r[2] for r in records]) + "\n"
 
 
 class PrometheusServer:

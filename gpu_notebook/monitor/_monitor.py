@@ -21,7 +21,7 @@ from gpu_notebook import _registry
 from gpu_notebook._display import error_line
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
-from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
+from gpu_notebook.monitor._export import PrometheusServer, host_csv, nvidia_smi_csv, prometheus_text
 from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
@@ -438,14 +438,23 @@ class Monitor:
         return prometheus_text(self.aggregator, down=self.failed_nodes)
 
     def to_csv(
-        self, path: str | None = None, window_s: float | None = None, node_column: bool = False
+        self,
+        path: str | None = None,
+        window_s: float | None = None,
+        node_column: bool = False,
+        hosts: bool = False,
     ) -> str:
         """History in ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv`` shape.
 
-        Writes it to ``path`` when given; always returns the text.
+        With ``hosts``, the host metrics of every node instead (CPU, memory, network: what a cluster without
+        GPUs has). Writes it to ``path`` when given; always returns the text.
         """
         since = 0.0 if window_s is None else self.clock() - window_s
-        text = nvidia_smi_csv(self.aggregator, since, node_column=node_column)
+        text = (
+            host_csv(self.aggregator, since)
+            if hosts
+            else nvidia_smi_csv(self.aggregator, since, node_column=node_column)
+        )
         if path:
             with open(path, "w") as f:
                 f.write(text)

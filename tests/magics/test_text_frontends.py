@@ -73,3 +73,24 @@ def test_the_snapshot_left_by_stop_is_plain_text_too(ip) -> None:
     for d in left:
         assert OBJECT_REPR not in d["text/plain"]
         assert d["text/plain"].startswith("GPU monitor snapshot")
+
+
+def test_csv_without_gpus_writes_the_host_metrics(ip, shared) -> None:
+    from gpu_notebook.monitor import monitor_for
+
+    try:
+        mon = monitor_for(interval=0.2)
+        if mon.gpu_count:
+            pytest.skip("this cluster has GPUs: the nvidia-smi CSV has rows")
+        mon.pull()
+        with capture_output() as cap:
+            ip.run_line_magic("gpu_monitor", "csv --interval 0.2")
+        lines = cap.stdout.splitlines()
+        assert lines[0] == (
+            "timestamp, node, cpu [%], memory.used [MiB], memory.total [MiB], net.rx [kB/s], net.tx [kB/s]"
+        )
+        assert len(lines) > 1, cap.stdout  # one row per node per sample, not a bare header
+        assert all(len(line.split(", ")) == 7 for line in lines[1:])
+        assert {line.split(", ")[1] for line in lines[1:]} <= set(mon.nodes)
+    finally:
+        ip.run_line_magic("gpu_monitor", "stop")
