@@ -552,9 +552,10 @@ class WorkerGroup:
                 run.interrupt_reason = "hung"
             elif timeout is not None and now - run.start > timeout:
                 run.interrupt_reason = "timeout"
-            if run.interrupt_reason:
+            if run.interrupt_reason and self._interrupt(list(run.pending.values()), run.workers):
                 run.interrupted_at = now
-                self._interrupt(list(run.pending.values()), run.workers)
+            else:  # no code left to interrupt: those ranks' replies are on the way (or a cell starts: retried)
+                run.interrupt_reason = ""
         elif now - run.interrupted_at > self.timeouts.interrupt_grace:
             run.rebuild_reason = run.interrupt_reason
             return True
@@ -608,17 +609,18 @@ class WorkerGroup:
         """Rebuild the group after ``why`` unless it is being stopped; the note for the cell."""
         return _recovery.rebuild(why, self.size, lambda: self._stopping, lambda: self._restart(say), say)
 
-    def _interrupt(self, ranks: Sequence[int], workers: Sequence[Worker] | None = None) -> None:
-        """Raise KeyboardInterrupt in the running code of ``ranks`` (those not known dead)."""
+    def _interrupt(self, ranks: Sequence[int], workers: Sequence[Worker] | None = None) -> bool:
+        """Raise KeyboardInterrupt in the running code of ``ranks`` (those not known dead); False when none of
+        them was running code (their cells had ended), so nothing was interrupted."""
         ray = _ray()
         workers = self.workers if workers is None else workers
         try:
             refs = [
                 workers[r].actor.interrupt.remote() for r in ranks if r not in self._dead and r < len(workers)
             ]
-            ray.get(refs, timeout=5)
+            return not refs or any(ray.get(refs, timeout=5))
         except Exception:  # noqa: BLE001 - best effort: a rank that cannot be interrupted is given up on later
-            pass
+            return True
 
 
 def _kill(actors: Sequence[Any]) -> None:
