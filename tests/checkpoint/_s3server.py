@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 __all__ = ["S3Server", "free_port", "fake_credentials"]
@@ -111,3 +113,20 @@ class S3Server:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+@contextmanager
+def serving() -> Iterator[S3Server]:
+    """A started :class:`S3Server` with the fake credentials in the environment (the old values back after)."""
+    old = {k: os.environ.get(k) for k in fake_credentials()}
+    os.environ.update(fake_credentials())
+    srv = S3Server().start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -188,20 +188,10 @@ def test_a_lease_is_renewed_while_its_save_runs_and_deleted_after(tmp_path: Path
 def s3() -> Iterator[Any]:
     pytest.importorskip("moto")
     sys.path.insert(0, str(Path(__file__).parent))
-    from _s3server import S3Server, fake_credentials
+    from _s3server import serving
 
-    old = {k: os.environ.get(k) for k in fake_credentials()}
-    os.environ.update(fake_credentials())
-    srv = S3Server().start()
-    try:
+    with serving() as srv:
         yield srv
-    finally:
-        srv.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def test_on_s3_a_save_holds_a_lease_that_gc_in_another_process_honours(s3: Any) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from _s3proxy import Cut, Reply, Request, S3Proxy
-from _s3server import S3Server, fake_credentials
+from _s3server import S3Server, serving
 
 from gpu_notebook.checkpoint import (
     Checkpointer,
@@ -33,18 +33,8 @@ pytest.importorskip("moto")
 
 @pytest.fixture(scope="module")
 def s3() -> Iterator[S3Server]:
-    old = {k: os.environ.get(k) for k in fake_credentials()}
-    os.environ.update(fake_credentials())
-    srv = S3Server().start()
-    try:
+    with serving() as srv:
         yield srv
-    finally:
-        srv.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture()
