@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import keyword
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,7 +13,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from gpu_notebook import _registry, checkpoint
+from gpu_notebook import checkpoint
 from gpu_notebook.errors import GpuNotebookError
 from gpu_notebook.magics._args import convert, count, identifier, number, path, text
 from gpu_notebook.magics._common import (
@@ -156,17 +154,6 @@ def _refused_value(args: Any) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def _keeping_current() -> Iterator[None]:
-    """The current Checkpointer stays the current one (a library restore makes its Checkpointer current; the
-    magics' own must never become it: a budget stop saves with the current one, training code may look it up)."""
-    before = _registry.active_checkpointer()
-    try:
-        yield
-    finally:
-        _registry.set_active_checkpointer(before)
-
-
 def _checkpointer(checkpoint: Any, store: Any, **options: Any) -> Any:
     """``Checkpointer(store, ...)``; a store URL it cannot parse (``s3://``) is an error of the magic's."""
     try:
@@ -299,14 +286,15 @@ class CheckpointMagics(Magics):
                 if var not in ns:
                     raise MagicError(f"--into: no variable {var!r} in the notebook")
                 into[key] = ns[var]
-        with _keeping_current():
-            state = ck.restore(
+        state = (
+            ck.restore(  # (a store's own Checkpointer is made with current=False: it never becomes current)
                 self._one_id(args),
                 step=args.step,
                 into=into,
                 allow_pickle=args.allow_pickle or None,
                 fallback=args.fallback,
             )
+        )
         ns[args.out] = state
         info = ck.last_info
         print(
