@@ -30,6 +30,7 @@ __all__ = [
     "NodePrice",
     "Policy",
     "PolicyWatcher",
+    "add_policies",
     "attach_from_options",
     "attach_policies",
     "cost_meter_for",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.cost._policy import Policy
     from gpu_notebook.cost._watcher import (
         PolicyWatcher,
+        add_policies,
         attach_from_options,
         attach_policies,
         describe,
@@ -81,6 +83,7 @@ __getattr__, __dir__ = lazy_module(
         "MonitorUtilisation": "._idle",
         "default_utilisation": "._idle",
         "PolicyWatcher": "._watcher",
+        "add_policies": "._watcher",
         "attach_from_options": "._watcher",
         "attach_policies": "._watcher",
         "describe": "._watcher",

@@ -138,6 +138,30 @@ def _hook_ipython_cells(watcher: PolicyWatcher) -> Callable[[], None] | None:
     return unhook
 
 
+def add_policies(
+    cluster: Any, idle_stop_minutes: float | None = None, budget_usd: float | None = None
+) -> tuple[PolicyWatcher, list[str]]:
+    """Attach a budget cap and/or an idle stop to ``cluster`` on top of the policies it has: the kind not given
+    is kept as it is (with its threshold), a kind given replaces the earlier one of that kind. Returns the running
+    watcher and what was replaced (e.g. ``["the earlier budget $100.00"]``); what ``%gpu_cost policies`` calls.
+    """
+    old = watcher_for(cluster)
+    budget, idle, threshold, replaced = budget_usd, idle_stop_minutes, None, []
+    for p in list(old.policies) if old is not None else []:
+        if isinstance(p, BudgetPolicy):
+            if budget is None:
+                budget = p.usd
+            else:
+                replaced.append(f"the earlier budget ${p.usd:,.2f}")
+        elif isinstance(p, IdleStopPolicy):
+            if idle is None:
+                idle, threshold = p.window_s / 60, p.threshold
+            else:
+                replaced.append(f"the earlier idle stop after {p.window_s / 60:g} min")
+    w = attach_policies(cluster, idle_stop_minutes=idle, budget_usd=budget, idle_threshold=threshold)
+    return w, replaced
+
+
 def attach_policies(
     cluster: Any,
     idle_stop_minutes: float | None = None,

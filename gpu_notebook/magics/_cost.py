@@ -14,9 +14,7 @@ from gpu_notebook._display import text_table
 from gpu_notebook.catalog import get_catalog
 from gpu_notebook.cluster import get_manager
 from gpu_notebook.cost import (
-    BudgetPolicy,
-    IdleStopPolicy,
-    attach_policies,
+    add_policies,
     cost_meter_for,
     describe,
     watcher_for,
@@ -151,22 +149,8 @@ class CostMagics(Magics):
             )
             return
         # policies add up: the one not given is kept as it is; one given replaces its kind, and says so
-        old = watcher_for(cluster)
-        have = list(old.policies) if old is not None else []
-        budget, idle, threshold, replaced = args.budget, args.idle_stop, None, []
-        for p in have:
-            if isinstance(p, BudgetPolicy):
-                if budget is None:
-                    budget = p.usd
-                else:
-                    replaced.append(f"the earlier budget ${p.usd:,.2f}")
-            elif isinstance(p, IdleStopPolicy):
-                if idle is None:
-                    idle, threshold = p.window_s / 60, p.threshold
-                else:
-                    replaced.append(f"the earlier idle stop after {p.window_s / 60:g} min")
         with usage_errors(ValueError):  # the policies' own checks: --budget 0, --idle-stop -5
-            w = attach_policies(cluster, idle_stop_minutes=idle, budget_usd=budget, idle_threshold=threshold)
+            w, replaced = add_policies(cluster, idle_stop_minutes=args.idle_stop, budget_usd=args.budget)
         print(
             f"cluster {cluster.name!r}: {describe(w)}"
             + (f" (replaces {' and '.join(replaced)})" if replaced else "")
