@@ -23,6 +23,7 @@ __all__ = [
     "PrometheusServer",
     "REMEDIES",
     "RingBuffer",
+    "grafana_dashboard",
     "monitor_for",
     "nvidia_smi_csv",
     "prometheus_text",
@@ -35,7 +36,12 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._advice import REMEDIES, Advice
     from gpu_notebook.monitor._aggregator import Aggregator
-    from gpu_notebook.monitor._export import PrometheusServer, nvidia_smi_csv, prometheus_text
+    from gpu_notebook.monitor._export import (
+        PrometheusServer,
+        grafana_dashboard,
+        nvidia_smi_csv,
+        prometheus_text,
+    )
     from gpu_notebook.monitor._monitor import (
         Monitor,
         monitor_for,
@@ -54,6 +60,7 @@ __getattr__, __dir__ = lazy_module(
         "REMEDIES": "._advice",
         "Aggregator": "._aggregator",
         "PrometheusServer": "._export",
+        "grafana_dashboard": "._export",
         "nvidia_smi_csv": "._export",
         "prometheus_text": "._export",
         "Monitor": "._monitor",

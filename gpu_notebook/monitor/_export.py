@@ -2,6 +2,11 @@
 
 The Prometheus page has one line per GPU and metric, labelled ``node``, ``gpu`` (index), ``uuid`` and
 ``name``, plus host metrics labelled ``node``, so a real Prometheus can scrape the notebook machine.
+:func:`monitor_text` (what ``Monitor.prometheus_text`` serves) adds the under-use advice per GPU and, for a
+cluster, its state and its cost (spent, $/h, budget, per node, from the cluster's shared cost meter in
+:mod:`gpu_notebook._registry`: the monitor layer reads the meter it finds and never imports ``cost``).
+The Grafana dashboard shipped in ``gpu_notebook/data/grafana_dashboard.json`` (:func:`grafana_dashboard`)
+queries these names; ``tests/monitor/test_prometheus_server.py`` runs each of its queries on a real Prometheus.
 The CSV has the exact shape of
 ``nvidia-smi --query-gpu=timestamp,name,utilization.gpu,memory.used --format=csv``.
 """
@@ -9,16 +14,34 @@ The CSV has the exact shape of
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from typing import TYPE_CHECKING, Any
+
+from gpu_notebook import _registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._aggregator import Aggregator
 
-__all__ = ["prometheus_text", "nvidia_smi_csv", "host_csv", "PrometheusServer", "PROMETHEUS_CONTENT_TYPE"]
+__all__ = [
+    "prometheus_text",
+    "monitor_text",
+    "advice_text",
+    "cluster_text",
+    "cost_text",
+    "grafana_dashboard",
+    "nvidia_smi_csv",
+    "host_csv",
+    "PrometheusServer",
+    "running_servers",
+    "PROMETHEUS_CONTENT_TYPE",
+]
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -130,6 +153,186 @@ def prometheus_text(agg: Aggregator, down: Iterable[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _family(name: str, typ: str, help_: str, samples: list[tuple[str, float]]) -> list[str]:
+    """One metric family: HELP, TYPE and ``(labels, value)`` samples (nothing at all when there are none)."""
+    if not samples:
+        return []
+    out = [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
+    out += [f"{name}{{{labels}}} {_num(v)}" if labels else f"{name} {_num(v)}" for labels, v in samples]
+    return out
+
+
+def _text(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def advice_text(monitor: Any) -> str:
+    """The under-use advice: ``gpu_notebook_gpu_underused`` 0/1 for every GPU, the message of each flagged one.
+
+    Every GPU gets a series (0 when it is busy enough), so a dashboard panel has data before anything is flagged.
+    """
+    items = monitor.advice()
+    flagged = {(str(a.node), int(a.gpu)): a for a in items}
+    under, info = [], []
+    for r in monitor.latest()["gpus"]:
+        key = (str(r["node"]), int(r["index"]))
+        labels = f'node="{_label(r["node"])}",gpu="{r["index"]}",uuid="{_label(r["uuid"])}"'
+        under.append((labels, 1.0 if key in flagged else 0.0))
+    for a in items:
+        info.append((f'node="{_label(a.node)}",gpu="{a.gpu}",message="{_label(a.message)}"', 1.0))
+    lines = _family(
+        "gpu_notebook_gpu_underused",
+        "gauge",
+        "1 if the GPU stayed under the advice threshold for the whole advice window.",
+        under,
+    )
+    lines += _family(
+        "gpu_notebook_advice_info", "gauge", "The advice for each under-used GPU (value 1).", info
+    )
+    if under:
+        lines += _family(
+            "gpu_notebook_advice_threshold_percent",
+            "gauge",
+            "Utilisation below which a GPU counts as under-used.",
+            [("", float(monitor.advice_threshold))],
+        )
+        lines += _family(
+            "gpu_notebook_advice_window_seconds",
+            "gauge",
+            "How long a GPU must stay under the threshold to be flagged.",
+            [("", float(monitor.advice_window))],
+        )
+    return _text(lines)
+
+
+def cluster_text(cluster: Any, nodes: int | None = None) -> str:
+    """The cluster's state from its attributes (no Ray call): ``gpu_notebook_cluster_{info,up,workers,...}``.
+
+    ``nodes``: how many nodes the monitor samples (``gpu_notebook_cluster_nodes``).
+    """
+    name = _label(getattr(cluster, "name", "") or "")
+    state = str(getattr(cluster, "state", "running"))
+    c = f'cluster="{name}"'
+    info = f'{c},kind="{_label(getattr(cluster, "kind", ""))}",state="{_label(state)}"'
+    info += f',backend="{_label(getattr(cluster, "backend", None) or "")}"'
+    lines = _family(
+        "gpu_notebook_cluster_info", "gauge", "The cluster, its kind, state and backend.", [(info, 1)]
+    )
+    lines += _family(
+        "gpu_notebook_cluster_up", "gauge", "1 while the cluster is running.", [(c, state == "running")]
+    )
+    try:
+        workers = float(getattr(cluster, "world_size", 0) or 0)
+    except Exception:  # noqa: BLE001 - a cluster half stopped may fail to count its workers: report none
+        workers = 0.0
+    lines += _family("gpu_notebook_cluster_workers", "gauge", "Rank workers of the cluster.", [(c, workers)])
+    if nodes is not None:
+        lines += _family("gpu_notebook_cluster_nodes", "gauge", "Nodes the monitor samples.", [(c, nodes)])
+    started = getattr(cluster, "started_at", None)
+    if isinstance(started, (int, float)) and started:
+        lines += _family(
+            "gpu_notebook_cluster_uptime_seconds",
+            "gauge",
+            "Seconds since the cluster started.",
+            [(c, max(0.0, time.time() - started))],
+        )
+    return _text(lines)
+
+
+def cost_text(snapshot: Any, cluster_name: str = "") -> str:
+    """A cost snapshot (:class:`gpu_notebook.cost.CostSnapshot`) as ``gpu_notebook_cost_*`` metrics.
+
+    Totals labelled ``cluster``; per node also ``node`` (the same id as the GPU metrics) and ``price``.
+    The figures are list-price estimates (``gpu_notebook_cost_info`` says so in its ``estimate`` label).
+    """
+    c = f'cluster="{_label(cluster_name)}"'
+    budget = snapshot.budget_usd
+    if budget is None:  # a budget policy attached by hand knows its own figure
+        budget = next((p["budget_usd"] for p in snapshot.policies if p.get("budget_usd") is not None), None)
+    lines = _family(
+        "gpu_notebook_cost_info",
+        "gauge",
+        "How the cost is estimated (value 1).",
+        [
+            (
+                f'{c},local="{str(bool(snapshot.is_local)).lower()}",estimate="{_label(snapshot.estimate_label)}"',
+                1,
+            )
+        ],
+    )
+    lines += _family(
+        "gpu_notebook_cost_spent_usd", "gauge", "Estimated USD spent so far.", [(c, snapshot.spent_usd)]
+    )
+    lines += _family(
+        "gpu_notebook_cost_usd_per_hour",
+        "gauge",
+        "Current burn rate, USD per hour.",
+        [(c, snapshot.usd_per_hour)],
+    )
+    lines += _family(
+        "gpu_notebook_cost_nodes_running", "gauge", "Nodes being charged now.", [(c, snapshot.nodes_running)]
+    )
+    if budget is not None:
+        lines += _family(
+            "gpu_notebook_cost_budget_usd", "gauge", "The budget cap, USD.", [(c, float(budget))]
+        )
+    per_node = [
+        (f'{c},node="{_label(n["node_id"])}",price="{_label(n["label"])}"', n) for n in snapshot.nodes
+    ]
+    lines += _family(
+        "gpu_notebook_cost_node_spent_usd",
+        "gauge",
+        "Estimated USD spent on the node so far.",
+        [(lab, float(n["spent_usd"])) for lab, n in per_node],
+    )
+    lines += _family(
+        "gpu_notebook_cost_node_usd_per_hour",
+        "gauge",
+        "The node's price now, USD per hour (0 once it left).",
+        [(lab, float(n["usd_per_hour"]) if n["running"] else 0.0) for lab, n in per_node],
+    )
+    return _text(lines)
+
+
+def monitor_text(monitor: Any) -> str:
+    """Everything a scrape of a monitor's endpoint returns: GPUs and hosts, advice, cluster state, cost.
+
+    The cost comes from the cluster's shared cost meter, when one exists (``%gpu_cost``, a budget or an idle
+    stop made it); it is polled first so nodes that joined or left since are counted.
+    """
+    parts = [prometheus_text(monitor.aggregator, down=monitor.failed_nodes), advice_text(monitor)]
+    cluster = monitor.cluster
+    if cluster is not None:
+        parts.append(cluster_text(cluster, nodes=len(monitor.nodes)))
+        meter = _registry.cost_meters.get(cluster)
+        if meter is not None:
+            try:
+                meter.poll()
+            except Exception:  # noqa: BLE001 - a scrape must answer: the meter keeps its last node set
+                pass
+            parts.append(cost_text(meter.snapshot(), str(getattr(cluster, "name", "") or "")))
+    return "".join(parts)
+
+
+def grafana_dashboard(path: str | None = None) -> dict[str, Any]:
+    """The Grafana dashboard shipped with the package (GPU utilisation, memory, power, cost, advice, state).
+
+    Import it in Grafana (Dashboards > New > Import) and pick a Prometheus data source that scrapes the
+    endpoint of ``%gpu_monitor prometheus``. ``path``: also write it there as JSON.
+
+    Returns
+    -------
+    dict
+        The dashboard model; its template variables are ``datasource``, ``instance`` and ``node``.
+    """
+    text = resources.files("gpu_notebook").joinpath("data/grafana_dashboard.json").read_text("utf-8")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    dashboard: dict[str, Any] = json.loads(text)
+    return dashboard
+
+
 def _smi_time(t: float) -> str:
     d = _dt.datetime.fromtimestamp(t)
     return d.strftime("%Y/%m/%d %H:%M:%S.") + f"{d.microsecond // 1000:03d}"
@@ -188,6 +391,15 @@ def host_csv(agg: Aggregator, since_t: float = 0.0) -> str:
     return "\n".join([head] + [r[2] for r in records]) + "\n"
 
 
+#: the servers open in this process (what ``%gpu_cluster status`` links to)
+_OPEN: weakref.WeakSet[PrometheusServer] = weakref.WeakSet()
+
+
+def running_servers() -> list[PrometheusServer]:
+    """The :class:`PrometheusServer` objects of this process that are still serving, oldest first."""
+    return sorted(_OPEN, key=lambda srv: srv.opened_at)
+
+
 class PrometheusServer:
     """A tiny HTTP server in a daemon thread: ``GET /metrics`` (Prometheus text), ``GET /csv``.
 
@@ -244,6 +456,8 @@ class PrometheusServer:
             target=self._server.serve_forever, daemon=True, name="gpu_notebook-prometheus"
         )
         self._thread.start()
+        self.opened_at = time.monotonic()
+        _OPEN.add(self)
 
     @property
     def url(self) -> str:
@@ -255,6 +469,7 @@ class PrometheusServer:
 
     def close(self) -> None:
         """Stop serving and free the port."""
+        _OPEN.discard(self)
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=2)

@@ -21,7 +21,7 @@ from gpu_notebook import _registry
 from gpu_notebook._display import error_line
 from gpu_notebook.monitor._advice import Advice, advise, utilisation_summary_from
 from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
-from gpu_notebook.monitor._export import PrometheusServer, host_csv, nvidia_smi_csv, prometheus_text
+from gpu_notebook.monitor._export import PrometheusServer, host_csv, monitor_text, nvidia_smi_csv
 from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
@@ -434,8 +434,8 @@ class Monitor:
 
     # -- exports --------------------------------------------------------------------------------------------------
     def prometheus_text(self) -> str:
-        """Newest samples in Prometheus text exposition format."""
-        return prometheus_text(self.aggregator, down=self.failed_nodes)
+        """Newest samples, advice, cluster state and cost in Prometheus text format (see ``monitor_text``)."""
+        return monitor_text(self)
 
     def to_csv(
         self,
