@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set everything up from scratch (or reuse it) and run the whole test suite.
-# Installs: the .venv with gpu_notebook[dev]; Debian's chromium for the browser test (needs apt, as root).
+# Installs: the .venv with gpu_notebook[dev]; Debian's chromium for the browser test and Debian's prometheus for
+# the Grafana dashboard test (both need apt, as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh dev
@@ -16,6 +17,20 @@ if [ ! -x /usr/bin/chromium ]; then
         # in CI the browser test must run (it fails there without chromium): stop before the suite
         case "${CI:-}" in 1|true|TRUE|True|yes) echo "!! CI=$CI: the browser test needs /usr/bin/chromium" >&2; exit 1;; esac
         echo "!! the browser test will be skipped (under CI=true it fails)"
+    fi
+fi
+if [ ! -x /usr/bin/prometheus ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "==> installing Debian's prometheus for the dashboard test"
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null) \
+            || echo "!! prometheus could not be installed"
+    else
+        echo "!! /usr/bin/prometheus missing and apt-get not usable"
+    fi
+    if [ ! -x /usr/bin/prometheus ]; then
+        # in CI the Grafana dashboard's queries must run on a real Prometheus (the test fails there without it)
+        case "${CI:-}" in 1|true|TRUE|True|yes) echo "!! CI=$CI: tests/monitor/test_prometheus_server.py needs /usr/bin/prometheus" >&2; exit 1;; esac
+        echo "!! the Prometheus dashboard test will be skipped (under CI=true it fails)"
     fi
 fi
 export RAY_USAGE_STATS_ENABLED=0
