@@ -20,7 +20,13 @@ from gpu_notebook._display import Progress
 from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
-from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
+from gpu_notebook.cluster._status import (
+    ClusterStatus,
+    NodeInfo,
+    WorkerInfo,
+    dashboard_links,
+    ray_dashboard_url,
+)
 from gpu_notebook.cluster.providers import (
     AddressProvider,
     CloudProvider,
@@ -458,6 +464,7 @@ class Cluster:
             uptime_s=time.time() - self.started_at if self.started_at else 0.0,
             nodes=nodes,
             workers=workers,
+            dashboards=dashboard_links(ray_dashboard_url()) if self.running else [],
         )
 
     def logs(self, rank: int | None = None, tail: int | None = 50) -> dict[int, list[str]]:

@@ -1,12 +1,139 @@
-"""What ``Cluster.status()`` returns: the nodes, the rank workers and the uptime of a cluster."""
+"""What ``Cluster.status()`` returns: the nodes, the rank workers, the uptime and the dashboards of a cluster.
+
+Dashboards (the Prometheus endpoints this kernel serves, Ray's dashboard when it is on) are linked through the
+Jupyter server's ``jupyter-server-proxy`` (``<base_url>proxy/<port>/``) when the kernel runs under one, so a
+browser that reaches only the notebook (Binder, JupyterHub, a tunnel to one port) opens them too. The kernel
+finds the server's base URL, in this order: ``GPU_NOTEBOOK_PROXY_PREFIX`` (a path such as ``/user/me/``, or
+``off``); ``JUPYTERHUB_SERVICE_PREFIX`` (set by JupyterHub and Binder for the single-user server); the running
+Jupyter server that started this kernel (its pid is the kernel's parent, as listed in Jupyter's runtime
+directory). Without a prefix, or without ``jupyter_server_proxy`` installed, links point at the port itself.
+"""
 
 from __future__ import annotations
 
 import html
+import importlib.util
+import ipaddress
+import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ClusterStatus", "NodeInfo", "WorkerInfo"]
+from gpu_notebook.monitor._export import running_servers
+
+__all__ = [
+    "ClusterStatus",
+    "DashboardLink",
+    "NodeInfo",
+    "WorkerInfo",
+    "dashboard_links",
+    "jupyter_proxy_prefix",
+    "ray_dashboard_url",
+]
+
+#: the environment variable that sets (a path) or turns off (``off``) the proxy prefix of dashboard links
+PROXY_PREFIX_ENV = "GPU_NOTEBOOK_PROXY_PREFIX"
+
+
+@dataclass(frozen=True)
+class DashboardLink:
+    """A dashboard of the cluster and where to open it."""
+
+    name: str  # "Prometheus metrics", "Ray dashboard"
+    url: str  # what to open: through the Jupyter server's proxy when there is one, else ``direct``
+    direct: str  # the port itself, e.g. http://127.0.0.1:9400/metrics
+
+    @property
+    def proxied(self) -> bool:
+        return self.url != self.direct
+
+
+def jupyter_proxy_prefix(environ: dict[str, str] | None = None) -> str | None:
+    """The base URL path under which this kernel's Jupyter server proxies local ports, or None.
+
+    See the module docstring for the order of the sources. The result ends with ``/``: a link is
+    ``prefix + "proxy/<port>/"``.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get(PROXY_PREFIX_ENV, "").strip()
+    if given.lower() in ("off", "0", "none", "false", "no"):
+        return None
+    if not given:
+        if importlib.util.find_spec("jupyter_server_proxy") is None:
+            return None
+        given = env.get("JUPYTERHUB_SERVICE_PREFIX", "").strip() or (_parent_server_base_url() or "")
+    if not given:
+        return None
+    return "/" + given.strip("/") + "/" if given.strip("/") else "/"
+
+
+def _parent_server_base_url() -> str | None:
+    """The ``base_url`` of the running Jupyter server whose process started this kernel."""
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:
+        return None
+    parent = os.getppid()
+    try:
+        for info in list_running_servers():
+            if int(info.get("pid", -1)) == parent:
+                return str(info.get("base_url") or "/")
+    except Exception:  # noqa: BLE001 - an unreadable runtime file means no server found, never a failed status
+        return None
+    return None
+
+
+def ray_dashboard_url() -> str | None:
+    """``host:port`` of Ray's dashboard when this process is connected to a Ray that runs one, else None."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        from ray._private.worker import get_dashboard_url
+
+        url = get_dashboard_url()
+    except Exception:  # noqa: BLE001 - Ray Client or a Ray without the private helper: no link, no failure
+        return None
+    return str(url) if url else None
+
+
+def _is_local(host: str) -> bool:
+    """Whether the proxy (which connects to ``localhost``) reaches a port bound on ``host``."""
+    if host in ("localhost", ""):
+        return True
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return addr.is_loopback or addr.is_unspecified
+
+
+def _link(name: str, host: str, port: int, path: str, prefix: str | None) -> DashboardLink:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    direct = f"http://{shown}:{port}/{path}"
+    if prefix is None or not _is_local(host):
+        return DashboardLink(name, direct, direct)
+    return DashboardLink(name, f"{prefix}proxy/{port}/{path}", direct)
+
+
+def dashboard_links(ray_dashboard: str | None = None, prefix: str | None = None) -> list[DashboardLink]:
+    """The dashboards to link from a status: this process's Prometheus endpoints, Ray's dashboard if given.
+
+    Parameters
+    ----------
+    ray_dashboard
+        ``host:port`` (or ``http://host:port``) of Ray's dashboard, e.g. from :func:`ray_dashboard_url`.
+    prefix
+        The Jupyter server's base URL path (default: :func:`jupyter_proxy_prefix`).
+    """
+    prefix = jupyter_proxy_prefix() if prefix is None else prefix
+    links = [_link("Prometheus metrics", srv.host, srv.port, "metrics", prefix) for srv in running_servers()]
+    if ray_dashboard:
+        hostport = ray_dashboard.split("://", 1)[-1].rstrip("/")
+        host, _, port = hostport.rpartition(":")
+        if port.isdigit():
+            links.append(_link("Ray dashboard", host, int(port), "", prefix))
+    return links
 
 
 @dataclass
@@ -48,6 +175,7 @@ class ClusterStatus:
     uptime_s: float
     nodes: list[NodeInfo] = field(default_factory=list)
     workers: list[WorkerInfo] = field(default_factory=list)
+    dashboards: list[DashboardLink] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [
@@ -67,6 +195,10 @@ class ClusterStatus:
                 f"  {w.rank:<5} {w.node_id[:12]:<13} {w.pid:<8} {','.join(w.gpu_ids) or '-':<5} "
                 f"{w.num_cpus:<5g} {'alive' if w.alive else 'DEAD'}"
             )
+        if self.dashboards:
+            lines.append("Dashboards:")
+            for d in self.dashboards:
+                lines.append(f"  {d.name:<19} {d.url}" + (f"  (direct: {d.direct})" if d.proxied else ""))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -92,6 +224,10 @@ class ClusterStatus:
             f"<td>{n.gpus:g}</td><td>{'alive' if n.alive else 'dead'}{' (head)' if n.is_head else ''}</td></tr>"
             for n in self.nodes
         )
+        links = " &middot; ".join(
+            f"<a href='{e(d.url)}' target='_blank' title='{e(d.direct)}'>{e(d.name)}</a>"
+            for d in self.dashboards
+        )
         return (
             f"<div class='gpu-notebook-status'><b>Cluster {e(self.name)}</b> ({e(self.kind)}, "
             f"<code>{e(self.address)}</code>): {e(self.state)}, backend {e(self.backend or '-')}, "
@@ -99,7 +235,9 @@ class ClusterStatus:
             f"<table><thead><tr><th>node</th><th>IP</th><th>CPUs</th><th>GPUs</th><th>state</th></tr></thead>"
             f"<tbody>{nodes}</tbody></table>"
             f"<table><thead><tr><th>rank</th><th>node</th><th>IP</th><th>pid</th><th>GPUs</th><th>CPUs</th>"
-            f"<th>state</th></tr></thead><tbody>{rows}</tbody></table></div>"
+            f"<th>state</th></tr></thead><tbody>{rows}</tbody></table>"
+            + (f"<div>Dashboards: {links}</div>" if links else "")
+            + "</div>"
         )
 
 
