@@ -215,6 +215,54 @@ def _extras(parts: tuple[MagicsPart, ...]) -> list[str]:
     return lines
 
 
+_FENCE = re.compile(r"^```(\w*)\s*$")
+
+
+def magic_lines(markdown: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) for every magic line (``%name ...``, ``%%name ...``) in the code blocks of a markdown
+    page, ``In [1]:`` prompts removed; shell blocks (bash, sh) are skipped."""
+    lang: str | None = None
+    for no, line in enumerate(markdown.splitlines(), 1):
+        m = _FENCE.match(line.strip())
+        if m:
+            lang = None if lang is not None else m.group(1)
+            continue
+        if lang is None or lang in ("bash", "sh", "shell", "console"):
+            continue
+        text = re.sub(r"^In \[\d+\]:\s*", "", line.strip())
+        if re.match(r"%%?[a-z_]+", text):
+            yield no, text
+
+
+def check_magic_line(text: str) -> str | None:
+    """Why the magic line ``text`` would be refused (an unknown magic, an option it or its subcommand does not
+    take, a value its parser refuses), or None when it parses. Nothing is run."""
+    from IPython.core.error import UsageError
+
+    from gpu_notebook.magics._common import parse, refuse_others
+
+    word, _, rest = text.partition(" ")
+    funcs = dict(_magic_funcs())
+    func = funcs.get(word)
+    if func is None:
+        if not word.lstrip("%").startswith(("gpu", "distributed")):
+            return None  # IPython's own (%load_ext, %pip, %env): not ours to check
+        return f"no magic {word} (magics: {', '.join(funcs)})"
+    try:
+        args = parse(func, rest)
+        table = getattr(func, "subcommand_options", None)
+        if table and getattr(args, "command", None) in table:
+            refuse_others(args, table, args.command)
+            positional = getattr(func, "subcommand_positionals", {}).get(args.command)
+            extra = [a for a in _actions(func) if not a.option_strings and a.dest != "command"]
+            given = [v for a in extra for v in (getattr(args, a.dest) or [])]
+            if given and positional is None:
+                return f"{args.command} takes no positional arguments (got {' '.join(given)})"
+    except UsageError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
 def render() -> str:
     """The whole reference page."""
     out = [HEADER, "## The magics", ""]

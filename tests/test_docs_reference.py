@@ -54,3 +54,45 @@ def test_reference_links_resolve() -> None:
     anchors = {gen._anchor(h.strip("`")) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
     for target in re.findall(r"\]\(#([^)]+)\)", text):
         assert target in anchors, f"link to #{target}: no such heading"
+
+
+def test_every_magic_line_in_the_guide_parses() -> None:
+    """Each magic line in the user guide's code blocks is one the magic accepts: its options exist, belong to
+    its subcommand, and have values of the right kind (parsed by the magic's own parser; nothing runs)."""
+    pages = sorted((ROOT / "docs" / "guide").glob("*.md"))
+    assert pages
+    checked = 0
+    bad = []
+    for page in pages:
+        for no, line in gen.magic_lines(page.read_text()):
+            checked += 1
+            why = gen.check_magic_line(line)
+            if why is not None:
+                bad.append(f"{page.relative_to(ROOT)}:{no}: {line}\n    {why}")
+    assert checked > 50, checked
+    assert not bad, "magic lines in the guide that the magics refuse:\n" + "\n".join(bad)
+
+
+def test_the_line_check_refuses_what_a_magic_refuses() -> None:
+    assert gen.check_magic_line("%gpu_cluster start --workers 2") is None
+    assert gen.check_magic_line("%%distributed --workers 0 -o x") is None
+    assert "does not apply" in str(gen.check_magic_line("%gpu_cluster stop --budget 5"))
+    assert "positional" in str(gen.check_magic_line("%gpu_cluster list big"))
+    assert "--workers" in str(gen.check_magic_line("%gpu_cluster start --workers 0"))
+    assert "no magic" in str(gen.check_magic_line("%gpu_clusters start"))
+    assert gen.check_magic_line("%load_ext gpu_notebook") is None  # IPython's own magics are not checked
+    assert "--port" in str(gen.check_magic_line("%gpu_monitor prometheus --port 99999"))
+
+
+def test_every_example_in_the_magics_help_parses() -> None:
+    """The `In [1]: %gpu_cluster ...` examples of each magic's help (shown in the reference too) are accepted."""
+    bad = []
+    for name, func in gen._magic_funcs():
+        _, examples = gen._description(func)
+        for line in examples.splitlines():
+            text = line.split(":", 1)[1].strip() if line.startswith("In [") else ""
+            if text.startswith("%") and not text.startswith("%%"):
+                why = gen.check_magic_line(text)
+                if why is not None:
+                    bad.append(f"{name}: {text}\n    {why}")
+    assert not bad, "examples in the magics' help that the magics refuse:\n" + "\n".join(bad)
