@@ -33,6 +33,7 @@ __all__ = [
     "ArgParser",
     "budget_usd",
     "convert",
+    "hourly_usd",
     "count",
     "duration",
     "identifier",
@@ -298,3 +299,8 @@ def budget_usd() -> ArgParser:
 def idle_minutes() -> ArgParser:
     """``--idle-stop``: minutes, positive, at most a year."""
     return number("minutes", maximum=525_600)
+
+
+def hourly_usd() -> ArgParser:
+    """A price per CPU- or GPU-hour (``--price-cpu-hour``): US dollars, 0 (free) up to 10,000."""
+    return number("US dollars", maximum=10_000, allow_minimum=True)

@@ -39,6 +39,14 @@ from gpu_notebook.magics._common import (
     usage_error,
     usage_errors,
 )
+from gpu_notebook.magics._workshop import (
+    STUDENTS_ARGS,
+    WORKSHOP_ARGS,
+    WORKSHOP_START_ARGS,
+    start_student,
+    students,
+    workshop,
+)
 
 #: the most workers a notebook's cluster may have (more is a typo: 100000 workers is $50,000 an hour)
 MAX_WORKERS = 1024
@@ -46,6 +54,7 @@ MAX_WORKERS = 1024
 MIN_BENCH_BYTES = 8
 
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench", "env"]
+COMMANDS += ["workshop", "students"]  # magics/_workshop.py
 
 NAME = option(
     "--name",
@@ -215,12 +224,15 @@ LOGS_ARGS = (
         help="logs: lines per rank (default 50)",
     ),
 )
-ALL = option("--all", action="store_true", help="stop: every cluster of this kernel")
+ALL = option(
+    "--all", action="store_true", help="stop: every cluster of this kernel; students stop: every student"
+)
+ADDRESS = next(o for o in START_ARGS if o.flag == "--address")
 
 #: the options each subcommand takes; any other option given is a usage error, never ignored
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
 OPTIONS: dict[str, tuple[Option, ...]] = {
-    "start": (NAME, *START_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS),
+    "start": (NAME, *START_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS, *WORKSHOP_START_ARGS),
     "status": (NAME,),
     "stop": (NAME, ALL),
     "scale": (),
@@ -231,6 +243,8 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "doctor": (NAME, LOCAL),
     "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
     "env": (NAME,),
+    "workshop": (ADDRESS, *POLICY_ARGS, *WORKSHOP_ARGS),
+    "students": (WORKSHOP_START_ARGS[0], ALL, *STUDENTS_ARGS),
 }
 EVERY_OPTION = (
     NAME,
@@ -243,6 +257,9 @@ EVERY_OPTION = (
     LOCAL,
     *LOGS_ARGS,
     ALL,
+    *WORKSHOP_START_ARGS,
+    *WORKSHOP_ARGS,
+    *STUDENTS_ARGS,
 )
 
 #: what each subcommand takes after its name, for its usage line
@@ -250,6 +267,8 @@ POSITIONALS = {
     "scale": "N",
     "use": "NAME",
     "bench": "{allreduce,scaling}",
+    "workshop": "{start,stop,status} [NAME]",
+    "students": "[stop ID]",
     **{c: "[NAME]" for c in ("status", "stop", "logs", "restart", "doctor", "env")},
 }
 
@@ -263,6 +282,7 @@ bench_args = options(*ALLREDUCE_ARGS, *SCALING_ARGS)
 doctor_args = options(LOCAL)
 logs_args = options(*LOGS_ARGS)
 stop_args = options(ALL)
+workshop_args = options(*WORKSHOP_START_ARGS, *WORKSHOP_ARGS, *STUDENTS_ARGS)
 
 
 def _given(args: Any, opts: tuple[Option, ...]) -> list[Option]:
@@ -280,7 +300,8 @@ class ClusterMagics(Magics):
         "args",
         nargs="*",
         help="scale: N; use: NAME; bench: allreduce or scaling; "
-        "status, stop, logs, restart, doctor, env: [NAME] (default: the current cluster)",
+        "status, stop, logs, restart, doctor, env: [NAME] (default: the current cluster); "
+        "workshop: start NAME, stop [NAME] or status [NAME]; students: [stop ID]",
     )
     @name_arg
     @start_args
@@ -291,6 +312,7 @@ class ClusterMagics(Magics):
     @doctor_args
     @logs_args
     @stop_args
+    @workshop_args
     @subcommands(OPTIONS, POSITIONALS)
     @line_magic
     def gpu_cluster(self, line: str) -> Any:
@@ -311,6 +333,10 @@ class ClusterMagics(Magics):
         In [11]: %gpu_cluster start --working-dir . --env HF_TOKEN --env NCCL_DEBUG=INFO --env-file .env
         In [12]: %gpu_cluster env
         In [13]: %gpu_cluster stop
+        In [14]: %gpu_cluster workshop start ml101 --quota-cpus 2 --budget 5 --price-cpu-hour 0.05
+        In [15]: %gpu_cluster start --address 10.0.0.5:6379 --workshop ml101 --student alice
+        In [16]: %gpu_cluster students
+        In [17]: %gpu_cluster students stop bob
         """
         args = parse(self.gpu_cluster, line)
         if args.command is None:
@@ -396,19 +422,26 @@ class ClusterMagics(Magics):
             )
         # --working-dir, --pip, --env, --env-file: checked before anything starts (no value is ever echoed)
         setup = worker_setup(args.working_dir, args.pip or (), args.env or (), args.env_file or ())
+        kwargs = dict(
+            name=args.name,
+            workers=args.workers,
+            cpus_per_worker=args.cpus_per_worker,
+            gpus_per_worker=args.gpus_per_worker,
+            address=args.address,
+            dashboard=args.dashboard,
+            backend=args.backend,
+            gpu_visibility=args.gpu_visibility,
+            worker_setup=setup,
+            **extra,
+        )
+        if args.workshop or args.student:
+            if not args.workshop:
+                raise UsageError("--student goes with --workshop NAME (the workshop the teacher started)")
+            if args.name is None:
+                self._refuse_second_start()
+            return start_student(args, kwargs)
         with usage_errors(ValueError):  # Cluster's own checks: --workers 0, --cpus-per-worker -1
-            cluster = Cluster(
-                name=args.name,
-                workers=args.workers,
-                cpus_per_worker=args.cpus_per_worker,
-                gpus_per_worker=args.gpus_per_worker,
-                address=args.address,
-                dashboard=args.dashboard,
-                backend=args.backend,
-                gpu_visibility=args.gpu_visibility,
-                worker_setup=setup,
-                **extra,
-            )
+            cluster = Cluster(**kwargs)
         if args.cloud:
             cloud_spec(
                 cluster
@@ -518,6 +551,12 @@ class ClusterMagics(Magics):
             raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
         c = get_manager().use(args.args[0])
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
+
+    def _cmd_workshop(self, args: Any) -> None:
+        workshop(args)
+
+    def _cmd_students(self, args: Any) -> None:
+        students(args)
 
     def _cmd_env(self, args: Any) -> None:
         """Each rank's effective settings (torchrun variables, NCCL_*, --env names...), secrets as ****."""

@@ -107,7 +107,8 @@ def _cluster_opts() -> list[Opt]:
 
     out = []
     for command, opts in _cluster.OPTIONS.items():
-        prefix = {"scale": "scale 2", "use": "use x", "bench": "bench allreduce"}.get(command, command)
+        prefixes = {"scale": "scale 2", "use": "use x", "bench": "bench allreduce"}
+        prefix = {**prefixes, "workshop": "workshop start w"}.get(command, command)
         for o in opts:
             p = prefix
             if command == "bench" and o.flag == "--steps":
@@ -219,6 +220,7 @@ def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
     from gpu_notebook.checkpoint import Checkpointer
     from gpu_notebook.cluster import _cluster
     from gpu_notebook.cluster.providers import cloud_spec
+    from gpu_notebook.cluster.workshop import Workshop
     from gpu_notebook.magics import _cluster as cluster_magics
     from gpu_notebook.magics import _monitor as monitor_magics
 
@@ -246,6 +248,11 @@ def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
     monkeypatch.setattr(monitor_magics, "monitor_for", monitor_for)
     monkeypatch.setattr(_catalog.Catalog, "refresh", refresh)
     monkeypatch.setattr(cluster_magics, "diagnose_local", diagnose_local)
+
+    def workshop_start(cls: Any, name: str, **kwargs: Any) -> None:
+        raise Reached("Workshop.start", {k: v for k, v in kwargs.items() if isinstance(v, (int, float))})
+
+    monkeypatch.setattr(Workshop, "start", classmethod(workshop_start))
     ip.user_ns["x"] = 1  # %gpu_push x gets as far as needing a cluster
     mag = ip.magics_manager.registry["CheckpointMagics"]
     for attr, fresh in (("_used", None), ("_used_over", None), ("_opened", {})):
