@@ -25,6 +25,7 @@ class RayConnection:
     started_here: bool  # we started this Ray (and must shut it down)
     client_mode: bool  # ray:// (Ray Client)
     owned: bool = True  # we called ray.init (else someone else did and we only borrow the connection)
+    dashboard_url: str = ""  # http://host:port of Ray's dashboard when it runs, else ""
 
 
 _CONNECTION: RayConnection | None = None
@@ -118,7 +119,7 @@ def connect(
             f"connection. Stop the clusters that use it (%gpu_cluster stop --all) before connecting to {address}."
         )
     if address is None:
-        cpus = num_cpus if num_cpus is not None else os.cpu_count() or 1
+        cpus = num_cpus if num_cpus is not None else local_cpus()
         say(
             f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
             f"dashboard {'on' if dashboard else 'off'})"
@@ -152,16 +153,27 @@ def connect(
             raise
         finally:
             auth_log.setLevel(level)
-        _CONNECTION = RayConnection(ctx.address_info.get("gcs_address", "local"), True, False)
+        url = _dashboard_url(ctx) if dashboard else ""
+        if dashboard:
+            say(
+                f"Ray dashboard: {url}"
+                if url
+                else "the Ray dashboard did not start (is 'ray[default]' installed?); the cluster runs without it"
+            )
+        _CONNECTION = RayConnection(
+            ctx.address_info.get("gcs_address", "local"), True, False, dashboard_url=url
+        )
         return _CONNECTION
     say(f"connecting to the Ray cluster at {address}")
     probe(address)
     attempts = 3 if address.startswith("ray://") else 1
+    url = ""
     for attempt in range(1, attempts + 1):
         try:
-            ray.init(
+            ctx = ray.init(
                 address=address, logging_level=logging.WARNING, log_to_driver=False, runtime_env=runtime_env
             )
+            url = _dashboard_url(ctx)
             break
         except Exception as exc:  # noqa: BLE001 - as for a local start: every failure becomes a ConnectError
             # Ray Client starts a server process per client on the head; on a busy head it can miss its start-up
@@ -177,8 +189,51 @@ def connect(
                 time.sleep(2.0 * attempt)
                 continue
             _raise_connect_error(address, exc)
-    _CONNECTION = RayConnection(address, False, address.startswith("ray://"))
+    _CONNECTION = RayConnection(address, False, address.startswith("ray://"), dashboard_url=url)
     return _CONNECTION
+
+
+def _dashboard_url(ctx: Any) -> str:
+    """``http://host:port`` of the dashboard ``ray.init`` started (Ray gives it without the scheme), or ""."""
+    url = str(getattr(ctx, "dashboard_url", "") or "")
+    return url if not url or "://" in url else f"http://{url}"
+
+
+def local_cpus() -> int:
+    """The CPUs this process may use: its affinity mask (``taskset``, a container's cpuset), capped by a cgroup
+    CPU quota (Binder, Docker ``--cpus``); at least 1.
+
+    ``os.cpu_count()`` counts the host's cores, so on a 2-CPU Binder pod of a 64-core host a local Ray would
+    declare 64 CPUs and give each worker a whole one that is not there.
+    """
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows: no affinity mask
+        n = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, int(quota))
+    return max(1, n)
+
+
+def _cgroup_cpu_quota() -> float | None:
+    """CPUs the cgroup's quota allows (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``), None when unlimited."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, _, period = f.read().strip().partition(" ")
+        if quota != "max" and float(period or 100000) > 0:
+            return float(quota) / float(period or 100000)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = float(f.read().strip())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def _child_pids() -> set[int]:

@@ -35,19 +35,9 @@ class MonitorUtilisation:
         self.monitor = monitor
 
     def __call__(self, window_s: float) -> float | None:
-        summary = gpu_monitor.utilisation_summary(self.monitor, window_s)
-        nodes = [node for node in summary.values() if node.get("samples")]
-        any_gpu = any(node.get("has_gpu") for node in nodes)
-        key = "max_gpu_util" if any_gpu else "cpu_percent"
-        vals: list[float] = []
-        for node in nodes:
-            if any_gpu and not node.get("has_gpu"):
-                continue
-            v = node.get(key, math.nan)
-            if v is not None and not math.isnan(v):
-                vals.append(float(v))
-        self.kind = "gpu" if any_gpu else "cpu"
-        return max(vals) if vals else None
+        kind, value = gpu_monitor.busiest_utilisation(gpu_monitor.utilisation_summary(self.monitor, window_s))
+        self.kind = kind
+        return value
 
 
 class CpuUtilisation:

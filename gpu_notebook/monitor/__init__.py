@@ -23,6 +23,7 @@ __all__ = [
     "PrometheusServer",
     "REMEDIES",
     "RingBuffer",
+    "busiest_utilisation",
     "grafana_dashboard",
     "monitor_for",
     "nvidia_smi_csv",
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from gpu_notebook.monitor._monitor import (
         Monitor,
+        busiest_utilisation,
         monitor_for,
         running_monitor,
         stop_monitors,
@@ -64,6 +66,7 @@ __getattr__, __dir__ = lazy_module(
         "nvidia_smi_csv": "._export",
         "prometheus_text": "._export",
         "Monitor": "._monitor",
+        "busiest_utilisation": "._monitor",
         "monitor_for": "._monitor",
         "running_monitor": "._monitor",
         "stop_monitors": "._monitor",

@@ -12,7 +12,10 @@ from typing import Any, Protocol
 from gpu_notebook._display import text_table
 from gpu_notebook.monitor._advice import Advice
 
-__all__ = ["down_nodes_html", "snapshot_table_html", "snapshot_table_text"]
+__all__ = ["WAITING", "down_nodes_html", "snapshot_table_html", "snapshot_table_text"]
+
+#: what a monitor with no data yet shows instead of a table, and its empty charts
+WAITING = "waiting for the first sample"
 
 
 class _Shown(Protocol):
@@ -71,9 +74,14 @@ def snapshot_table_html(mon: _Shown) -> str:
                 f"</td><td colspan=3>{_fmt(h['net_rx_Bps'] / 1e3, '.1f')} / {_fmt(h['net_tx_Bps'] / 1e3, '.1f')}"
                 "</td></tr>"
             )
-    table = f"<table>{''.join(rows)}</table>" if rows else "<p>no samples yet</p>"
+    table = f"<table>{''.join(rows)}</table>" if rows else f"<p>{WAITING}{_down_note(mon)}</p>"
     adv = "".join(f"<li>{html.escape(a.message)}</li>" for a in mon.advice())
     return head + table + down_nodes_html(mon) + (f"<ul>{adv}</ul>" if adv else "") + "</div>"
+
+
+def _down_note(mon: _Shown) -> str:
+    """A pointer to the down nodes when no sampler has started at all (the wait may then be long)."""
+    return " (no node's sampler has started: see below)" if mon.failed_nodes and not mon.nodes else ""
 
 
 def down_nodes_html(mon: _Shown) -> str:
@@ -126,7 +134,7 @@ def snapshot_table_text(mon: _Shown) -> str:
             )
         )
     if not latest["gpus"] and not latest["hosts"]:
-        parts.append("no samples yet")
+        parts.append(WAITING + _down_note(mon))
     parts += [f"node {n[:12]} down: {r}" for n, r in mon.failed_nodes.items()]
     parts += [f"- {a.message}" for a in mon.advice()]
     return "\n".join(parts)

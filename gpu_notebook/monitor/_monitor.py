@@ -10,6 +10,7 @@ pulls what is new once per ``pull_interval``. Everything a widget or magic shows
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import weakref
@@ -25,7 +26,14 @@ from gpu_notebook.monitor._export import PrometheusServer, host_csv, monitor_tex
 from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
-__all__ = ["Monitor", "monitor_for", "running_monitor", "stop_monitors", "utilisation_summary"]
+__all__ = [
+    "Monitor",
+    "busiest_utilisation",
+    "monitor_for",
+    "running_monitor",
+    "stop_monitors",
+    "utilisation_summary",
+]
 
 
 class Monitor:
@@ -53,8 +61,9 @@ class Monitor:
     autopull
         Pull in a background thread after :meth:`start` (default True).
     sampler_cpus
-        Logical CPUs each sampler actor reserves (default 0.01). Ray's autoscaler counts a node holding such an
-        actor as busy; pass 0 on autoscaling clusters so the monitor never keeps a node alive.
+        Logical CPUs each sampler actor reserves (default 0: none). A sampler must start on a node whose CPUs
+        the workers hold (the default on a small machine), and an actor that reserves nothing neither waits
+        for them nor keeps an autoscaled node alive; a sampler uses well under 1% of a core.
     node_timeout
         Seconds a new node's sampler actor gets to start (default 20). :meth:`start` waits at most this long
         (for all nodes at once, each registered as soon as it answers); a node that misses it is listed in
@@ -84,7 +93,7 @@ class Monitor:
         advice_window: float = 300.0,
         advice_threshold: float = 70.0,
         timeout: float = 0.5,
-        sampler_cpus: float = 0.01,
+        sampler_cpus: float = 0.0,
         node_timeout: float = 20.0,
         retry_s: float = 15.0,
     ) -> None:
@@ -543,6 +552,26 @@ def utilisation_summary(monitor: Monitor, window_s: float) -> dict[str, Any]:
         much of the window the samples cover, so callers can wait until a whole window has been seen.
     """
     return monitor.utilisation_summary(window_s)
+
+
+def busiest_utilisation(summary: dict[str, Any]) -> tuple[str, float | None]:
+    """What idle detection compares with its threshold: ``("gpu", busiest GPU's mean %)``, or, when no node has
+    a GPU, ``("cpu", busiest node's CPU %)``; the value is None when no node has samples yet.
+
+    On a GPU cluster the CPU of a CPU-only head (Ray's own daemons, the notebook) says nothing about whether the
+    GPUs are used, so only GPU nodes count there.
+    """
+    nodes = [node for node in summary.values() if node.get("samples")]
+    any_gpu = any(node.get("has_gpu") for node in nodes)
+    key = "max_gpu_util" if any_gpu else "cpu_percent"
+    vals = [
+        float(v)
+        for node in nodes
+        if node.get("has_gpu") or not any_gpu
+        for v in [node.get(key, math.nan)]
+        if v is not None and not math.isnan(v)
+    ]
+    return ("gpu" if any_gpu else "cpu"), (max(vals) if vals else None)
 
 
 def _signal_stop(mon: Monitor) -> None:

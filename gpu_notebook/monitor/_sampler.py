@@ -7,8 +7,8 @@ driver's RM lock (process lists, ``nvmlDeviceGetPcieThroughput`` which blocks ~2
 tier*, at most every 10 s, so they never delay the fast one. Host metrics (CPU %, memory, network rates, load)
 are sampled on every node, so a laptop or a CPU-only CI machine still has something to show.
 
-In a Ray cluster one sampler runs per node as a tiny actor (``num_cpus=0.01``, no GPU), pinned with
-``NodeAffinitySchedulingStrategy``; see :func:`sampler_actor_class`. Locally it is a plain object with two
+In a Ray cluster one sampler runs per node as an actor that reserves nothing (``num_cpus=0``, no GPU), pinned
+with ``NodeAffinitySchedulingStrategy``; see :func:`sampler_actor_class`. Locally it is a plain object with two
 daemon threads. Time comes from an injectable clock so tests can tick it by hand.
 """
 
@@ -574,9 +574,12 @@ class NodeSampler:
 
 
 def sampler_actor_class() -> Any:
-    """The Ray actor class wrapping :class:`NodeSampler` (about no CPU: ``num_cpus=0.01``, no GPU).
+    """The Ray actor class wrapping :class:`NodeSampler` (it reserves no CPU and no GPU: ``num_cpus=0``).
 
     Place one per node with ``NodeAffinitySchedulingStrategy(node_id, soft=False)``; ``Monitor`` does this.
+    Zero, not a sliver: the workers of a small machine hold every CPU (two workers of 0.5 CPU on one core),
+    and a sampler that asks for even 0.01 CPU would wait for them forever; what it really uses (well under 1%
+    of a core at 2 Hz, see ``benchmarks/monitor.py``) is not worth a reservation.
     """
     import ray
 
@@ -587,10 +590,11 @@ def sampler_actor_class() -> Any:
             def __init__(self, *args: Any, autostart: bool = True, **kwargs: Any) -> None:
                 super().__init__(*args, **kwargs)
                 if autostart:
+                    self.tick()  # before the first answer: a monitor that sees this sampler has a row to show
                     self.start()
 
         _ACTOR_CLS = ray.remote(  # type: ignore[call-overload]
-            num_cpus=0.01, num_gpus=0, max_restarts=3, max_concurrency=4
+            num_cpus=0, num_gpus=0, max_restarts=3, max_concurrency=4
         )(_RaySampler)
     return _ACTOR_CLS
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from gpu_notebook.monitor._html import WAITING
 from gpu_notebook.widgets._live import LiveView, RateCap
 
 __all__ = ["MonitorWidget", "RateCap"]
@@ -195,6 +196,7 @@ class MonitorWidget(LiveView):
         self._structure: tuple[Any, ...] | None = None
         self._date_axes: dict[str, str] = {}
         self._traces: list[tuple[str, str, Any]] = []
+        self._waiting = False  # the charts show WAITING: no sample has arrived yet
         self._advice_at = -math.inf
         self.header = W.HTML(value=self._header_html())
         self.fig = self._build_figure()
@@ -318,9 +320,43 @@ class MonitorWidget(LiveView):
                 self._date_axes[f"xaxis{'' if r == 1 else r}.type"] = "date"
         if plan[0] == "gpu" or plan[0] == "host":
             fig.update_yaxes(range=[0, 100], row=1, col=1)
+        self._waiting = self.monitor.aggregator.rows_in == 0
+        if self._waiting:
+            self._add_waiting_notes(fig, rows)
         self._structure = plan
         self._sent = {}
         return go.FigureWidget(fig)
+
+    def _add_waiting_notes(self, fig: Any, rows: list[tuple[str, str]]) -> None:
+        """Say what an empty chart waits for, on the current time window (an empty date axis would show
+        plotly's default range, January to December 2000)."""
+        now = self.clock()
+        window = _to_ms(np.array([now - self.window_s, now])).tolist()
+        for r, (metric, _title) in enumerate(rows, start=1):
+            if metric == "heat":
+                continue
+            fig.update_xaxes(range=window, row=r, col=1)
+            suffix = "" if r == 1 else str(r)
+            fig.add_annotation(
+                text=WAITING,
+                name="waiting",
+                xref=f"x{suffix} domain",
+                yref=f"y{suffix} domain",
+                x=0.5,
+                y=0.5,
+                showarrow=False,
+                font={"color": "#888", "size": 14},
+            )
+
+    def _stop_waiting(self) -> None:
+        """The first samples arrived: drop the notes and let the time axes follow the data."""
+        self._waiting = False
+        fig = self.fig
+        with fig.batch_update():
+            fig.layout.annotations = [a for a in fig.layout.annotations if a.name != "waiting"]
+            for key in self._date_axes:
+                axis = fig.layout[key.split(".")[0]]
+                axis.range, axis.autorange = None, True
 
     # -- data -----------------------------------------------------------------------------------------------------
     def _series(
@@ -508,6 +544,8 @@ class MonitorWidget(LiveView):
             if idx:
                 self._push(restyle, idx)
                 self._fig_cost = max(1, self.rate.total - before)
+            if self._waiting and self.monitor.aggregator.rows_in:
+                self._stop_waiting()
             if now - self._advice_at >= 10.0:
                 self._advice_at = now
                 self._advice = self._advice_html()

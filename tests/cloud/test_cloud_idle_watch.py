@@ -74,3 +74,92 @@ def test_cli_requires_minutes(capsys):
     with pytest.raises(SystemExit):
         main([])
     assert "--minutes" in capsys.readouterr().err
+
+
+# -- what counts as use, on a real Ray ----------------------------------------------------------------------------
+def test_reservations_are_summed_from_our_placement_groups_only():
+    from gpu_notebook.cloud._idle_watch import Activity, held_by_others, our_reservations
+
+    table = {
+        "a": {"name": "gpu_notebook-g1-1", "state": "CREATED", "bundles": {0: {"CPU": 0.5}, 1: {"CPU": 0.5}}},
+        "b": {"name": "gpu_notebook-g2-1", "state": "REMOVED", "bundles": {0: {"CPU": 4.0}}},
+        "c": {"name": "someone-else", "state": "CREATED", "bundles": {0: {"CPU": 1.0, "GPU": 1.0}}},
+    }
+    ours = our_reservations(table)
+    assert ours == {"CPU": 1.0, "GPU": 0.0}
+    others = held_by_others({"CPU": 2.0, "GPU": 1.0}, {"CPU": 0.0, "GPU": 0.0}, ours)
+    assert others == {"CPU": 1.0, "GPU": 1.0}
+    assert Activity(held_by_others=others).busy
+    assert not Activity(utilisation=4.0, kind="gpu").busy and Activity(utilisation=5.0, kind="gpu").busy
+    assert not Activity(utilisation=9.0, kind="cpu").busy and Activity(utilisation=10.0, kind="cpu").busy
+
+
+def test_idle_workers_and_samplers_are_not_use_but_a_cell_and_a_users_task_are(shared, ray_session):
+    """The shared cluster's two workers hold their CPUs for good and a monitor runs samplers on the node: that is
+    idle (the old ray_busy() called it busy forever); a running cell, or a user's own task holding a CPU, is not."""
+    import threading
+    import time
+
+    from gpu_notebook.cloud._idle_watch import activity, ray_busy, utilisation_monitor
+
+    ray = ray_session
+    mon = utilisation_monitor(interval=0.2)
+    try:
+        assert mon.nodes, mon.failed_nodes
+        idle = activity(mon, window_s=5)
+        assert idle.cells_running == 0 and not any(idle.held_by_others.values()), idle
+        assert idle.kind == "cpu" and idle.utilisation is not None  # sampled (this shared machine's CPU)
+        assert not activity(None).busy and not ray_busy()
+
+        started = threading.Event()
+
+        def cell():
+            started.set()
+            shared.call(time.sleep, 4)
+
+        t = threading.Thread(target=cell)
+        t.start()
+        try:
+            started.wait(10)
+            deadline = time.monotonic() + 30
+            while activity(None).cells_running < 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert activity(None).cells_running >= 2 and ray_busy()
+        finally:
+            t.join(60)
+        assert not ray_busy()
+
+        @ray.remote(num_cpus=1)
+        def users_own_task():
+            time.sleep(4)
+
+        ref = users_own_task.remote()
+        deadline = time.monotonic() + 30
+        while not ray_busy() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        act = activity(None)
+        assert act.held_by_others.get("CPU") == 1.0 and act.busy, act
+        ray.get(ref)
+    finally:
+        mon.stop()
+
+
+def test_busy_gpus_are_use(ray_session):
+    """With GPUs (fake NVML in the samplers), the busiest GPU decides; the CPU-only head does not count."""
+    import functools
+
+    from gpu_notebook.cloud._idle_watch import activity, utilisation_monitor
+    from gpu_notebook.testing.nvml import FakeNVML
+
+    for util, busy in ((60, True), (2, False)):
+        mon = utilisation_monitor(interval=0.2, nvml=functools.partial(FakeNVML.from_specs, [{"util": util}]))
+        try:
+            import time
+
+            deadline = time.monotonic() + 30
+            while mon.aggregator.rows_in < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            act = activity(mon, window_s=10)
+            assert act.kind == "gpu" and act.utilisation == util and act.busy is busy, act
+        finally:
+            mon.stop()

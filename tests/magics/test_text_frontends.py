@@ -42,11 +42,11 @@ def test_monitor_snapshot_has_the_reading_as_plain_text(ip) -> None:
         text = data["text/plain"]
         assert OBJECT_REPR not in text
         assert text.startswith("GPU monitor snapshot") and "node(s)" in text
-        # the host row of this machine, or "no samples yet": the same as the HTML says
+        # the host row of this machine, or "waiting for the first sample": the same as the HTML says
         if "CPU only" in data["text/html"] or "GPU node" in data["text/html"]:
             assert "CPU %" in text and ("CPU only" in text or "GPU node" in text)
         else:
-            assert "no samples yet" in text and "no samples yet" in data["text/html"]
+            assert "waiting for the first sample" in text and "waiting for the first sample" in data["text/html"]
     finally:
         ip.run_line_magic("gpu_monitor", "stop --local")
 
