@@ -1,7 +1,8 @@
 """Every error message a user can meet, collected from the code: what docs/guide/troubleshooting.md must cover.
 
 Walks ``gpu_notebook/`` with :mod:`ast` (nothing is imported, so it runs without Ray or torch) and finds each
-place where one of our error classes or IPython's ``UsageError`` is built with a message written in the code:
+place where one of our error classes, IPython's ``UsageError`` or a builtin error (``ValueError``, ``TypeError``,
+...: :data:`EXTRA_CLASSES`) is built with a message written in the code:
 
 - our error classes are ``GpuNotebookError`` and every class that derives from it, directly or through another
   of ours, in any module (found from the class definitions, so a new ``FooError(ClusterError)`` is included);
@@ -31,8 +32,22 @@ PAGE = ROOT / "docs" / "guide" / "troubleshooting.md"
 
 #: the root of our errors; every class deriving from it (in any module) is one of ours
 ROOT_ERROR = "GpuNotebookError"
-#: IPython's usage error: what a wrong argument to a magic raises
-EXTRA_CLASSES = frozenset({"UsageError"})
+#: IPython's usage error (what a wrong argument to a magic raises), and the builtin errors our code raises with a
+#: message of its own: a wrong argument of the Python API, and what a magic passes on as a ``MagicError`` with the
+#: same message (``%gpu_pull`` of a value the notebook cannot rebuild)
+EXTRA_CLASSES = frozenset(
+    {
+        "UsageError",
+        "ValueError",
+        "TypeError",
+        "RuntimeError",
+        "KeyError",
+        "LookupError",
+        "TimeoutError",
+        "OSError",
+    }
+    | {"ImportError"}
+)
 #: a key is cut to this many characters (at a word boundary): the start of a message is what a user searches for
 KEY_CHARS = 90
 #: a shorter key (``f"{exc}: {detail}"``) names nothing a user could search for
@@ -40,8 +55,28 @@ MIN_KEY = 12
 #: fakes for tests: a user of the notebook never meets their errors
 SKIP_DIRS = frozenset({"testing"})
 
+_CODEC = "a chunk frame that does not decode: restore reports it as IntegrityError 'malformed frame: ...'"
+_RING = "the samplers' ring buffer checks the rows the sampler itself makes"
 #: messages the page need not cover, each with the reason (internal invariants a user cannot cause)
-EXCLUDED: dict[str, str] = {}
+EXCLUDED: dict[str, str] = {
+    "frame is truncated": _CODEC,
+    "plane claims": _CODEC,
+    "plane does not decompress:": _CODEC,
+    "plane has the wrong length": _CODEC,
+    "unknown plane kind": _CODEC,
+    "not a chunk frame (bad magic)": _CODEC,
+    "chunk frame version": _CODEC,
+    "output buffer has": _CODEC,
+    "raw frame has the wrong length": _CODEC,
+    "unknown frame mode": _CODEC,
+    "unknown frame flags": _CODEC,
+    "delta frame needs its base chunk": _CODEC,
+    "capacity must be >= 1": _RING,
+    "row has shape": _RING,
+    "rows have shape": _RING,
+    "cuda_available has": "the process group's own check that it asked every rank (one answer per rank)",
+    "/__init__.py sets no __version__": "gpu_notebook's own __init__.py always sets __version__",
+}
 
 
 @dataclass(frozen=True)

@@ -96,3 +96,38 @@ def test_every_example_in_the_magics_help_parses() -> None:
                 if why is not None:
                     bad.append(f"{name}: {text}\n    {why}")
     assert not bad, "examples in the magics' help that the magics refuse:\n" + "\n".join(bad)
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub makes for a page's headings (a repeated heading gets -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    out = set()
+    fence = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+        m = None if fence else re.match(r"^#{1,6} (.+?)\s*$", line)
+        if m:
+            base = gen._anchor(m.group(1).replace("`", ""))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def test_the_guide_links_resolve() -> None:
+    """Every relative link of the guide and the reference names a file that exists, and a heading in it."""
+    pages = sorted((ROOT / "docs" / "guide").glob("*.md")) + [gen.OUT]
+    bad = []
+    for page in pages:
+        text = page.read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest.read_text()):
+                bad.append(f"{page.relative_to(ROOT)}: {target}: no such heading")
+    assert not bad, "\n".join(bad)

@@ -44,7 +44,8 @@ def test_exclusions_are_current_and_explained() -> None:
 
 
 def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
-    """Our classes through inheritance, literals, f-string prefixes, wrappers, UsageError; not other errors."""
+    """Our classes through inheritance, literals, f-string prefixes, wrappers, UsageError, builtin errors; not a
+    message held in a variable."""
     pkg = tmp_path / "gpu_notebook"
     pkg.mkdir()
     (pkg / "errors.py").write_text("class GpuNotebookError(Exception): ...\n")
@@ -59,7 +60,7 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
                 raise wrap(AError("a literal message, " "implicitly joined"))
                 raise UsageError(f"{name}: the cluster named twice ({exc})")
                 raise UsageError(f"{name}: {exc}")
-                raise ValueError("not one of ours")
+                raise ValueError("a builtin error with a message")
                 err = AError("built first, raised later")
                 raise AError(message)
             """
@@ -79,17 +80,20 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
         "a literal message, implicitly joined",
         ": the cluster named twice (",
         ":",
+        "a builtin error with a message",
         "built first, raised later",
     ]
     assert [m.key for m in em.required(found)] == [
         "is not running: start it with %gpu_cluster start",
         "a literal message, implicitly joined",
         ": the cluster named twice (",
+        "a builtin error with a message",
         "built first, raised later",
     ]
     assert found[0].text == "cluster {…} is not running: start it with %gpu_cluster start"
     page = "| `BError: a literal message, implicitly joined` | fix |\n| `…: the cluster named twice (…)` |"
     assert [m.key for m in em.missing(page, found)] == [
         "is not running: start it with %gpu_cluster start",
+        "a builtin error with a message",
         "built first, raised later",
     ]
