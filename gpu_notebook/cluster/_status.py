@@ -26,6 +26,7 @@ __all__ = [
     "DashboardLink",
     "NodeInfo",
     "WorkerInfo",
+    "dashboard_link",
     "dashboard_links",
     "jupyter_proxy_prefix",
     "ray_dashboard_url",
@@ -106,6 +107,16 @@ def _is_local(host: str) -> bool:
     except ValueError:
         return False
     return addr.is_loopback or addr.is_unspecified
+
+
+def dashboard_link(
+    name: str, host: str, port: int, path: str = "", prefix: str | None = None
+) -> DashboardLink:
+    """The link to a dashboard served on ``host:port`` (through the Jupyter server's proxy when it can be).
+
+    ``prefix``: the server's base URL path (default: :func:`jupyter_proxy_prefix`).
+    """
+    return _link(name, host, port, path, jupyter_proxy_prefix() if prefix is None else prefix)
 
 
 def _link(name: str, host: str, port: int, path: str, prefix: str | None) -> DashboardLink:

@@ -9,6 +9,8 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Float
 
+from gpu_notebook.cluster._status import dashboard_link
+from gpu_notebook.cost import cost_meter_for
 from gpu_notebook.magics._args import duration, path, percent, tcp_port, text
 from gpu_notebook.magics._common import (
     MagicError,
@@ -185,7 +187,13 @@ class MonitorMagics(Magics):
         print(f"wrote {args.path}" if args.path else text, end="\n" if args.path else "")
 
     def _cmd_prometheus(self, args: Any) -> None:
-        srv = self._monitor(args).serve_prometheus(port=args.port, host=args.host)
+        mon = self._monitor(args)
+        if mon.cluster is not None:  # the export carries the cluster's cost, read from its shared meter
+            cost_meter_for(mon.cluster)
+        srv = mon.serve_prometheus(port=args.port, host=args.host)
+        link = dashboard_link("Prometheus metrics", srv.host, srv.port, "metrics")
+        if link.proxied:  # Binder, JupyterHub: the browser reaches the port only through the notebook server
+            print(f"Prometheus metrics through Jupyter at {link.url}")
         print(f"Prometheus metrics at {srv.url}")
 
 

@@ -151,3 +151,37 @@ def test_prometheus_link_opens_through_a_real_jupyter_server_proxy(tmp_path) -> 
             server.kill()
             server.wait()
         log.close()
+
+
+def test_gpu_monitor_prometheus_on_a_cluster_exports_its_cost_and_status_links_it(shared, ip, monkeypatch):
+    """The default journey: %gpu_cluster start, %gpu_monitor prometheus, %gpu_cluster status (real Ray)."""
+    from IPython.utils.capture import capture_output
+
+    monkeypatch.setenv(PROXY_PREFIX_ENV, "/user/student/")  # as under a Jupyter server with the proxy
+    with capture_output() as cap:
+        ip.run_line_magic("gpu_monitor", "prometheus")
+    try:
+        through, direct = cap.stdout.splitlines()
+        port = direct.rsplit(":", 1)[-1].split("/")[0]
+        assert through == f"Prometheus metrics through Jupyter at /user/student/proxy/{port}/metrics"
+        with urllib.request.urlopen(direct.rsplit(" ", 1)[-1], timeout=20) as r:
+            text = r.read().decode()
+        # the cluster's state and its cost ($0 on a local cluster), although %gpu_cost never ran
+        assert 'gpu_notebook_cluster_up{cluster="shared"} 1' in text
+        assert 'gpu_notebook_cost_usd_per_hour{cluster="shared"} 0.0' in text
+        assert 'gpu_notebook_cost_info{cluster="shared",local="true"' in text
+        links = shared.status().dashboards
+        assert (
+            DashboardLink(
+                "Prometheus metrics",
+                f"/user/student/proxy/{port}/metrics",
+                f"http://127.0.0.1:{port}/metrics",
+            )
+            in links
+        )
+        with capture_output() as cap:
+            ip.run_line_magic("gpu_cluster", "status")
+        html = "".join(o.data.get("text/html", "") for o in cap.outputs)
+        assert f"<a href='/user/student/proxy/{port}/metrics'" in html
+    finally:
+        ip.run_line_magic("gpu_monitor", "stop")
