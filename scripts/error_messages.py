@@ -35,19 +35,8 @@ ROOT_ERROR = "GpuNotebookError"
 #: IPython's usage error (what a wrong argument to a magic raises), and the builtin errors our code raises with a
 #: message of its own: a wrong argument of the Python API, and what a magic passes on as a ``MagicError`` with the
 #: same message (``%gpu_pull`` of a value the notebook cannot rebuild)
-EXTRA_CLASSES = frozenset(
-    {
-        "UsageError",
-        "ValueError",
-        "TypeError",
-        "RuntimeError",
-        "KeyError",
-        "LookupError",
-        "TimeoutError",
-        "OSError",
-    }
-    | {"ImportError"}
-)
+_BUILTIN = "ValueError TypeError RuntimeError KeyError LookupError TimeoutError OSError ImportError NameError"
+EXTRA_CLASSES = frozenset({"UsageError", "IndexError", "AttributeError", *_BUILTIN.split()})
 #: a key is cut to this many characters (at a word boundary): the start of a message is what a user searches for
 KEY_CHARS = 90
 #: a shorter key (``f"{exc}: {detail}"``) names nothing a user could search for
