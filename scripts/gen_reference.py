@@ -28,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from IPython.core.error import UsageError  # noqa: E402
+
 from gpu_notebook.magics import MAGICS, MagicsPart  # noqa: E402
-from gpu_notebook.magics._common import Option  # noqa: E402
+from gpu_notebook.magics._common import Option, parse, refuse_others  # noqa: E402
 
 OUT = ROOT / "docs" / "reference" / "magics.md"
 COMMAND = ".venv/bin/python scripts/gen_reference.py"
@@ -237,10 +239,6 @@ def magic_lines(markdown: str) -> Iterator[tuple[int, str]]:
 def check_magic_line(text: str) -> str | None:
     """Why the magic line ``text`` would be refused (an unknown magic, an option it or its subcommand does not
     take, a value its parser refuses), or None when it parses. Nothing is run."""
-    from IPython.core.error import UsageError
-
-    from gpu_notebook.magics._common import parse, refuse_others
-
     word, _, rest = text.partition(" ")
     funcs = dict(_magic_funcs())
     func = funcs.get(word)
