@@ -9,8 +9,10 @@ place where one of our error classes, IPython's ``UsageError`` or a builtin erro
 - a message is the first argument of the call: a string literal, an f-string, or ``+`` of those;
 - its **key** is what the troubleshooting page must contain: the literal text up to the first ``{...}`` of an
   f-string (its stable prefix), cut to at most :data:`KEY_CHARS` characters at a word boundary. An f-string
-  that starts with a value (``f"{name}: not found"``) is keyed by its longest literal part instead. A key
-  shorter than :data:`MIN_KEY` characters says too little to look up and is not required.
+  that starts with a value (``f"unknown {cloud} instance type {name}"``) is keyed by its longest literal part
+  instead, and the page must show its literal parts up to that one in order on one line (``unknown … instance
+  type …``), so a common phrase elsewhere on the page does not count. A key shorter than :data:`MIN_KEY`
+  characters says too little to look up and is not required.
 
 Run it to see what the page misses: ``.venv/bin/python scripts/error_messages.py --missing``; ``--all`` lists
 every message with where it is raised. ``tests/test_docs_troubleshooting.py`` fails when a key is missing from
@@ -77,6 +79,9 @@ class Message:
     text: str  # the message as written, each {...} shown as {…}
     where: str  # path:line, relative to the repository
     area: str  # the package it is raised in (cluster, checkpoint, magics, ...)
+    #: the literal parts up to the key's end, when the key is not the message's start (an f-string that starts
+    #: with a value): the page must show them in this order on one line, so "instance type" alone is not enough
+    parts: tuple[str, ...] = ()
 
 
 def _py_files(package: Path = PACKAGE) -> list[Path]:
@@ -146,16 +151,33 @@ def _cut(text: str, limit: int = KEY_CHARS) -> str:
 
 def key_of(parts: list[str | None]) -> str:
     """The part of a message the page must contain (see the module docstring)."""
-    prefix: list[str] = []
-    for p in parts:
-        if p is None:
-            break
-        prefix.append(p)
-    key = _clean("".join(prefix))
+    key = _clean("".join(_prefix(parts)))
     if len(key) < MIN_KEY:
         literal = [_clean(p) for p in parts if p is not None]
         key = max(literal, key=len, default="")
     return _cut(key)
+
+
+def _parts_to(parts: list[str | None], key: str) -> tuple[str, ...]:
+    """The literal parts of a message up to the one ``key`` comes from, when ``key`` is not the start."""
+    literal = [_clean(p) for p in parts if p is not None and _clean(p)]
+    if _clean("".join(_prefix(parts))).startswith(key):
+        return ()
+    out: list[str] = []
+    for p in literal:
+        out.append(p)
+        if key in p:
+            break
+    return tuple(out)
+
+
+def _prefix(parts: list[str | None]) -> list[str]:
+    out: list[str] = []
+    for p in parts:
+        if p is None:
+            break
+        out.append(p)
+    return out
 
 
 def messages(files: list[Path] | None = None) -> list[Message]:
@@ -174,7 +196,10 @@ def messages(files: list[Path] | None = None) -> list[Message]:
             if parts is None:
                 continue
             text = _clean("".join(p if p is not None else "{…}" for p in parts))
-            found.append(Message(str(_name(node.func)), key_of(parts), text, f"{rel}:{node.lineno}", area))
+            key = key_of(parts)
+            found.append(
+                Message(str(_name(node.func)), key, text, f"{rel}:{node.lineno}", area, _parts_to(parts, key))
+            )
     return found
 
 
@@ -189,10 +214,26 @@ def normalise(page: str) -> str:
     return _clean(page.replace("\\|", "|").replace("\\`", "`").replace("\\*", "*").replace("\\_", "_"))
 
 
+def _in_order(line: str, parts: tuple[str, ...]) -> bool:
+    at = 0
+    for p in parts:
+        at = line.find(p, at)
+        if at < 0:
+            return False
+        at += len(p)
+    return True
+
+
 def missing(page_text: str, found: list[Message] | None = None) -> list[Message]:
-    """The required messages whose key the page does not contain."""
+    """The required messages the page does not show: its key (the stable start) anywhere, or, for a message
+    that starts with a value, its literal parts in order on one line."""
     text = normalise(page_text)
-    return [m for m in required(found) if m.key not in text]
+    lines = [normalise(line) for line in page_text.splitlines()]
+    out = []
+    for m in required(found):
+        if m.key not in text or (m.parts and not any(_in_order(line, m.parts) for line in lines)):
+            out.append(m)
+    return out
 
 
 def _by_key(found: list[Message]) -> Iterator[tuple[str, list[Message]]]:

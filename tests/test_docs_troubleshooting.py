@@ -92,6 +92,12 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
     ]
     assert found[0].text == "cluster {…} is not running: start it with %gpu_cluster start"
     page = "| `BError: a literal message, implicitly joined` | fix |\n| `…: the cluster named twice (…)` |"
+    # a message that starts with a value: its literal parts in order on one line, not its longest part alone
+    assert found[0].parts == ("cluster", "is not running: start it with %gpu_cluster start")
+    alone = page + "\n| `is not running: start it with %gpu_cluster start` |"
+    assert "is not running: start it with %gpu_cluster start" in [m.key for m in em.missing(alone, found)]
+    whole = page + "\n| `BError: cluster … is not running: start it with %gpu_cluster start` |"
+    assert "is not running: start it with %gpu_cluster start" not in [m.key for m in em.missing(whole, found)]
     assert [m.key for m in em.missing(page, found)] == [
         "is not running: start it with %gpu_cluster start",
         "a builtin error with a message",
