@@ -328,7 +328,7 @@ class Cluster:
                     print(f"gpu_notebook: stop hook failed: {exc}", file=sys.stderr)
             n = self.world_size
             if self.group is not None:
-                self.group.stop(f"cluster {self.name!r}: {reason}")  # (a running cell reports this reason)
+                self.group.stop(reason)  # a running cell's error says "Cluster stopped: <reason>"
             last_user = self._last_user_of_connection(manager)
             shut_ray = bool(last_user and self.connection and self.connection.started_here)
             if last_user:  # a local Ray we started shuts down; a remote one is only disconnected from

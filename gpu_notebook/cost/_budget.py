@@ -100,7 +100,7 @@ class BudgetPolicy:
         spent = self.meter.spent(at)
         rate = self.meter.usd_per_hour()
         if spent >= self.usd:
-            return self._trigger(spent, at)
+            return self._trigger(at)
         left = self.usd - spent
         eta = f"; runs out in ~{_fmt(left / rate * 3600)} at ${rate:,.2f}/h" if rate > 0 else ""
         if spent >= self.warn_fraction * self.usd:
@@ -120,15 +120,23 @@ class BudgetPolicy:
                 self.message += f"; not counted: nodes with no known price ({', '.join(unknown)})"
         return None
 
-    def _trigger(self, spent: float, at: float) -> str:
-        reason = f"budget of ${self.usd:,.2f} reached: ${spent:,.2f} spent (estimate)"
-        parts = [reason]
+    def _trigger(self, at: float) -> str:
         if self.on_budget_checkpoint is not None:
-            parts.append(self._checkpoint())
+            saved = self._checkpoint()
         else:
-            parts.append("no checkpoint saved (no on_budget_checkpoint given)" + _active_checkpointer_note())
+            saved = "no checkpoint saved (no on_budget_checkpoint given)" + _active_checkpointer_note()
+        # The meter stops counting now, as the stop's first step would: the figure the stop names (in the cell
+        # it ends, in this message) is then the one every view of the meter shows from now on.
+        end = max(at, self.meter.clock())
+        self.meter.stop_all(end)
+        spent = self.meter.spent(end)
+        reason = f"budget of ${self.usd:,.2f} reached: ${spent:,.2f} spent (estimate)"
         self.state = "stopped"
-        return stop_and_report(self, reason, parts)
+        message = stop_and_report(self, reason, [reason, saved])
+        cluster = self.cluster
+        if cluster is not None and getattr(cluster, "state", "") == "running":  # the stop failed: count on
+            self.meter.poll(end)
+        return message
 
     def _checkpoint(self) -> str:
         """Run ``on_budget_checkpoint`` on its own thread for at most ``checkpoint_timeout_s``; say what happened."""

@@ -4,9 +4,9 @@ The modules, one concern each: ``_group`` (the :class:`WorkerGroup`: placement, 
 ``_worker`` (the rank actor, and the driver's :class:`Worker` record of one), ``_process_group`` (backend
 choice, the torchrun environment, joining the group), ``_recovery`` (dead workers, stuck ranks, collectives out
 of step, rebuilds), ``_capture`` (a rank's output), ``_remains`` (what a dead rank left: its undrained output
-and faulthandler's report), ``_ranks`` (rank layout and selections), ``_output``
-(prefixed streaming and the per-rank log) and ``_results`` (what a cell gives back). Importing this package
-imports no ray or torch.
+and faulthandler's report), ``_quiet`` (Ray's own notice of a death the cell reports, kept out), ``_ranks``
+(rank layout and selections), ``_output`` (prefixed streaming and the per-rank log) and ``_results`` (what a
+cell gives back). Importing this package imports no ray or torch.
 """
 
 from gpu_notebook.distributed._group import GroupError, GroupTimeouts, WorkerGroup

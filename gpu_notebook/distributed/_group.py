@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _placement, _recovery, _remains
+from gpu_notebook.distributed import _placement, _quiet, _recovery, _remains
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
@@ -487,16 +487,17 @@ class WorkerGroup:
         run.last_drain, run.drain_every = run.start, DRAIN_MIN_S
         run.pending = {submit(workers[r].actor): r for r in selected}
         self.busy = True
-        try:
-            self._wait(run, timeout)
-            if run.stopped is None and self._stopping is not None:
-                # the ranks replied (the stop's interrupt ended them) or died because the group was stopped
-                run.stopped = self._stopping
-            stuck = sorted(run.pending.values())  # ranks that never came back
-            self._drain([r for r in selected if r not in stuck] + stuck, run.streamer, workers)
-            for rank in selected:
-                run.streamer.finish(rank)
-            notes = self._conclude(run, stuck, say)
+        try:  # a death of these ranks is this cell's to report, not Ray's (see _quiet)
+            with _quiet.deaths_reported_by_the_cell(workers[r].pid for r in selected):
+                self._wait(run, timeout)
+                if run.stopped is None and self._stopping is not None:
+                    # the ranks replied (the stop's interrupt ended them) or died because the group was stopped
+                    run.stopped = self._stopping
+                stuck = sorted(run.pending.values())  # ranks that never came back
+                self._drain([r for r in selected if r not in stuck] + stuck, run.streamer, workers)
+                for rank in selected:
+                    run.streamer.finish(rank)
+                notes = self._conclude(run, stuck, say)
         finally:
             self.busy = False
         return run.result(notes)

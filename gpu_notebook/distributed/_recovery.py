@@ -187,8 +187,9 @@ def mark_stopped(run: CellRun, stuck: Sequence[int]) -> str:
         run.failures[rank] = RankFailure(
             rank=rank,
             kind="stopped",
-            detail=f"cluster stopped while the cell ran ({run.stopped})",
+            detail="its code was ended by the stop",
             last_output=run.last_output(rank),
+            reason=run.stopped or "",
         )
     return (
         f"Cluster stopped: {run.stopped}. Its workers were ended while the cell ran; nothing was "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,7 @@ class RankFailure:
     last_output: list[str] = field(default_factory=list)
     detail: str = ""
     cell_lines: list[int] = field(default_factory=list)
+    reason: str = ""  # kind "stopped": why the cluster was stopped ("budget of $5.00 reached: ...")
 
 
 class DistributedError(GpuNotebookError, Exception):
@@ -95,6 +97,14 @@ class DistributedError(GpuNotebookError, Exception):
     def ranks(self) -> list[int]:
         return [f.rank for f in self.failures]
 
+    @property
+    def stopped(self) -> str:
+        """Why the cluster was stopped under the cell, when that is what ended it on every failed rank ("")."""
+        reasons = {f.reason for f in self.failures if f.kind == "stopped"}
+        if len(reasons) == 1 and all(f.kind == "stopped" for f in self.failures):
+            return reasons.pop()
+        return ""
+
     def groups(self) -> list[tuple[list[int], RankFailure]]:
         """Failures with identical text grouped together, in order of the lowest rank."""
         groups: dict[tuple[str, str, str, str], tuple[list[int], RankFailure]] = {}
@@ -106,27 +116,23 @@ class DistributedError(GpuNotebookError, Exception):
         return list(groups.values())
 
     def render(self) -> str:
-        lines: list[str] = []
-        n = len(self.failures)
-        total = f" of {self.world_size}" if self.world_size else ""
-        kinds = {f.kind for f in self.failures}
-        if kinds == {"interrupted"}:  # the stop button: not a failure of the user's code
-            head = f"Interrupted: the cell was stopped on {n}{total} rank(s) ({format_ranks(self.ranks)})"
-        elif kinds == {"stopped"}:  # a budget or idle stop, or a stop from elsewhere: the note says which
-            head = f"Cluster stopped while the cell ran on {n}{total} rank(s) ({format_ranks(self.ranks)})"
-        elif kinds == {"timeout"}:
-            head = f"Timeout: the cell ran past --timeout on {n}{total} rank(s) ({format_ranks(self.ranks)})"
-        else:
-            head = f"DistributedError: {n}{total} rank(s) failed ({format_ranks(self.ranks)})"
-        lines.append(head)
+        lines = self._head()
+        note = self.note
+        if self.stopped:  # the group's note says the same stop again: keep only what was added to it (hints)
+            note = "\n".join(ln for ln in note.splitlines() if not ln.startswith(lines[0]))
+        died = [f.rank for f in self.failures if f.kind == "died"]
         for ranks, f in self.groups():
-            who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+            who = _who(ranks)
             lines.append("")
-            if f.kind == "error":
-                where = ""
-                if f.cell_lines:
-                    where = f" at cell line {f.cell_lines[-1]}"
-                lines.append(f"--- {who}: {f.etype}: {f.evalue}{where}")
+            if f.kind == "error" and died and lost_peer(f):
+                # a consequence of the death, not a second problem: gloo's socket error and its traceback
+                # (kept in .failures) would read as one
+                lines.append(
+                    f"--- {who}: {f.etype}{_at(f)}: its collective lost the connection to "
+                    f"{_who(died)}, whose worker died"
+                )
+            elif f.kind == "error":
+                lines.append(f"--- {who}: {f.etype}: {f.evalue}{_at(f)}")
                 lines.extend(f.traceback.rstrip("\n").splitlines())
             else:
                 lines.append(f"--- {who}: {f.kind}: {f.detail}")
@@ -135,16 +141,55 @@ class DistributedError(GpuNotebookError, Exception):
             if f.last_output:
                 lines.append(f"    last output of {who}:")
                 lines.extend("    | " + line for line in f.last_output)
-        if self.note:
+        if note:
             lines.append("")
-            lines.append(self.note)
+            lines.append(note)
         return "\n".join(lines)
+
+    def _head(self) -> list[str]:
+        """The report's first line (what the cell failed of), and for a stopped cluster what that meant."""
+        n = len(self.failures)
+        total = f" of {self.world_size}" if self.world_size else ""
+        where = f"{n}{total} rank(s) ({format_ranks(self.ranks)})"
+        kinds = {f.kind for f in self.failures}
+        if self.stopped:  # a budget or idle stop, or a stop from elsewhere: its reason is the one line
+            return [
+                f"Cluster stopped: {self.stopped}",
+                f"The cell was running on {where}; the workers were ended and nothing was restarted. Start "
+                f"a cluster again (%gpu_cluster start) to go on.",
+            ]
+        if kinds == {"interrupted"}:  # the stop button: not a failure of the user's code
+            return [f"Interrupted: the cell was stopped on {where}"]
+        if kinds == {"stopped"}:
+            return [f"Cluster stopped while the cell ran on {where}"]
+        if kinds == {"timeout"}:
+            return [f"Timeout: the cell ran past --timeout on {where}"]
+        return [f"DistributedError: {n}{total} rank(s) failed ({format_ranks(self.ranks)})"]
 
     def _render_traceback_(self) -> list[str]:
         return self.render().splitlines()
 
     def __str__(self) -> str:
         return self.render()
+
+
+#: what a collective raises on a rank whose peer's process is gone (gloo's TCP pairs, NCCL's remote error)
+_PEER_LOST = re.compile(
+    r"Connection reset by peer|Connection closed by peer|Broken pipe|remote process exited|ncclRemoteError"
+)
+
+
+def lost_peer(failure: RankFailure) -> bool:
+    """Whether the rank's error is its collective losing a peer (after another rank's process died)."""
+    return failure.kind == "error" and bool(_PEER_LOST.search(failure.evalue))
+
+
+def _who(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def _at(failure: RankFailure) -> str:
+    return f" at cell line {failure.cell_lines[-1]}" if failure.cell_lines else ""
 
 
 @dataclass

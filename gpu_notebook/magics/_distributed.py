@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -47,6 +48,16 @@ def print_buffered(result: Any) -> None:
     for rank in sorted(result.outputs):
         for out_line in result.outputs[rank]:
             print(f"[rank {rank}] {out_line}")
+
+
+def wait_for_the_stop(cluster: Any, result: Any, limit_s: float = 30.0) -> None:
+    """A stop from another thread (a budget or idle stop) ends the cell at once, while that thread still ends
+    the workers: the cell's error comes once the cluster says "stopped", so every view agrees with it."""
+    if not any(f.kind == "stopped" for f in result.failures):
+        return
+    deadline = time.monotonic() + limit_s
+    while cluster.state == "stopping" and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def conclude(result: Any, world_size: int) -> None:
@@ -228,6 +239,7 @@ class DistributedMagics(Magics):
             self._ns[args.out] = result.values
         if result.ranks and result.values and not _ends_with_semicolon(cell):  # a trailing ; hides values
             _show_values(dict(result.values.items()))
+        wait_for_the_stop(cluster, result)
         if result.failures:
             hint = _push_hint(result.failures, self._ns)
             if hint:

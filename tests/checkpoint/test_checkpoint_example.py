@@ -26,6 +26,20 @@ def _text(cell: dict) -> str:
     return "".join(parts)
 
 
+#: what a user would read as a bug in the expected failure: Ray's guesses at why a worker died (its notice of a
+#: rank's death the cell reports itself) and gloo's socket error on the rank that lost its peer
+NOISE = ("OOM killer", "A worker died or was killed", "(raylet)", "Connection reset by peer", "pair.cc")
+
+
+def _everything(cell: dict) -> str:
+    """All a person sees of a cell's outputs, an error's whole report included."""
+    parts = [_text(cell)]
+    parts += [
+        "\n".join(o.get("traceback", [])) for o in cell.get("outputs", []) if o.get("output_type") == "error"
+    ]
+    return "\n".join(parts)
+
+
 @pytest.mark.timeout(420)
 def test_checkpoint_resume_example_runs(tmp_path: pathlib.Path) -> None:
     nb = nbformat.read(EXAMPLE, as_version=4)
@@ -45,6 +59,11 @@ def test_checkpoint_resume_example_runs(tmp_path: pathlib.Path) -> None:
     preempted = next(c for c in code if "raises-exception" in c.metadata.get("tags", []))
     assert "starting at step 0" in _text(preempted)
     assert "rank" in errors[0][1].lower()
+    # the preemption's report names the rank that died, and nothing of the noise that follows a death
+    report = _everything(preempted)
+    assert "--- rank 1: died" in report and "its collective lost the connection to rank 1" in report, report
+    noisy = [(c.source[:40], n) for c in code for n in NOISE if n in _everything(c)]
+    assert noisy == [], noisy
     listing = _text(next(c for c in code if c.source.startswith("%gpu_checkpoint use")))
     steps = {int(s) for s in re.findall(r"^c\d{10}\s+(\d+)\s", listing, re.M)}  # (id, step, ... columns)
     assert {0, 10, 20, 30} <= steps, listing

@@ -113,9 +113,9 @@ def _run_and_stop(
 
 def _assert_stopped_cell(text: str, took: float, c: Cluster, why: str) -> None:
     assert took < 60, f"the cell ran on for {took:.0f} s after the stop"
-    last = text.split("\n\n")[-1]  # the note closes the cell's message
-    assert re.match(rf"Cluster stopped: cluster '{re.escape(c.name)}': {why}", last), text
-    assert "nothing was restarted" in last
+    head = text.splitlines()[0]  # the stop's reason is the error's one line
+    assert re.match(f"Cluster stopped: {why}", head), text
+    assert "nothing was restarted" in text
     assert "| training" in text  # the rank's last output is shown with the failure
     assert "Worker state was reset" not in text and "rebuilding" not in text
     assert c.state == "stopped" and get_manager().get(c.name, None) is None
@@ -181,7 +181,7 @@ def test_a_budget_stop_ending_a_training_loop_reads_as_the_stop_and_every_view_a
         assert "workers stopped" in w.tick()[0]
 
     text, took = _run_and_stop(ip, c, over_budget, cell=LOOP_CELL)
-    assert text.startswith("Cluster stopped while the cell ran on 1 of 1 rank(s) (0)"), text
+    assert "The cell was running on 1 of 1 rank(s) (0)" in text, text
     assert "KeyboardInterrupt" not in text and "Interrupted" not in text
     _assert_stopped_cell(text, took, c, r"budget of \$5\.00 reached: \$5\.1\d spent \(estimate\)")
     capsys.readouterr()
