@@ -18,11 +18,11 @@ import sys
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook._registry import ClusterManager
+from gpu_notebook._registry import ClusterManager, get_manager
 from gpu_notebook.cluster import _connect
 from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster.providers import AddressProvider, ProviderCluster
-from gpu_notebook.cluster.workshop._seat import Heartbeat, Seat, StudentGroup
+from gpu_notebook.cluster.workshop._seat import Heartbeat, Seat, StudentGroup, WorkshopError
 from gpu_notebook.distributed import WorkerGroup
 
 __all__ = ["KERNEL_EXIT", "WorkshopCluster", "check_id"]
@@ -107,7 +107,13 @@ class WorkshopCluster(Cluster):
         self.seat = Seat.join(self.workshop, self.student, self._progress)
         group = self.seat.group
         if group is not None:
-            return int(group["size"]), float(group["cpus_per_worker"]), float(group["gpus_per_worker"])
+            size = int(group["size"])
+            if self.requested_workers not in (None, size):
+                self._progress(
+                    f"your worker group has {size} worker(s), kept as they are: %gpu_cluster scale "
+                    f"{self.requested_workers} changes it"
+                )
+            return size, float(group["cpus_per_worker"]), float(group["gpus_per_worker"])
         total = ray.cluster_resources()
         workers, cpus, gpus = self.seat.default_size(float(total.get("CPU", 1)), float(total.get("GPU", 0)))
         if self.requested_workers is not None:
@@ -128,6 +134,16 @@ class WorkshopCluster(Cluster):
         """Connect, join the workshop, reconnect to this student's workers or start them inside the quota."""
         if self.state == "running":
             return self
+        for c in get_manager().list():  # one cluster per student and kernel: two would share the workers
+            if (
+                isinstance(c, WorkshopCluster)
+                and c.running
+                and (c.workshop, c.student) == (self.workshop, self.student)
+            ):
+                raise WorkshopError(
+                    f"student {self.student!r} of workshop {self.workshop!r} is already connected in this kernel: "
+                    f"cluster {c.name!r}"
+                )
         self._progress = progress or (lambda msg: None)
         super().start(progress)
         assert self.seat is not None
