@@ -25,9 +25,11 @@ from gpu_notebook import monitor as gpu_monitor
 
 from . import _ray_compat
 
-#: placement groups and actors of our worker groups are named with these (see distributed/_group.py)
+#: placement groups and actors of our worker groups are named with these (see distributed/_group.py); a
+#: workshop's student workers live in a namespace of ours instead (``gpu_notebook-workshop-NAME``)
 OUR_GROUP_PREFIX = "gpu_notebook-"
 OUR_WORKER_PREFIX = "gpu_notebook:"
+OUR_NAMESPACE_PREFIX = "gpu_notebook-"
 #: utilisation (percent) at or over which the cluster is in use: the busiest GPU, or CPU without GPUs
 GPU_THRESHOLD = 5.0
 CPU_THRESHOLD = 10.0
@@ -94,17 +96,20 @@ def cells_running(timeout: float = 10.0) -> int:
     """
     import ray
 
-    handles: list[Any] = []
+    refs: list[Any] = []
     for entry in ray.util.list_named_actors(all_namespaces=True):  # [{"name": ..., "namespace": ...}]
-        if not str(entry["name"]).startswith(OUR_WORKER_PREFIX):
+        name, namespace = str(entry["name"]), str(entry.get("namespace") or "")
+        if not (name.startswith(OUR_WORKER_PREFIX) or namespace.startswith(OUR_NAMESPACE_PREFIX)):
             continue
         try:
-            handles.append(ray.get_actor(entry["name"], namespace=entry["namespace"]))
+            handle = ray.get_actor(name, namespace=namespace or None)
+            refs.append(handle.ping.remote())
         except ValueError:  # it ended between the listing and now
             continue
-    if not handles:
+        except AttributeError:  # an actor of ours that is no worker (a workshop's broker): runs no cells
+            continue
+    if not refs:
         return 0
-    refs: list[Any] = [h.ping.remote() for h in handles]
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     running = len(pending)
     for ref in ready:

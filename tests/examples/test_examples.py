@@ -25,7 +25,7 @@ def test_quickstart_notebook_runs_and_trains(tmp_path):
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "10/10 code cells executed" in proc.stdout
+    assert "12/12 code cells executed" in proc.stdout
     assert "SUMMARY: 2 workers trained a DDP model" in proc.stdout
     nb = nbformat.read(tmp_path / "quickstart.executed.ipynb", as_version=4)
     text = "\n".join(
@@ -38,3 +38,14 @@ def test_quickstart_notebook_runs_and_trains(tmp_path):
     assert "[rank 0] rank 0 of 2" in text and "[rank 1] rank 1 of 2" in text
     assert "[rank 0] step   0" in text
     assert not any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+    # monitoring and cost: the saved views (what a notebook without widgets shows) have a reading and a price
+    shown = {
+        c.source.strip(): "".join(
+            str(o.get("data", {}).get("text/html", "")) for o in c.get("outputs", []) if "data" in o
+        )
+        for c in nb.cells
+        if c.cell_type == "code" and c.source.strip() in ("%gpu_monitor", "%gpu_cost")
+    }
+    assert "GPU monitor" in shown["%gpu_monitor"] and "CPU %" in shown["%gpu_monitor"], shown["%gpu_monitor"]
+    assert "did not start" not in shown["%gpu_monitor"]
+    assert "$0" in shown["%gpu_cost"] or "0.00" in shown["%gpu_cost"], shown["%gpu_cost"]
