@@ -6,7 +6,8 @@ place where one of our error classes, IPython's ``UsageError`` or a builtin erro
 
 - our error classes are ``GpuNotebookError`` and every class that derives from it, directly or through another
   of ours, in any module (found from the class definitions, so a new ``FooError(ClusterError)`` is included);
-- a message is the first argument of the call: a string literal, an f-string, or ``+`` of those;
+- a message is the first argument of the call: a string literal, an f-string, or ``+`` of those; a call that is
+  raised as it is (``raise self._fail(f"...")``, a helper that builds the error) counts too;
 - its **key** is what the troubleshooting page must contain: the literal text up to the first ``{...}`` of an
   f-string (its stable prefix), cut to at most :data:`KEY_CHARS` characters at a word boundary. An f-string
   that starts with a value (``f"unknown {cloud} instance type {name}"``) is keyed by its longest literal part
@@ -67,6 +68,7 @@ EXCLUDED: dict[str, str] = {
     "rows have shape": _RING,
     "cuda_available has": "the process group's own check that it asked every rank (one answer per rank)",
     "/__init__.py sets no __version__": "gpu_notebook's own __init__.py always sets __version__",
+    "the body ended after": "an S3 read cut short inside the store, which retries it as a dropped connection",
 }
 
 
@@ -188,9 +190,14 @@ def messages(files: list[Path] | None = None) -> list[Message]:
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
         area = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
-        calls = [n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)]
+        tree = ast.parse(path.read_text(), str(path))
+        # a call raised as it is (``raise self._fail(f"...")``) builds an error from its message too
+        raised = {
+            id(n.exc) for n in ast.walk(tree) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)
+        }
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
         for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
-            if _name(node.func) not in classes or not node.args:
+            if (_name(node.func) not in classes and id(node) not in raised) or not node.args:
                 continue
             parts = _parts(node.args[0])
             if parts is None:
