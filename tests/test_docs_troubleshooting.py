@@ -63,6 +63,8 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
                 raise ValueError("a builtin error with a message")
                 err = AError("built first, raised later")
                 raise AError(message)
+                raise self._fail(f"a helper builds this error, {name}")
+                log(f"not raised, not an error: {name}")
             """
         )
     )
@@ -82,6 +84,7 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
         ":",
         "a builtin error with a message",
         "built first, raised later",
+        "a helper builds this error,",
     ]
     assert [m.key for m in em.required(found)] == [
         "is not running: start it with %gpu_cluster start",
@@ -89,6 +92,7 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
         ": the cluster named twice (",
         "a builtin error with a message",
         "built first, raised later",
+        "a helper builds this error,",
     ]
     assert found[0].text == "cluster {…} is not running: start it with %gpu_cluster start"
     page = "| `BError: a literal message, implicitly joined` | fix |\n| `…: the cluster named twice (…)` |"
@@ -102,4 +106,5 @@ def test_the_extraction_finds_what_it_should(tmp_path: pathlib.Path) -> None:
         "is not running: start it with %gpu_cluster start",
         "a builtin error with a message",
         "built first, raised later",
+        "a helper builds this error,",
     ]
