@@ -19,9 +19,18 @@ from ._idle import IdleStopPolicy
 from ._meter import CostMeter, cost_meter_for
 from ._policy import Notify, Utilisation, log
 
-__all__ = ["PolicyWatcher", "attach_from_options", "attach_policies", "describe", "watcher_for"]
+__all__ = [
+    "PolicyWatcher",
+    "attach_from_options",
+    "attach_policies",
+    "describe",
+    "last_stopped",
+    "watcher_for",
+]
 
 _DEFAULT: Any = object()
+#: (name, meter, reason) of the last cluster a watcher saw stop: ``%gpu_cost status`` shows its final figure
+_last_stopped: list[tuple[str, CostMeter, str]] = []
 
 
 class PolicyWatcher:
@@ -112,6 +121,12 @@ class PolicyWatcher:
 def watcher_for(cluster: Any) -> PolicyWatcher | None:
     """The policy watcher attached to ``cluster`` by :func:`attach_policies`, if any."""
     return _registry.policy_watchers.get(cluster)
+
+
+def last_stopped() -> tuple[str, CostMeter, str] | None:
+    """The name, cost meter and stop reason of the last cluster with policies that stopped (its meter holds
+    its final figures), or None."""
+    return _last_stopped[-1] if _last_stopped else None
 
 
 def _hook_ipython_cells(watcher: PolicyWatcher) -> Callable[[], None] | None:
@@ -234,11 +249,13 @@ def attach_policies(
         watcher._unhook = _hook_ipython_cells(watcher)
     if hasattr(cluster, "add_stop_hook"):
         ref = weakref.ref(watcher)
+        name = str(getattr(cluster, "name", "") or "")
 
         def _cluster_stopping(reason: str) -> None:
             w = ref()
             if w is not None:
                 w.stop(join=False)
+                _last_stopped[:] = [(name, w.meter, reason)]
 
         cluster.add_stop_hook(_cluster_stopping)
     if start:

@@ -187,7 +187,7 @@ def mark_stopped(run: CellRun, stuck: Sequence[int]) -> str:
         run.failures[rank] = RankFailure(
             rank=rank,
             kind="stopped",
-            detail="its code was ended by the stop",
+            detail="cluster stopped while the cell ran",
             last_output=run.last_output(rank),
             reason=run.stopped or "",
         )

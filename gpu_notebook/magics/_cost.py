@@ -19,6 +19,7 @@ from gpu_notebook.cost import (
     describe,
     watcher_for,
 )
+from gpu_notebook.cost._watcher import last_stopped
 from gpu_notebook.magics._args import budget_usd, duration, idle_minutes, text
 from gpu_notebook.magics._common import (
     MagicError,
@@ -91,6 +92,8 @@ class CostMagics(Magics):
         """Live cost of the current cluster: $/hour now, $ so far, next hour, on-demand vs spot vs reserved.
 
         Prices are list-price estimates from the catalog (source and date shown); a local cluster costs $0.
+        With no cluster running, ``status`` shows the final figures of the last one a budget, an idle stop or
+        a stop ended (when it had policies).
 
         Examples
         --------
@@ -133,6 +136,12 @@ class CostMagics(Magics):
             display(view)
 
     def _cmd_status(self, args: Any) -> None:
+        last = last_stopped() if get_manager().current is None else None
+        if last is not None:  # after a budget or idle stop: what the stopped cluster cost, its final figure
+            name, meter, reason = last
+            print(f"cluster {name!r} stopped ({reason}); no cluster is running. Its cost:")
+            print(meter.snapshot())
+            return
         print(self._meter().snapshot())
 
     def _cmd_policies(self, args: Any) -> None:

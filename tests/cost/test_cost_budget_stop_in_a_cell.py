@@ -134,3 +134,36 @@ def test_a_budget_stop_from_the_watcher_thread_ends_the_cell_with_its_figures(
     finally:
         if c.state == "running":
             c.stop()
+
+
+def test_gpu_cost_status_after_a_budget_stop_shows_the_stopped_clusters_final_figure(
+    ip, monkeypatch, capsys
+) -> None:
+    """The stopped cluster has left the kernel's clusters: ``status`` says so and shows what it cost."""
+    import gpu_notebook.magics._cost as cost_magic
+    from gpu_notebook._registry import ClusterManager
+
+    now = [2_000_000.0]
+    stub = _Stub()
+    stub.name = "spent"
+    w = attach_policies(
+        stub,
+        budget_usd=50.0,
+        node_pricing={"node-a": PRICE},
+        clock=lambda: now[0],
+        start=False,
+        notify=lambda m: None,
+    )
+    now[0] += 60
+    (message,) = w.tick()
+    spent = re.findall(rf"reached: {FIGURE} spent", message)
+    now[0] += 600  # long after the stop
+    monkeypatch.setattr(cost_magic, "get_manager", ClusterManager)  # a kernel whose only cluster stopped
+    capsys.readouterr()
+    ip.run_line_magic("gpu_cost", "status")
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"cluster 'spent' stopped (budget of $50.00 reached: ${spent[0]} spent (estimate)); no cluster is "
+        "running. Its cost:"
+    ), out
+    assert f"so far ${spent[0]}" in out and re.findall(rf"{FIGURE} spent", out) == spent * 2, out

@@ -24,7 +24,7 @@ RAYLET = (
 def test_a_stop_reads_as_its_reason_said_once() -> None:
     reason = "budget of $5.00 reached: $5.12 spent (estimate)"
     failures = [
-        RankFailure(rank=r, kind="stopped", detail="its code was ended by the stop", reason=reason)
+        RankFailure(rank=r, kind="stopped", detail="cluster stopped while the cell ran", reason=reason)
         for r in (0, 1)
     ]
     note = (
