@@ -116,6 +116,16 @@ def jupyter_server(
         }
     )
     full.update(env or {})
+    # every cell stays in the page (JupyterLab 4 may detach cells scrolled out of view): the tests read them all
+    tracker = (
+        tmp_path / f"settings-{app}" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    )
+    tracker.parent.mkdir(parents=True, exist_ok=True)
+    tracker.write_text('{"windowingMode": "none"}')
+    # and no "Would you like to get notified about Jupyter news?" toast over the screenshots
+    notes = tracker.parents[1] / "apputils-extension" / "notification.jupyterlab-settings"
+    notes.parent.mkdir(parents=True, exist_ok=True)
+    notes.write_text('{"fetchNews": "false", "checkForUpdates": false}')
     args = [
         "--no-browser",
         "--ip=127.0.0.1",
@@ -218,22 +228,6 @@ def run_all_cells(page: Any) -> None:
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
 
-def prompts(page: Any) -> list[str]:
-    """Every code cell's input prompt text (``[3]:``, ``[*]:`` while it runs, ``[ ]:`` not run)."""
-    return list(
-        page.evaluate(
-            "() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
-            ".map((e) => e.textContent.trim())"
-        )
-    )
-
-
-def all_cells_ran(page: Any) -> bool:
-    """Every code cell has an execution count and the kernel is idle."""
-    ps = prompts(page)
-    return bool(ps) and all(re.fullmatch(r"\[\d+\]:", p) for p in ps) and kernel_idle(page)
-
-
 def plotly_charts(page: Any, selector: str = ".js-plotly-plot") -> list[dict[str, Any]]:
     """What plotly drew in every chart matching ``selector``: traces (name, x, y) and the subplot titles."""
     return list(page.evaluate(READ_PLOTLY, selector))
@@ -266,3 +260,29 @@ def output_text(page: Any) -> str:
             ".map((e) => e.innerText).join('\\n')"
         )
     )
+
+
+def shutdown_kernels(server: str) -> int:
+    """Shut down every kernel session of ``server`` (from :func:`jupyter_server`); returns how many.
+
+    The next notebook then starts its own kernel, and so its own local Ray, with the first one gone.
+    """
+    import json
+
+    base, token = server.split("?token=")
+    headers = {"Authorization": f"token {token}"}
+    with urllib.request.urlopen(
+        urllib.request.Request(f"{base}/api/sessions", headers=headers), timeout=30
+    ) as r:
+        sessions = json.load(r)
+    for s in sessions:
+        req = urllib.request.Request(f"{base}/api/sessions/{s['id']}", method="DELETE", headers=headers)
+        with urllib.request.urlopen(req, timeout=60):
+            pass
+    return len(sessions)
+
+
+def cells_ran(nb: dict[str, Any]) -> bool:
+    """Every code cell of a notebook JSON has an execution count (none waits or runs)."""
+    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+    return bool(code) and all(c.get("execution_count") for c in code)

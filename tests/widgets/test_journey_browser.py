@@ -1,0 +1,224 @@
+"""The whole journey in a real browser: the quickstart and the workshop notebook, run from the Run menu of
+JupyterLab 4 and of Notebook 7 in headless Debian Chromium (Playwright), checked as a person reads them.
+
+For each front end: one Jupyter server and one browser page; the two notebooks are copied to the server's root
+and run one after the other (each starts its own local Ray in its kernel, so the first kernel is shut down
+before the second notebook opens), at the examples' small size (``GPU_NOTEBOOK_EXAMPLE_SIZE=small``). While a
+notebook runs, the test watches the page: the live monitor's plotly chart must get data points (read from the
+chart's ``element.data``) and the cost view its dollar figure; at the end every cell has run, none has an error
+output, the status table lists the workers and every rank's output is there with its prefix.
+
+Screenshots go to the test's output folder (printed; ``<tmp_path>/screenshots``). With
+``GNB_README_SCREENSHOT=1`` the JupyterLab run also writes README's screenshot of the live monitor to
+``docs/img/monitor.png``: the quickstart's own ``%gpu_monitor`` cell, on this CPU machine with two GPUs per
+node simulated by :class:`gpu_notebook.testing.nvml.FakeNVML` (a cell the test adds before ``%gpu_monitor``
+makes the shared monitor sample them), after some 25 s of samples.
+
+Run it under the Ray lock: the notebooks start Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import time
+from typing import Any
+
+import _browser
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = _browser.ROOT
+SMALL = {"GPU_NOTEBOOK_EXAMPLE_SIZE": "small"}
+README_SHOT = ROOT / "docs" / "img" / "monitor.png"
+
+# simulated GPUs for README's screenshot (this machine has none): a busy pair of A100s per node, one of them
+# waiting for data now and then, so the chart shows what the monitor is for
+FAKE_GPUS_CELL = """\
+# README screenshot only: this CPU machine has no GPU, so two simulated A100s per node (gpu_notebook.testing)
+import math
+from gpu_notebook.monitor import monitor_for
+from gpu_notebook.testing.nvml import FakeGPU, FakeNVML
+
+
+def simulated_gpus():
+    return FakeNVML([
+        FakeGPU(util=lambda t: 90 + 6 * math.sin(t / 2), mem_used_mib=lambda t: 61_000 + 800 * math.sin(t / 5)),
+        FakeGPU(util=lambda t: 55 + 35 * math.sin(t / 3), mem_used_mib=lambda t: 43_000 + 500 * math.sin(t / 4)),
+    ])
+
+
+monitor_for(nvml=simulated_gpus, interval=0.5);"""
+
+
+@pytest.fixture(scope="module")
+def sync_api() -> Any:
+    """Playwright's sync API, with Debian's Chromium present (skips, or fails under CI=true, without)."""
+    return _browser.playwright_sync_api()
+
+
+def _readme_mode(app: str) -> bool:
+    return app == "lab" and os.environ.get("GNB_README_SCREENSHOT", "").strip() not in ("", "0")
+
+
+def _copy_examples(root: pathlib.Path, readme: bool) -> None:
+    for name in ("quickstart.ipynb", "workshop.ipynb"):
+        shutil.copy(ROOT / "examples" / name, root / name)
+    if readme:  # simulated GPUs before the monitor starts, and time for the chart to fill
+        nb = nbformat.read(root / "quickstart.ipynb", as_version=4)
+        at = next(i for i, c in enumerate(nb.cells) if c.source.lstrip().startswith("%gpu_monitor"))
+        nb.cells.insert(at, nbformat.v4.new_code_cell(FAKE_GPUS_CELL))
+        nb.cells.insert(at + 3, nbformat.v4.new_code_cell("import time; time.sleep(30)"))
+        nbformat.write(nb, root / "quickstart.ipynb")
+
+
+class Watch:
+    """What the page showed while a notebook ran: the most monitor points, the cost figure, screenshots."""
+
+    def __init__(self, shots: pathlib.Path, name: str, monitor_shot_points: int, readme: bool) -> None:
+        self.shots, self.name = shots, name
+        self.monitor_points = 0
+        self.monitor_traces: list[str] = []
+        self.monitor_header = ""
+        self.cost = ""
+        self.cost_chart_title = ""
+        self.shot_at = monitor_shot_points
+        self.readme = readme
+        self.monitor_shot: pathlib.Path | None = None
+
+    def look(self, page: Any) -> None:
+        charts = _browser.plotly_charts(page, ".gpu-notebook-monitor .js-plotly-plot")
+        points = max((len(t["y"]) for c in charts for t in c["traces"]), default=0)
+        if points > self.monitor_points:
+            self.monitor_points = points
+            self.monitor_traces = sorted({t["name"] for c in charts for t in c["traces"]})
+            self.monitor_header = " ".join(page.locator(".gpu-notebook-monitor-header").all_inner_texts())
+        if points >= self.shot_at and self.monitor_shot is None:
+            cell = page.locator(".jp-CodeCell", has=page.locator(".gpu-notebook-monitor")).first
+            self.monitor_shot = self.shots / f"{self.name}-monitor.png"
+            cell.screenshot(path=str(self.monitor_shot))
+            if self.readme:
+                README_SHOT.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(self.monitor_shot, README_SHOT)
+        cost = page.locator(".gpu-notebook-cost").all_inner_texts()
+        if cost and "$" in cost[0]:
+            self.cost = cost[0]
+            self.cost_chart_title = " ".join(
+                c["title"] for c in _browser.plotly_charts(page, ".gpu-notebook-cost .js-plotly-plot")
+            )
+
+
+def _run(page: Any, sync_api: Any, server: str, app: str, name: str, watch: Watch, budget_s: float) -> dict:
+    """Open ``name``, Run All Cells, watch the page until every cell ran; returns the notebook's JSON."""
+    url = _browser.notebook_url(server, app, name)
+    if app == "lab":
+        url += "&reset"  # a fresh workspace: the notebook before this one is not reopened (with a kernel)
+    _browser.open_notebook(page, sync_api, url)
+    t0 = time.monotonic()
+    _browser.run_all_cells(page)
+    while True:
+        page.wait_for_timeout(500)
+        watch.look(page)
+        nb = _browser.notebook_json(page)
+        errors = _browser.errors_in(nb)
+        done = _browser.cells_ran(nb) and _browser.kernel_idle(page)
+        if errors or done or time.monotonic() - t0 > budget_s:
+            break
+    stem = name.removesuffix(".ipynb")
+    page.screenshot(path=str(watch.shots / f"{stem}-end.png"))
+    for view in (
+        "status",
+        "cost",
+    ):  # the cells a person looks at, whole (the page scrolls inside the notebook)
+        cell = page.locator(".jp-CodeCell", has=page.locator(f".gpu-notebook-{view}"))
+        if cell.count():
+            cell.first.screenshot(path=str(watch.shots / f"{stem}-{view}.png"))
+    print(f"{app} {name}: {time.monotonic() - t0:.1f} s, monitor {watch.monitor_points} points")
+    assert not errors, f"{name} in {app}: error outputs {errors}"
+    assert done, f"{name} in {app}: not every cell ran within {budget_s} s"
+    # a "$" pair in markdown is typeset as math: "$/hour ... $0" reads as one italic word without spaces
+    math = page.locator(".jp-MarkdownCell", has=page.locator("mjx-container, .MathJax")).all_inner_texts()
+    assert not math, f"{name}: markdown typeset as math (escape its $ as \\$): {[m[:200] for m in math]}"
+    return nb
+
+
+def _text(nb: dict[str, Any]) -> str:
+    """Every stream output and text/plain result of a notebook JSON."""
+    parts = []
+    for c in nb.get("cells", []):
+        for o in c.get("outputs", []):
+            t = o.get("text") if o.get("output_type") == "stream" else o.get("data", {}).get("text/plain", "")
+            parts.append("".join(t) if isinstance(t, list) else str(t or ""))
+    return "\n".join(parts)
+
+
+def _status_workers(page: Any) -> list[str]:
+    """The rows of the first status table's worker list, as the page shows them."""
+    return list(
+        page.evaluate(
+            "() => { const t = document.querySelectorAll('.gpu-notebook-status')[0];"
+            " if (!t) return []; const tables = t.querySelectorAll('table');"
+            " return Array.from(tables[tables.length - 1].querySelectorAll('tbody tr')).map((r) => r.innerText); }"
+        )
+    )
+
+
+def _check_monitor(watch: Watch, name: str, gpus: bool) -> None:
+    assert watch.monitor_points >= 2, (
+        f"{name}: the monitor chart never showed data points ({watch.monitor_points})"
+    )
+    assert "down" not in watch.monitor_header and "did not start" not in watch.monitor_header, (
+        watch.monitor_header
+    )
+    if gpus:
+        assert any("/gpu1" in t for t in watch.monitor_traces), watch.monitor_traces
+    assert watch.monitor_shot is not None and watch.monitor_shot.stat().st_size > 0
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("app", ["lab", "notebook"])
+def test_quickstart_and_workshop_in_the_browser(app: str, sync_api: Any, tmp_path: pathlib.Path) -> None:
+    readme = _readme_mode(app)
+    root = tmp_path / "root"
+    root.mkdir()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    print(f"screenshots: {shots}")
+    _copy_examples(root, readme)
+    with _browser.jupyter_server(tmp_path, root, app, env=SMALL) as server, sync_api.sync_playwright() as p:
+        browser = _browser.launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(60_000)
+
+            # the quickstart: a cluster, its status, the live monitor and cost, DDP training, the weights back
+            quick = Watch(shots, "quickstart", 40 if readme else 3, readme)
+            nb = _run(page, sync_api, server, app, "quickstart.ipynb", quick, 240)
+            workers = _status_workers(page)
+            assert len(workers) == 2 and all("alive" in w for w in workers), workers
+            text = _text(nb)
+            assert re.search(r"\[rank 0\] rank 0 of 2", text) and re.search(
+                r"\[rank 1\] rank 1 of 2", text
+            ), text
+            assert "[rank 0] step   0" in text and "SUMMARY: 2 workers trained a DDP model" in text
+            _check_monitor(quick, "quickstart", gpus=readme)
+            assert quick.cost, "the cost view never showed its figure"
+            assert "$" in quick.cost_chart_title, quick.cost_chart_title
+            _browser.shutdown_kernels(server)
+
+            # the workshop: ranks, all-reduce, DDP, the monitor, checkpoints; Run All leaves the exercises "not yet"
+            shop = Watch(shots, "workshop", 3, False)
+            nb = _run(page, sync_api, server, app, "workshop.ipynb", shop, 300)
+            text = _text(nb)
+            for rank in (0, 1):
+                assert re.search(rf"\[rank {rank}\] I am rank {rank} of WORLD_SIZE=2", text), text[:3000]
+            assert "Not yet:" in text and "SUMMARY: workshop: 0/5 exercises right" in text
+            _check_monitor(shop, "workshop", gpus=False)
+            assert page.locator("table", has_text="restore reads").count() >= 1  # %gpu_checkpoint list
+            _browser.shutdown_kernels(server)
+        finally:
+            browser.close()
