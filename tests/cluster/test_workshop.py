@@ -31,6 +31,7 @@ from gpu_notebook.cluster.workshop import (
     _rules,
     _seat,
     _student,
+    catalog_prices,
 )
 from gpu_notebook.cluster.workshop._broker import Broker, _new_record
 from gpu_notebook.cluster.workshop._rules import budget_state, charge, over_quota, within_quota
@@ -54,6 +55,44 @@ def test_quota_message_names_the_quota_and_the_request() -> None:
     assert within_quota(Quota(cpus=1), 2, {"CPU": 0.5}) and within_quota(Quota(), 100, {"CPU": 4})
     assert charge({"CPU": 2, "GPU": 1}, Prices(0.05, 2.0), 1800) == pytest.approx(1.05)
     assert [budget_state(s, 10) for s in (7.9, 8.0, 10.0)] == ["ok", "warn", "spent"]
+
+
+class _CloudCluster:
+    """What catalog_prices reads of a launched cloud cluster: its nodes and their prices (USD/h)."""
+
+    name = "gpus"
+    cloud_state = object()  # launched
+    started_at = None
+    created_at = 0.0
+
+    def __init__(self, nodes: list[dict[str, Any]], prices: dict[str, float]) -> None:
+        self.nodes = nodes
+        self.options = {"node_pricing": prices}
+
+    def ray_nodes(self) -> list[dict[str, Any]]:
+        return self.nodes
+
+    def add_stop_hook(self, fn: Any) -> None:
+        pass
+
+
+def test_cloud_prices_come_from_the_node_prices() -> None:
+    """A node's price shared out per GPU (the head is not a student's); per CPU on CPU-only workers."""
+    head = {"NodeID": "h", "Resources": {"CPU": 4, "node:__internal_head__": 1}}
+    gpus = _CloudCluster(
+        [
+            head,
+            {"NodeID": "g1", "Resources": {"CPU": 8, "GPU": 2}},
+            {"NodeID": "g2", "Resources": {"GPU": 2}},
+        ],
+        {"h": 0.4, "g1": 8.0, "g2": 8.0},
+    )
+    prices = catalog_prices(gpus)
+    assert prices is not None and prices.gpu_hour == pytest.approx(4.0) and prices.cpu_hour == 0
+    cpus = _CloudCluster([head, {"NodeID": "c1", "Resources": {"CPU": 8}}], {"h": 0.4, "c1": 0.8})
+    prices = catalog_prices(cpus)
+    assert prices is not None and prices.cpu_hour == pytest.approx(0.1) and "catalog" in prices.source
+    assert catalog_prices(None) is None
 
 
 class _Clock:
