@@ -197,7 +197,8 @@ class Broker:
                 [dict(bundle) for _ in range(size)],
                 strategy=strategy,
                 name=f"{self.namespace}-{student}",
-                lifetime="detached",  # outlives the student's kernel, for a reconnect
+                # scoped to the broker (a detached actor), not to the student's kernel: it outlives a kernel
+                # restart, and a broker that dies takes every reservation, and so every worker, with it
             )
             self._pgs[student] = pg
             now = self.clock()
