@@ -46,7 +46,9 @@ def test_monitor_snapshot_has_the_reading_as_plain_text(ip) -> None:
         if "CPU only" in data["text/html"] or "GPU node" in data["text/html"]:
             assert "CPU %" in text and ("CPU only" in text or "GPU node" in text)
         else:
-            assert "waiting for the first sample" in text and "waiting for the first sample" in data["text/html"]
+            assert (
+                "waiting for the first sample" in text and "waiting for the first sample" in data["text/html"]
+            )
     finally:
         ip.run_line_magic("gpu_monitor", "stop --local")
 
