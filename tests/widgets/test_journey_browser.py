@@ -89,6 +89,7 @@ class Watch:
         self.shot_at = monitor_shot_points
         self.readme = readme
         self.monitor_shot: pathlib.Path | None = None
+        self.problems: list[str] = []
 
     def look(self, page: Any) -> None:
         charts = _browser.plotly_charts(page, ".gpu-notebook-monitor .js-plotly-plot")
@@ -130,10 +131,8 @@ def _run(page: Any, sync_api: Any, server: str, app: str, name: str, watch: Watc
             break
     stem = name.removesuffix(".ipynb")
     page.screenshot(path=str(watch.shots / f"{stem}-end.png"))
-    for view in (
-        "status",
-        "cost",
-    ):  # the cells a person looks at, whole (the page scrolls inside the notebook)
+    # the cells a person looks at, each whole (the page scrolls inside the notebook)
+    for view in ("status", "cost"):
         cell = page.locator(".jp-CodeCell", has=page.locator(f".gpu-notebook-{view}"))
         if cell.count():
             cell.first.screenshot(path=str(watch.shots / f"{stem}-{view}.png"))
@@ -141,8 +140,11 @@ def _run(page: Any, sync_api: Any, server: str, app: str, name: str, watch: Watc
     assert not errors, f"{name} in {app}: error outputs {errors}"
     assert done, f"{name} in {app}: not every cell ran within {budget_s} s"
     # a "$" pair in markdown is typeset as math: "$/hour ... $0" reads as one italic word without spaces
+    # (collected, not asserted here: the test goes on to the next notebook and reports every problem at the end)
     math = page.locator(".jp-MarkdownCell", has=page.locator("mjx-container, .MathJax")).all_inner_texts()
-    assert not math, f"{name}: markdown typeset as math (escape its $ as \\$): {[m[:200] for m in math]}"
+    watch.problems += [
+        f"{name}: markdown typeset as math (escape its $ as \\$): {m[:120]!r}..." for m in math
+    ]
     return nb
 
 
@@ -201,9 +203,8 @@ def test_quickstart_and_workshop_in_the_browser(app: str, sync_api: Any, tmp_pat
             workers = _status_workers(page)
             assert len(workers) == 2 and all("alive" in w for w in workers), workers
             text = _text(nb)
-            assert re.search(r"\[rank 0\] rank 0 of 2", text) and re.search(
-                r"\[rank 1\] rank 1 of 2", text
-            ), text
+            for rank in (0, 1):
+                assert re.search(rf"\[rank {rank}\] rank {rank} of 2", text), text[:3000]
             assert "[rank 0] step   0" in text and "SUMMARY: 2 workers trained a DDP model" in text
             _check_monitor(quick, "quickstart", gpus=readme)
             assert quick.cost, "the cost view never showed its figure"
@@ -222,3 +223,5 @@ def test_quickstart_and_workshop_in_the_browser(app: str, sync_api: Any, tmp_pat
             _browser.shutdown_kernels(server)
         finally:
             browser.close()
+    problems = quick.problems + shop.problems
+    assert not problems, "\n".join(problems)
