@@ -107,11 +107,15 @@ NOTEBOOK = textwrap.dedent(
     ip.run_line_magic("load_ext", "gpu_notebook")
     from gpu_notebook import get_manager
     ip.run_line_magic("gpu_cluster", f"start --name bare --address {sys.argv[1]} --workers 2 --cpus-per-worker 0.5")
-    ip.run_cell("%%distributed -o r\\nimport os, sys, gpu_notebook\\n"
+    ip.run_cell("%%distributed -o r\\nimport os, sys, torch, torch.distributed as dist, gpu_notebook\\n"
                 "from gpu_notebook.cloud._ship import tree_digest\\n"
+                "t = torch.ones(1); dist.all_reduce(t); print('hello from', rank)\\n"
                 "(gpu_notebook.__version__, gpu_notebook.__file__, sys.executable,\\n"
-                " tree_digest(os.path.dirname(gpu_notebook.__file__)))\\n")
-    print("RESULT " + json.dumps({"ranks": list(ip.user_ns["r"]), "stop": get_manager().get("bare").stop()}))
+                " tree_digest(os.path.dirname(gpu_notebook.__file__)), t.item())\\n")
+    c = get_manager().get("bare")
+    kind, started_ray = c.kind, c.started_ray
+    print("RESULT " + json.dumps({"ranks": list(ip.user_ns["r"]), "kind": kind, "started_ray": started_ray,
+                                  "stop": c.stop()}))
     """
 )
 
@@ -119,7 +123,9 @@ NOTEBOOK = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["address", "client"])
 def test_the_ranks_import_the_notebooks_own_package_on_a_head_that_lacks_it(bare_head, tmp_path, how):
-    """By the GCS address and through Ray Client (``ray://``), whose uploads take another path."""
+    """By the GCS address and through Ray Client (``ray://``), whose uploads take another path. Address mode as
+    a whole, too: a cell's collective runs across the head's workers, every rank's print reaches the notebook,
+    and stop leaves the head running (the second case connects to the head the first one left)."""
     proc = subprocess.run(
         [sys.executable, "-c", NOTEBOOK, bare_head[how]],
         cwd=tmp_path,  # not this checkout: nothing of ours on the notebook's sys.path but the installed package
@@ -132,7 +138,10 @@ def test_the_ranks_import_the_notebooks_own_package_on_a_head_that_lacks_it(bare
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     shipped = _ship.package(cache=tmp_path / "cache" / "gpu_notebook" / "packages")
     assert len(result["ranks"]) == 2
-    for version, file, python, digest in result["ranks"]:
+    assert result["kind"] == "address" and result["started_ray"] is False
+    assert "[rank 0] hello from 0" in proc.stdout and "[rank 1] hello from 1" in proc.stdout
+    for version, file, python, digest, reduced in result["ranks"]:
+        assert reduced == 2.0  # the all_reduce summed both ranks' ones
         assert version == gpu_notebook.__version__
         assert python.startswith(os.path.dirname(bare_head["python"]))  # the ranks run the bare venv's Python
         # from the copy Ray unpacked for the workers: neither this checkout nor the bare venv's site-packages
