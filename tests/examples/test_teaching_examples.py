@@ -26,7 +26,15 @@ def _run(name: str, tmp_path: Path, *options: str) -> tuple[str, Any]:
     work.write_bytes((EXAMPLES / name).read_bytes())
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(work), "--small", "--timeout", "240", *options],
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "run_notebook.py"),
+            str(work),
+            "--small",
+            "--timeout",
+            "240",
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=420,
@@ -45,7 +53,9 @@ def _text(cell: Any) -> str:
 
 
 def _errors(nb: Any) -> list[Any]:
-    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    return [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+    ]
 
 
 @pytest.mark.timeout(480)
@@ -66,7 +76,9 @@ def test_ddp_training_trains_evaluates_and_pulls_the_model_back(tmp_path: Path) 
     assert evaluation, _text(_cell(nb, "curves"))
     acc0, acc, chance, loss0, loss, chance_loss = map(float, evaluation.groups())
     assert acc > 5 * chance and acc > acc0 and loss < loss0 and loss < chance_loss - 1, evaluation.group(0)
-    plots = [o for c in code_cells for o in c.outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    plots = [
+        o for c in code_cells for o in c.outputs if "application/vnd.plotly.v1+json" in o.get("data", {})
+    ]
     assert len(plots) == 3  # two learning curves and the next-character bars
     assert len(_text(_cell(nb, "pull"))) > 200  # the pulled model wrote its sample
     assert "weights identical to the pulled model: True" in _text(_cell(nb, "ckpt-restore"))
