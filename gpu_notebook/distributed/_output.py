@@ -3,6 +3,12 @@
 A progress bar (tqdm) redraws one line with ``\r`` and ends it with a newline only when it is done. While it
 redraws, the :class:`Streamer` shows the line's latest state live (``\r[rank N] ...``, rate-limited); the
 log and the cell's captured output keep what the line finally showed.
+
+Both are bounded, so a cell that prints for hours does not grow the kernel: the log is a ring of each rank's
+last :func:`~._settings.log_lines` lines, and a cell keeps the first and last halves of
+:func:`~._settings.output_lines` lines of each rank (:class:`KeptLines`), with a "... N lines dropped ..."
+line between; a line longer than :data:`~._settings.MAX_LINE_CHARS` is cut. A line being redrawn with ``\r``
+keeps only its latest state while it waits for its newline.
 """
 
 from __future__ import annotations
@@ -12,6 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpu_notebook.distributed._settings import (
+    LOG_LINES_VAR,
+    MAX_LINE_CHARS,
+    OUTPUT_LINES_VAR,
+    log_lines,
+    output_lines,
+)
+
 # Ray writes these markers into worker output to attribute log lines; they are not the user's output.
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
 
@@ -19,8 +33,8 @@ _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
 class RankLog:
     """The recent output of every rank, kept on the driver, so what a dead rank printed can still be read."""
 
-    def __init__(self, max_lines: int = 5000) -> None:
-        self.max_lines = max_lines
+    def __init__(self, max_lines: int | None = None) -> None:
+        self.max_lines = log_lines() if max_lines is None else max_lines
         self._lines: dict[int, collections.deque[str]] = {}
         self._partial: dict[int, str] = {}
         self._fed: dict[
@@ -35,9 +49,9 @@ class RankLog:
         with self._lock:
             buf = self._partial.get(rank, "") + text.replace("\r\n", "\n")
             *complete, rest = buf.split("\n")
-            self._partial[rank] = rest
+            self._partial[rank] = _compact(rest)
             # a progress bar (tqdm) redraws its line with \r: keep what the line finally showed
-            complete = [_final_state(line) for line in complete]
+            complete = [_cut(_final_state(line)) for line in complete]
             complete = [line for line in complete if not line.startswith(_RAY_MARKERS)]
             dq = self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines))
             dq.extend(complete)
@@ -55,7 +69,7 @@ class RankLog:
     def flush(self, rank: int) -> list[str]:
         """End a rank's partial line (at the end of a cell), keeping what it finally showed."""
         with self._lock:
-            rest = _final_state(self._partial.pop(rank, ""))
+            rest = _cut(_final_state(self._partial.pop(rank, "")))
             if not rest:
                 return []
             self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines)).append(rest)
@@ -80,12 +94,27 @@ class RankLog:
                 lines.append(self._partial[rank])
         return lines[-n:] if n > 0 else []
 
+    def dropped(self, rank: int) -> int:
+        """How many of ``rank``'s lines the ring no longer holds (the oldest go first)."""
+        with self._lock:
+            return max(0, self._fed.get(rank, 0) - len(self._lines.get(rank, ())))
+
     def tail(self, rank: int, n: int | None = None) -> list[str]:
+        """The last ``n`` lines of ``rank`` (all it keeps if None), after a line saying how many earlier lines
+        the ring dropped, if any."""
         with self._lock:
             lines = list(self._lines.get(rank, ()))
+            dropped = max(0, self._fed.get(rank, 0) - len(lines))
             if self._partial.get(rank):
                 lines.append(self._partial[rank])
-        return lines if n is None else lines[-n:] if n > 0 else []
+        lines = lines if n is None else lines[-n:] if n > 0 else []
+        if dropped and lines:
+            lines.insert(
+                0,
+                f"... {dropped:,} earlier lines dropped (the log keeps each rank's last {self.max_lines:,} "
+                f"lines: set {LOG_LINES_VAR} before starting the cluster to keep more) ...",
+            )
+        return lines
 
     def ranks(self) -> list[int]:
         with self._lock:
@@ -108,6 +137,63 @@ def _final_state(line: str) -> str:
     return ""
 
 
+def _compact(rest: str) -> str:
+    """An unfinished line redrawn with ``\r``, reduced to its latest state (the same when more text comes):
+    a progress bar redrawn for hours must not pile up every redraw while it waits for its newline."""
+    at = rest.rfind("\r")
+    if at < 0:
+        return rest
+    if at < len(rest) - 1:  # text after the last \r: later text extends it
+        return rest[at:]
+    state = _final_state(rest)
+    return "\r" + state + "\r" if state else ""
+
+
+def _cut(line: str) -> str:
+    """``line``, cut to :data:`MAX_LINE_CHARS` characters saying how many were dropped."""
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    return line[:MAX_LINE_CHARS] + f" ... ({len(line) - MAX_LINE_CHARS:,} characters dropped)"
+
+
+class KeptLines:
+    """One rank's output in one cell, bounded: its first ``cap // 2`` lines, its last ``cap - cap // 2``, and
+    how many between them were dropped."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(2, cap)
+        self.head: list[str] = []
+        self.tail: collections.deque[str] = collections.deque(maxlen=self.cap - self.cap // 2)
+        self.dropped = 0
+
+    def extend(self, lines: list[str]) -> None:
+        room = self.cap // 2 - len(self.head)
+        if room > 0:
+            self.head.extend(lines[:room])
+            lines = lines[room:]
+        maxlen = self.tail.maxlen or 0
+        self.dropped += max(0, len(self.tail) + len(lines) - maxlen)
+        self.tail.extend(lines[-maxlen:])
+
+    def lines(self) -> list[str]:
+        """The kept lines, with a "... N lines dropped ..." line where lines were dropped."""
+        if not self.dropped:
+            return [*self.head, *self.tail]
+        marker = (
+            f"... {self.dropped:,} lines dropped (a cell keeps each rank's first {len(self.head):,} and last "
+            f"{len(self.tail):,} lines: set {OUTPUT_LINES_VAR} to keep more; %gpu_cluster logs has the "
+            f"latest) ..."
+        )
+        return [*self.head, marker, *self.tail]
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def chars(self) -> int:
+        """How many characters the kept lines hold."""
+        return sum(map(len, self.head)) + sum(map(len, self.tail))
+
+
 def prefix(rank: int, line: str) -> str:
     return f"[rank {rank}] {line}"
 
@@ -117,14 +203,22 @@ class Streamer:
 
     A line being redrawn with ``\r`` is also written live, as ``\r[rank N] <latest state>`` without a newline,
     at most once every ``live_interval`` seconds per rank; the next line written starts with ``\r`` so it
-    replaces it. Only complete lines are captured.
+    replaces it. Only complete lines are captured, at most ``max_lines`` per rank (None:
+    :func:`~._settings.output_lines`; see :class:`KeptLines`).
     """
 
-    def __init__(self, log: RankLog, sink: Callable[[str], None] | None, live_interval: float = 0.3) -> None:
+    def __init__(
+        self,
+        log: RankLog,
+        sink: Callable[[str], None] | None,
+        live_interval: float = 0.3,
+        max_lines: int | None = None,
+    ) -> None:
         self.log = log
         self.sink = sink
         self.live_interval = live_interval
-        self.captured: dict[int, list[str]] = collections.defaultdict(list)
+        self.max_lines = output_lines() if max_lines is None else max_lines
+        self.kept: dict[int, KeptLines] = {}
         self._live_shown: dict[int, tuple[float, str]] = {}
         self._live_open = False  # the sink's current line is a live state, not ended by a newline
 
@@ -143,6 +237,11 @@ class Streamer:
             self.sink("\r" + prefix(rank, state))
             self._live_open = True
 
+    @property
+    def captured(self) -> dict[int, list[str]]:
+        """Each rank's kept lines of the cell, with a "... N lines dropped ..." line where some were dropped."""
+        return {rank: kept.lines() for rank, kept in self.kept.items()}
+
     def finish(self, rank: int) -> None:
         self._emit_all(rank, self.log.flush(rank))
 
@@ -151,7 +250,10 @@ class Streamer:
         must not cost one write (and, in a kernel, one message to the browser) per line."""
         if not lines:
             return
-        self.captured[rank].extend(lines)
+        kept = self.kept.get(rank)
+        if kept is None:
+            kept = self.kept[rank] = KeptLines(self.max_lines)
+        kept.extend(lines)
         self._live_shown.pop(rank, None)
         if self.sink is not None:
             text = "".join(prefix(rank, line) + "\n" for line in lines)

@@ -5,6 +5,9 @@ settings, ``OMP_NUM_THREADS``, the variables the user set for the workers (``--e
 and the Python and torch versions. A value is masked before it leaves the rank (it never reaches the notebook)
 when the user gave it (``--env``, ``--env-file``: a token typed there is a secret even under a plain name) or
 when its name looks secret (:func:`is_secret_name`).
+
+It also holds the notebook-side settings of rank output (:func:`output_lines`, :func:`log_lines`): how much of
+what the ranks print the kernel keeps, so a cell that prints for hours does not grow the kernel's memory.
 """
 
 from __future__ import annotations
@@ -14,7 +17,17 @@ import re
 import sys
 from collections.abc import Iterable
 
-__all__ = ["MASK", "SHOWN_VARIABLES", "is_secret_name", "rank_settings"]
+__all__ = [
+    "LOG_LINES_VAR",
+    "MASK",
+    "MAX_LINE_CHARS",
+    "OUTPUT_LINES_VAR",
+    "SHOWN_VARIABLES",
+    "is_secret_name",
+    "log_lines",
+    "output_lines",
+    "rank_settings",
+]
 
 MASK = "****"
 
@@ -80,3 +93,39 @@ def _torch_version() -> str:
     except ImportError:
         return "(not installed)"
     return str(torch.__version__)
+
+
+# ---- how much rank output the kernel keeps ---------------------------------------------------------------------
+#: The environment variable that sets how many lines of each rank's output a cell keeps in the kernel (its
+#: first half and its last half, with a "... N lines dropped ..." line between): read when a cell starts.
+OUTPUT_LINES_VAR = "GPU_NOTEBOOK_OUTPUT_LINES"
+DEFAULT_OUTPUT_LINES = 2000
+#: The environment variable that sets how many recent lines of each rank ``%gpu_cluster logs`` keeps (a ring:
+#: the oldest go first): read when a cluster starts.
+LOG_LINES_VAR = "GPU_NOTEBOOK_LOG_LINES"
+DEFAULT_LOG_LINES = 5000
+#: A longer line is kept cut to this many characters, saying how many were dropped.
+MAX_LINE_CHARS = 10_000
+
+
+def output_lines() -> int:
+    """How many lines of each rank's output a cell keeps: ``$GPU_NOTEBOOK_OUTPUT_LINES``, else 2000."""
+    return _lines_setting(OUTPUT_LINES_VAR, DEFAULT_OUTPUT_LINES)
+
+
+def log_lines() -> int:
+    """How many recent lines of each rank the cluster's log keeps: ``$GPU_NOTEBOOK_LOG_LINES``, else 5000."""
+    return _lines_setting(LOG_LINES_VAR, DEFAULT_LOG_LINES)
+
+
+def _lines_setting(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise ValueError(f"{name} must be a whole number of lines, at least 2 (got {raw!r})")
+    return value
