@@ -4,7 +4,8 @@ GitHub, nbviewer, VS Code without a kernel and a plain ``jupyter nbconvert --to 
 without a widget manager: an output carrying a widget view is shown by the next type in its bundle (nbconvert
 skips the widget view when the notebook holds no state for it), or as an empty box. So each live view
 (monitor, cost) must carry an HTML snapshot, and every static result (cluster status, checkpoint list, price
-catalog, rank environment, monitor snapshot) its HTML and a text/plain that says the same.
+catalog, rank environment, monitor snapshot, doctor report, all-reduce benchmark) its HTML and a text/plain
+that says the same.
 
 The test executes the quickstart headless (scripts/run_notebook.py, a real kernel and a local Ray) with the
 views the quickstart does not show added before its ``%gpu_cluster stop`` (one kernel, one Ray start), exports
@@ -31,6 +32,8 @@ EXTRA_CELLS = [
     "%gpu_monitor snapshot",
     "%gpu_cost catalog --gpu H100",
     "%gpu_cluster env",
+    "%gpu_cluster doctor",
+    "%gpu_cluster bench allreduce --max-bytes 64K --iters 2",
     (
         "import tempfile, torch\n"
         "from gpu_notebook import checkpoint\n"
@@ -51,6 +54,8 @@ EXPECTED = [
     ("%gpu_cost catalog", r"USD per hour"),
     ("%gpu_cost", r"\$\s*0|\$[0-9]"),
     ("%gpu_cluster env", r"RANK"),
+    ("%gpu_cluster doctor", r"level.*check"),
+    ("%gpu_cluster bench", r"busbw"),
     ("import tempfile, torch", r"Checkpointer"),
     ("%gpu_checkpoint use", r"c0000000000"),
 ]
@@ -96,25 +101,8 @@ def _source(cell: Any) -> str:
     return "".join(cell.source) if isinstance(cell.source, list) else str(cell.source)
 
 
-@pytest.mark.timeout(600)
-def test_every_view_reads_as_html_in_an_nbconvert_export(tmp_path: Path) -> None:
-    import nbformat
-
-    work = tmp_path / "quickstart.ipynb"
-    _with_every_view(ROOT / "examples" / "quickstart.ipynb", work)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(work), "--timeout", "300"],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    nb = nbformat.read(tmp_path / "quickstart.executed.ipynb", as_version=4)
-    soup = _export(nb)
-    (tmp_path / "quickstart.html").write_text(str(soup))
-    print(f"HTML export: {tmp_path / 'quickstart.html'}")
-
+def _check_export(nb: Any, soup: Any, expected: list[tuple[str, str]]) -> set[str]:
+    """Check every display output of ``nb`` in its export ``soup``; returns the ``expected`` starts found."""
     code = [c for c in nb.cells if c.cell_type == "code"]
     shown = soup.select(".jp-Cell.jp-CodeCell")
     assert len(shown) == len(code), (len(shown), len(code))
@@ -140,11 +128,43 @@ def test_every_view_reads_as_html_in_an_nbconvert_export(tmp_path: Path) -> None
             assert not LEAKS.search(text), f"{src[:60]!r}: {text[:300]!r}"
             assert not o.select("script[type='application/vnd.jupyter.widget-view+json']"), src[:60]
         text = div.select_one(".jp-Cell-outputWrapper").get_text(" ", strip=True)
-        for start, pattern in EXPECTED:
+        for start, pattern in expected:
             if src.startswith(start):
                 assert re.search(pattern, text, re.S), (
                     f"{src[:60]!r}: export lacks {pattern!r}: {text[:500]!r}"
                 )
                 found.add(start)
                 break
+    return found
+
+
+@pytest.mark.timeout(600)
+def test_every_view_reads_as_html_in_an_nbconvert_export(tmp_path: Path) -> None:
+    import nbformat
+
+    work = tmp_path / "quickstart.ipynb"
+    _with_every_view(ROOT / "examples" / "quickstart.ipynb", work)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(work), "--timeout", "300"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    nb = nbformat.read(tmp_path / "quickstart.executed.ipynb", as_version=4)
+    soup = _export(nb)
+    (tmp_path / "quickstart.html").write_text(str(soup))
+    print(f"HTML export: {tmp_path / 'quickstart.html'}")
+
+    found = _check_export(nb, soup, EXPECTED)
     assert found == {s for s, _ in EXPECTED}, f"views never shown: {sorted({s for s, _ in EXPECTED} - found)}"
+
+
+def test_the_committed_cloud_example_reads_as_html() -> None:
+    """examples/cloud_cluster.ipynb is committed with its outputs (dry runs): what GitHub shows of it."""
+    import nbformat
+
+    nb = nbformat.read(ROOT / "examples" / "cloud_cluster.ipynb", as_version=4)
+    found = _check_export(nb, _export(nb), [("%gpu_cluster start --cloud", r"(?i)plan|dry run")])
+    assert found == {"%gpu_cluster start --cloud"}
