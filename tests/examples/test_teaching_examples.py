@@ -165,3 +165,42 @@ def test_workshop_cost_check_prices_the_idle_share_of_every_gpu(capsys: pytest.C
         "Right! GPUs [2, 3] are under-used, and $5.44 an hour of $16.00 pays for GPU time that does no work."
     )
     assert math.isclose(4.0 * (0.04 + 0.07 + 0.65 + 0.60), 5.44)
+
+
+def test_workshop_checkpoint_check_reads_the_bytes_the_last_checkpoint_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from gpu_notebook.checkpoint import Checkpointer
+
+    checks = _workshop_checks()
+    capsys.readouterr()
+    checks["STORE"] = str(tmp_path / "store")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+    ckpt = Checkpointer(checks["STORE"], current=False)
+    for step, layers in (
+        (0, net),
+        (1, net),
+        (2, net),
+        (2, net[-1]),
+    ):  # the last save: only the last layer moved
+        with torch.no_grad():
+            for p in layers.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        ckpt.save({"model": net}, step=step)
+        ckpt.wait()
+        if step:
+            checks["check_exercise_5"]()
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "Not yet: run the exercise cell: it saves the checkpoint of step 2."
+    assert (
+        said[1].startswith("Not yet: the checkpoint of step 2 wrote ")
+        and "every layer still changes" in said[1]
+    )
+    assert (
+        said[2].startswith("Right! the checkpoint of step 2 wrote ")
+        and "only the last layer changed" in said[2]
+    )
+    assert checks["RESULTS"] == {5: True}
