@@ -13,13 +13,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from gpu_notebook import cost
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._run import run_in_background
 from gpu_notebook.cluster._status import (
     ClusterStatus,
     NodeInfo,
@@ -35,6 +36,7 @@ from gpu_notebook.cluster.providers import (
     cloud_spec,
 )
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
+from gpu_notebook.distributed._background import BackgroundCell, refuse_second
 from gpu_notebook.distributed._process_group import nccl_needs_gpus
 
 __all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
@@ -407,6 +409,7 @@ class Cluster:
 
     def _refuse_while_busy(self, doing: str) -> None:
         # ending the workers under a running cell would leave it to rebuild the group at the same time
+        refuse_second(self.group, doing)
         if self.busy:
             raise ClusterError(
                 f"a cell is running on cluster {self.name!r}: {doing} it now would end the workers under that "
@@ -489,6 +492,20 @@ class Cluster:
         return {r: self.log.tail(r, tail) for r in ranks}
 
     # ---- running code ----------------------------------------------------------------------------------------
+    @overload
+    def run(
+        self, code: str, ranks: str | Sequence[int] | None = ..., timeout: float | None = ...,
+        stream: bool = ..., sink: Callable[[str], None] | None = ..., label: str | None = ...,
+        progress: Progress | None = ..., header: str | None = ..., max_result_bytes: int | None = ...,
+        block: Literal[True] = ...,
+    ) -> CellResult: ...  # fmt: skip
+    @overload
+    def run(
+        self, code: str, ranks: str | Sequence[int] | None = ..., timeout: float | None = ...,
+        stream: bool = ..., sink: Callable[[str], None] | None = ..., label: str | None = ...,
+        progress: Progress | None = ..., header: str | None = ..., max_result_bytes: int | None = ...,
+        *, block: Literal[False],
+    ) -> BackgroundCell: ...  # fmt: skip
     def run(
         self,
         code: str,
@@ -500,17 +517,27 @@ class Cluster:
         progress: Progress | None = None,
         header: str | None = None,
         max_result_bytes: int | None = None,
-    ) -> CellResult:
+        block: bool = True,
+    ) -> CellResult | BackgroundCell:
         """Run ``code`` on the selected ranks (all by default): what ``%%distributed`` does.
 
         Output lines stream to ``sink`` (default: this process's stdout) prefixed ``[rank N]``; with
         ``stream=False`` they are collected and available in the result only. ``max_result_bytes``: the most
         a rank's value may take, pickled, for this cell (None: the cluster's limit, 64 MiB by default; 0: no
-        limit); a larger value comes back as a placeholder that says how to fetch it.
+        limit); a larger value comes back as a placeholder that says how to fetch it. ``block=False`` returns
+        a :class:`~gpu_notebook.distributed._background.BackgroundCell` at once (``.get()`` waits for the
+        values); while it runs, another cell on these workers is refused (BusyError).
         """
         self._require_running()
         assert self.group is not None
+        refuse_second(self.group)
         self._cell_counter += 1
+        if not block:
+            return run_in_background(
+                self, code, ranks=ranks, timeout=timeout, sink=sink, header=header,
+                label=label or f"distributed-cell-{self._cell_counter}", name=str(self._cell_counter),
+                max_result_bytes=max_result_bytes,
+            )  # fmt: skip
         if stream and sink is None:
             sink = _stdout_sink
         try:
@@ -544,6 +571,7 @@ class Cluster:
         """
         self._require_running()
         assert self.group is not None
+        refuse_second(self.group)
         try:
             result = self.group.call(fn, args, kwargs, ranks=ranks, timeout=timeout)
         finally:

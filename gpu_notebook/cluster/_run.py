@@ -1,4 +1,5 @@
-"""Run a script file or module on a cluster's ranks as torchrun would: what ``%gpu_run`` does.
+"""Run a script file or module on a cluster's ranks as torchrun would (what ``%gpu_run`` does), and a cell in
+the background (what ``%%distributed --noblock`` does).
 
 The script is found in the notebook's filesystem, sent with the call when a worker may not have it (see
 :mod:`gpu_notebook.distributed._script`), and run on every selected rank through the worker group's ``call``,
@@ -17,11 +18,12 @@ from typing import Any
 from gpu_notebook._display import Progress
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._runtime_env import working_dir_of
-from gpu_notebook.distributed import CellResult
+from gpu_notebook.distributed import CellResult, parse_ranks
+from gpu_notebook.distributed._background import BackgroundCell, refuse_second
 from gpu_notebook.distributed._script import ScriptError, script_for, too_large
 from gpu_notebook.distributed._script import run_script as _run_on_rank
 
-__all__ = ["run_script"]
+__all__ = ["run_in_background", "run_script"]
 
 
 def _stdout(text: str) -> None:
@@ -62,6 +64,7 @@ def run_script(
     script = script_for(
         target, tuple(args), module=module, working_dir=working_dir_of(cluster.options), cwd=os.getcwd()
     )
+    refuse_second(cluster.group, "running a script")
     if not module and script.source is None and script.relpath is None and cluster.kind != "local":
         raise ScriptError(too_large(script))
     try:
@@ -75,3 +78,46 @@ def run_script(
         )
     finally:
         cluster.last_activity = time.time()
+
+
+def run_in_background(
+    cluster: Any,
+    code: str,
+    *,
+    ranks: str | Sequence[int] | None = None,
+    timeout: float | None = None,
+    label: str,
+    name: str,
+    header: str | None = None,
+    max_result_bytes: int | None = None,
+    live: bool = False,
+    sink: Callable[[str], None] | None = None,
+    on_done: Callable[[BackgroundCell], None] | None = None,
+) -> BackgroundCell:
+    """Start ``code`` on the selected ranks in a thread of this process and return its handle at once (what
+    ``%%distributed --noblock`` and ``Cluster.run(block=False)`` do; see :mod:`gpu_notebook.distributed._background`).
+
+    The run is the group's blocking one (output, failures and recovery as a blocking cell's); ``sink`` gets
+    its output when not ``live`` (default: stdout).
+    """
+    group = cluster.group
+    selected = parse_ranks(ranks, cluster.world_size)  # a bad selection fails here, not in the thread
+
+    def start(write: Callable[[str], None]) -> CellResult:
+        try:
+            return group.run(  # type: ignore[no-any-return]
+                code,
+                ranks=selected,
+                timeout=timeout,
+                sink=write,
+                label=label,
+                progress=lambda msg: write(f"{msg}\n"),
+                header=header,
+                max_result_bytes=max_result_bytes,
+            )
+        finally:
+            cluster.last_activity = time.time()
+
+    return BackgroundCell(
+        name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done
+    )

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _placement, _quiet, _recovery, _remains
+from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
@@ -121,6 +121,7 @@ class WorkerGroup:
         self._seqs: dict[int, int] = {}
         self.started_at: float | None = None
         self.busy = False
+        self.current_run: CellRun | None = None  # the running cell's record (background cells read it)
         self._stopping: str | None = None  # set by stop(): why the group is going away (a running cell ends)
 
     # ---- the ranks ---------------------------------------------------------------------------------------------
@@ -331,19 +332,7 @@ class WorkerGroup:
     # ---- status ------------------------------------------------------------------------------------------------
     def alive(self, timeout: float = 2.0) -> list[bool]:
         """Whether each rank's process answers (the control group answers even while a cell runs)."""
-        ray = _ray()
-        refs = [w.actor.ping.remote() for w in self.workers]
-        out = []
-        for rank, ref in enumerate(refs):
-            if rank in self._dead:
-                out.append(False)
-                continue
-            try:
-                ray.get(ref, timeout=timeout)
-                out.append(True)
-            except Exception:  # noqa: BLE001 - no answer, whatever Ray says why, is "not alive"
-                out.append(False)
-        return out
+        return _batch.alive(self.workers, self._dead, timeout)
 
     def drain(self) -> None:
         """Pull whatever the workers printed since the last drain into the driver-side log."""
@@ -443,23 +432,9 @@ class WorkerGroup:
     def _drain(
         self, ranks: Sequence[int], streamer: Streamer, workers: Sequence[Worker] | None = None
     ) -> int:
-        """Fetch what the ranks printed since the last drain; returns how many characters came."""
-        ray = _ray()
-        workers = self.workers if workers is None else workers
-        live = [r for r in ranks if r not in self._dead and r < len(workers)]
-        try:
-            refs = [workers[r].actor.drain_output.remote() for r in live]
-        except Exception:  # noqa: BLE001 - Ray itself is going away (the cluster is being stopped)
-            return 0
-        got = 0
-        for rank, ref in zip(live, refs, strict=True):
-            try:
-                text = ray.get(ref, timeout=5)
-            except Exception:  # noqa: BLE001 - a dead worker is handled by the caller
-                continue
-            got += len(text or "")
-            streamer.feed(rank, text)
-        return got
+        """Fetch what the ranks printed since the last drain (one batched call); returns how many characters
+        came."""
+        return _batch.drain(self.workers if workers is None else workers, ranks, self._dead, streamer)
 
     def _execute(
         self,
@@ -486,7 +461,7 @@ class WorkerGroup:
         )
         run.last_drain, run.drain_every = run.start, DRAIN_MIN_S
         run.pending = {submit(workers[r].actor): r for r in selected}
-        self.busy = True
+        self.busy, self.current_run = True, run
         try:  # a death of these ranks is this cell's to report, not Ray's (see _quiet)
             with _quiet.deaths_reported_by_the_cell(workers[r].pid for r in selected):
                 self._wait(run, timeout)
@@ -494,12 +469,12 @@ class WorkerGroup:
                     # the ranks replied (the stop's interrupt ended them) or died because the group was stopped
                     run.stopped = self._stopping
                 stuck = sorted(run.pending.values())  # ranks that never came back
-                self._drain([r for r in selected if r not in stuck] + stuck, run.streamer, workers)
+                self._drain(stuck, run.streamer, workers)  # a reply brought its rank's output with it
                 for rank in selected:
                     run.streamer.finish(rank)
                 notes = self._conclude(run, stuck, say)
         finally:
-            self.busy = False
+            self.busy, self.current_run = False, None
         return run.result(notes)
 
     def _wait(self, run: CellRun, timeout: float | None) -> None:
@@ -536,7 +511,7 @@ class WorkerGroup:
             raise
         run.poll = min(run.poll * 2, 0.1)
         now = time.monotonic()
-        if ready or now - run.last_drain >= run.drain_every:
+        if now - run.last_drain >= run.drain_every:  # (a reply brings its rank's output with it)
             got = self._drain(run.selected, run.streamer, run.workers)
             run.last_drain = now
             run.drain_every = DRAIN_MIN_S if got else min(2 * run.drain_every, DRAIN_MAX_S)
@@ -580,7 +555,9 @@ class WorkerGroup:
             return
         except Exception as exc:  # noqa: BLE001 - any other Ray error is this rank's failure, not the cell's
             run.failures[rank] = _recovery.unreturned_failure(rank, exc)
+            self._drain([rank], run.streamer, run.workers)  # its output did not come with its reply
             return
+        run.streamer.feed(rank, out.pop("output", ""))
         seq = out.get("seq")
         if isinstance(seq, int):
             self._seqs[rank] = seq

@@ -5,8 +5,8 @@ across cells (like an ipyparallel engine) in a real ``__main__`` module (see :mo
 subprocesses; see :mod:`._capture`) into a buffer the driver drains while a cell runs, and joins the
 ``torch.distributed`` process group once (see :mod:`._process_group`).
 
-Two concurrency groups: ``exec`` (one thread) runs cells in order; ``ctl`` serves output draining, interrupts
-and status while a cell runs.
+Two concurrency groups: ``exec`` (one thread) runs cells in order; ``ctl`` serves output draining, interrupts,
+push, pull and status while a cell runs.
 
 What a cell sends back is made safe for the notebook first: torch tensors are moved to the CPU (the notebook
 may have no GPU), values that cannot be pickled become :class:`Unpicklable`, and values over a size limit
@@ -48,9 +48,10 @@ _OUR_FILES = frozenset(
 )
 
 # Ray reads this attribute (what ``@ray.method(concurrency_group=...)`` sets) when the class becomes an actor;
-# setting it directly keeps ray out of this module's imports.
-_CTL = ("meta", "free_port", "ping", "drain_output", "interrupt")
-_EXEC = ("init_process_group", "run_cell", "call", "push", "pull", "shutdown")
+# setting it directly keeps ray out of this module's imports. push and pull are control calls: they work while a
+# cell runs (a background cell).
+_CTL = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull")
+_EXEC = ("init_process_group", "run_cell", "call", "shutdown")
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
 
@@ -77,6 +78,7 @@ class CellReply(TypedDict, total=False):
     traceback: str
     cell_lines: list[int]  # the cell's line numbers in the traceback, innermost last
     seq: int | None  # collectives this rank has issued on the default group (None: no group)
+    output: str  # what the rank printed since the last drain: the driver needs no drain call after a reply
 
 
 @dataclass(frozen=True)
@@ -299,6 +301,7 @@ class RankWorker:
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
         if status == 0:
             self._capture.write("exited with code 0 (the cell ended there; the worker keeps its state)\n")
+        result["output"] = self._capture.drain()
         return result
 
     def _end_exec(self, tid: int) -> None:

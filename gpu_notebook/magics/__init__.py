@@ -40,7 +40,7 @@ MAGICS = (
         "gpu_notebook.magics._distributed",
         "DistributedMagics",
         "ray",
-        line=("gpu_push", "gpu_pull"),
+        line=("gpu_push", "gpu_pull", "gpu_result"),
         cell=("distributed",),
     ),
     MagicsPart("gpu_notebook.magics._run", "RunMagics", "ray", line=("gpu_run",)),

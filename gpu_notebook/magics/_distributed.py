@@ -1,9 +1,12 @@
-"""``%%distributed``, ``%gpu_push`` and ``%gpu_pull``: run cells on every rank, move variables (thin magics)."""
+"""``%%distributed``, ``%gpu_result``, ``%gpu_push`` and ``%gpu_pull``: run cells on every rank (also in the
+background), move variables (thin magics)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -11,7 +14,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cluster import get_manager
+from gpu_notebook.cluster._run import run_in_background
 from gpu_notebook.distributed import format_ranks, parse_ranks
+from gpu_notebook.distributed._background import BackgroundCell, BusyError, find, refuse_second
 from gpu_notebook.magics._args import duration, identifier, name, rank_list, rank_number, size
 from gpu_notebook.magics._common import (
     MagicError,
@@ -41,6 +46,15 @@ def cell_syntax_error(exc: SyntaxError) -> CellSyntaxError:
 def target_cluster(args: Any) -> Any:
     """The cluster a rank-targeting magic runs on: ``--cluster NAME``, else the current one."""
     return get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+
+
+@contextlib.contextmanager
+def busy_is_usage() -> Iterator[None]:
+    """A cell sent to workers running a background cell is the user's mistake: a UsageError saying what runs."""
+    try:
+        yield
+    except BusyError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def print_buffered(result: Any) -> None:
@@ -174,9 +188,15 @@ class DistributedMagics(Magics):
         metavar="SIZE",
         help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)",
     )
+    @argument(
+        "--noblock",
+        action="store_true",
+        help="return at once with a handle (.ready(), .wait(), .get(), .cancel()); the output keeps streaming "
+        "into this cell while other cells run; %%gpu_result waits and shows the values",
+    )
     @no_var_expand
     @cell_magic
-    def distributed(self, line: str, cell: str) -> None:
+    def distributed(self, line: str, cell: str) -> BackgroundCell | None:
         """Run the cell on every worker as one PyTorch distributed job.
 
         torch.distributed is initialised (NCCL on GPUs, gloo on CPUs), the torchrun variables (RANK,
@@ -193,11 +213,18 @@ class DistributedMagics(Magics):
 
         In [2]: %%distributed --workers 0 -o loss --timeout 60
            ...: compute_loss()
+
+        In [3]: %%distributed --noblock -o losses
+           ...: train(epochs=10)
+        In [4]: %gpu_pull step          # allowed while it runs; %gpu_result waits for it
         """
         args = parse(self.distributed, line)
         with reported(self.distributed):
             self._check_syntax(cell)
-            self._run(args, line, cell)
+            if args.noblock:
+                return self._run_background(args, line, cell)
+            with busy_is_usage():
+                self._run(args, line, cell)
         return None
 
     def _check_syntax(self, cell: str) -> None:
@@ -245,6 +272,101 @@ class DistributedMagics(Magics):
             if hint:
                 result.note = f"{result.note}\n{hint}" if result.note else hint
         conclude(result, cluster.world_size)
+
+    def _run_background(self, args: Any, line: str, cell: str) -> BackgroundCell:
+        """Start the cell in a thread and return its handle, shown as a view the thread keeps updating."""
+        if args.no_stream:
+            raise UsageError("--no-stream and --noblock: a background cell's output is kept in its handle")
+        cluster = target_cluster(args)
+        if not cluster.running or cluster.group is None:
+            raise UsageError(f"cluster {cluster.name!r} is not running: start it with %gpu_cluster start")
+        with busy_is_usage():
+            refuse_second(cluster.group)
+        count = getattr(self.shell, "execution_count", None)
+        count = count - 1 if isinstance(count, int) else None  # IPython counts the cell before running it
+        ns, out = self._ns, args.out
+
+        def bind(bg: BackgroundCell) -> None:  # -o NAME: set when the values are back (as a blocking cell's)
+            if out and bg.result is not None and (len(bg.result.values) or not bg.result.failures):
+                ns[out] = bg.result.values
+
+        with usage_errors(ValueError):  # a bad --workers selection
+            return run_in_background(
+                cluster,
+                cell,
+                ranks=args.workers,
+                timeout=args.timeout,
+                label=f"cell In[{count}]" if count is not None else "background-cell",
+                name=str(count) if count is not None else f"bg{id(cell) % 10000}",
+                header=f"%%distributed {line}".rstrip(),
+                max_result_bytes=args.max_result,
+                live=getattr(self.shell, "kernel", None) is not None,  # a Jupyter kernel: update the view
+                on_done=bind,
+            )
+
+    @magic_arguments()
+    @argument(
+        "name",
+        nargs="?",
+        type=name("background cell"),
+        help="the background cell: its In[] number (default: the latest)",
+    )
+    @argument(
+        "--timeout",
+        "-t",
+        type=duration(zero_is_no_limit=True),
+        metavar="SECONDS",
+        help="wait at most this long (default and 0: until it ends)",
+    )
+    @argument(
+        "--cancel", action="store_true", help="interrupt its ranks first (the workers keep their state)"
+    )
+    @argument(
+        "-o",
+        "--out",
+        type=identifier(),
+        metavar="NAME",
+        help="store the per-rank values in this notebook variable",
+    )
+    @line_magic
+    def gpu_result(self, line: str) -> None:
+        """Wait for a background cell (``%%distributed --noblock``) and show its values, or its failure.
+
+        The stop button stops the wait, not the cell: ``--cancel`` interrupts the cell's ranks.
+
+        Examples
+        --------
+        In [5]: %gpu_result
+        In [6]: %gpu_result 3 --timeout 60 -o losses
+        In [7]: %gpu_result 3 --cancel
+        """
+        args = parse(self.gpu_result, line)
+        with reported(self.gpu_result, strip_quotes=True):
+            try:
+                bg = find(args.name)
+            except LookupError as exc:
+                raise UsageError(str(exc.args[0])) from None
+            if args.cancel and bg.cancel():
+                print(f"cancelling background cell {bg.name}: its ranks were interrupted")
+            deadline = time.monotonic() + args.timeout if args.timeout else None
+            try:
+                while not bg.wait(0.1):  # short waits: the stop button ends the wait at once
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise MagicError(f"{bg.busy_message('waiting')} (still running after --timeout)")
+            except KeyboardInterrupt:
+                print(f"stopped waiting; background cell {bg.name} still runs", file=sys.stderr)
+                return None
+            bg.refresh()  # the cell that started it shows the end now, while this cell runs
+            if bg.error is not None:
+                raise bg.error
+            result = bg.result
+            assert result is not None
+            if args.out and (len(result.values) or not result.failures):
+                self._ns[args.out] = result.values
+            if result.values:
+                _show_values(dict(result.values.items()))
+            conclude(result, bg.world_size)
+        return None
 
     @magic_arguments()
     @argument("names", nargs="+", type=identifier(), help="notebook variables to send to every worker")
