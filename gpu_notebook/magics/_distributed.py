@@ -216,7 +216,8 @@ class DistributedMagics(Magics):
 
         In [3]: %%distributed --noblock -o losses
            ...: train(epochs=10)
-        In [4]: %gpu_pull step          # allowed while it runs; %gpu_result waits for it
+        In [4]: %gpu_pull step
+        In [5]: %gpu_result
         """
         args = parse(self.distributed, line)
         with reported(self.distributed):
