@@ -148,6 +148,11 @@ def _rank_opts() -> list[Opt]:
     out += [
         Opt("distributed", "", "--out", "text"),
         Opt("distributed", "", "--max-result", "number"),
+        Opt("distributed", "", "--noblock", "flag"),
+        Opt("gpu_result", "", "--timeout", "number"),
+        Opt("gpu_result", "", "--cancel", "flag"),
+        Opt("gpu_result", "", "--out", "text"),
+        Opt("gpu_result", "", "", "text"),
         Opt("gpu_run", "", "--module", "flag"),
         Opt("gpu_push", "x", "--workers", "text"),
         Opt("gpu_pull", "x", "--rank", "number"),
