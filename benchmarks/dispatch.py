@@ -13,7 +13,14 @@ Alternatives that are not installed are printed as skipped. Also printed: the ti
 the first finished cell, and the training throughput of the same DDP loop under ``%%distributed`` and under
 ``torchrun --nproc_per_node 2`` (interleaved rounds, ratio; target within 3%).
 
+With ``--sizes 2,4,8`` it prints instead, per world size, the warm ``%%distributed`` cell, the same cell as
+``%%px`` on as many engines, a bare Ray actor round trip to as many actors (``ray.get`` of one trivial call to
+each) and the all_reduce itself (timed on the ranks): medians of interleaved runs with their spread (the 10th
+to 90th percentile), and the targets (8 workers within 3x round trip + all_reduce; at least 1.8x faster than
+``%%px`` at every size). ``--profile`` adds where the driver's time goes in a warm cell at the largest size.
+
 Usage: .venv/bin/python benchmarks/dispatch.py [--quick] [--reps 30] [--skip-ray-train]
+       .venv/bin/python benchmarks/dispatch.py --sizes 2,4,8 [--reps 20] [--profile]
 """
 
 from __future__ import annotations
@@ -64,10 +71,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _timed_cell(ip, src: str, check: bool = False) -> float:
+def _timed_cell(ip, src: str, check: bool = False, world: int = 2) -> float:
     """Run one notebook cell through the shell, output captured (not printed), and return its wall time.
 
-    ``check``: also require that both ranks' value (2.0, the all_reduce of two ones) was displayed.
+    ``check``: also require that the ranks' value (``world``.0, the all_reduce of ones) was displayed.
     """
     from IPython.utils.capture import capture_output
 
@@ -79,8 +86,10 @@ def _timed_cell(ip, src: str, check: bool = False) -> float:
         raise RuntimeError(
             f"cell failed: {src.splitlines()[0]}: {res.error_before_exec or res.error_in_exec}"
         )
-    if check and "2.0" not in out.stdout + "".join(str(o.data) for o in out.outputs):
-        raise RuntimeError(f"{src.splitlines()[0]} did not show the all_reduce result 2.0: {out.stdout!r}")
+    if check and f"{world}.0" not in out.stdout + "".join(str(o.data) for o in out.outputs):
+        raise RuntimeError(
+            f"{src.splitlines()[0]} did not show the all_reduce result {world}.0: {out.stdout!r}"
+        )
     return dt
 
 
@@ -95,26 +104,26 @@ def start_ours(ip):
     return get_manager().require_current(), time.perf_counter() - t0
 
 
-def start_ipyparallel(ip):
-    """An ipyparallel cluster of 2 engines started once (as its docs recommend), ``%px`` magics activated on a
-    blocking view of all engines, and a gloo process group formed on the engines so ``%%px`` runs the same cell
-    as ``%%distributed``. Returns (ipp.Cluster, client)."""
+def start_ipyparallel(ip, n: int = 2):
+    """An ipyparallel cluster of ``n`` engines started once (as its docs recommend), ``%px`` magics activated on
+    a blocking view of all engines, and a gloo process group formed on the engines so ``%%px`` runs the same
+    cell as ``%%distributed``. Returns (ipp.Cluster, client)."""
     import ipyparallel as ipp
 
-    cluster = ipp.Cluster(n=2, log_level=40)
+    cluster = ipp.Cluster(n=n, log_level=40)
     rc = cluster.start_and_connect_sync()
-    rc.wait_for_engines(2, timeout=120)
+    rc.wait_for_engines(n, timeout=300)
     port = _free_port()
     ars = [
         rc[i].execute(
             f"import torch.distributed as dist\ndist.init_process_group('gloo', "
-            f"init_method='tcp://127.0.0.1:{port}', rank={i}, world_size=2)",
+            f"init_method='tcp://127.0.0.1:{port}', rank={i}, world_size={n})",
             block=False,
         )
-        for i in range(2)
+        for i in range(n)
     ]
     for ar in ars:
-        ar.get(timeout=120)
+        ar.get(timeout=300)
     view = rc[:]
     view.block = True
     view.activate()  # registers %px / %%px on this shell, as the docs show
@@ -306,6 +315,117 @@ def bench_ddp(cluster, steps: int, rounds: int) -> tuple[float, float, list[floa
     )
 
 
+def _spread(samples: list[float]) -> str:
+    """The 10th..90th percentile of ``samples`` (seconds), in ms."""
+    q = statistics.quantiles(samples, n=10) if len(samples) > 1 else samples * 9
+    return f"{q[0] * 1000:.1f}..{q[-1] * 1000:.1f}"
+
+
+class Echo:
+    """A bare Ray actor: the round trip that every per-rank call pays at least."""
+
+    def ping(self) -> int:
+        return 1
+
+
+def _allreduce_alone_s(cluster, n: int = 200) -> float:
+    """The all_reduce itself, timed on the ranks (the slowest rank's median of ``n``), in seconds."""
+    code = (
+        "import statistics, time, torch, torch.distributed as dist\n_t = torch.ones(1)\n_s = []\n"
+        f"for _ in range({n}):\n    _a = time.perf_counter(); dist.all_reduce(_t); "
+        "_s.append(time.perf_counter() - _a)\nstatistics.median(_s)\n"
+    )
+    res = cluster.run(code, stream=False)
+    assert res.ok, res.failures
+    return max(res.values[r] for r in res.ranks)
+
+
+def bench_size(ip, n: int, reps: int, profile: bool) -> dict[str, list[float]]:
+    """Interleaved samples (seconds) at ``n`` workers: ``%%distributed``, ``%%px``, a bare Ray round trip to
+    ``n`` actors; plus "allreduce" (one value, timed on the ranks)."""
+    import ray
+
+    from gpu_notebook.cluster import get_manager
+
+    ip.run_line_magic("gpu_cluster", f"start --name bench{n} --workers {n} --cpus-per-worker 0.5")
+    cluster = get_manager().require_current()
+    actors = [ray.remote(num_cpus=0)(Echo).remote() for _ in range(n)]
+    ray.get([a.ping.remote() for a in actors])
+    ipp_cluster = None
+    try:
+        calls = {"ours": lambda check=False: _timed_cell(ip, "%%distributed\n" + CELL, check, n)}
+
+        def ray_rt(check: bool = False) -> float:
+            t = time.perf_counter()
+            ray.get([a.ping.remote() for a in actors])
+            return time.perf_counter() - t
+
+        calls["ray"] = ray_rt
+        if installed("ipyparallel"):
+            ipp_cluster, _rc = start_ipyparallel(ip, n)
+            calls["px"] = lambda check=False: _timed_cell(ip, "%%px\n" + CELL, check, n)
+        for i in range(3):
+            for call in calls.values():
+                call(check=i == 0)
+        samples: dict[str, list[float]] = {k: [] for k in calls}
+        order = list(calls)
+        for _ in range(reps):
+            for key in order:
+                samples[key].append(calls[key]())
+            order.reverse()
+        samples["allreduce"] = [_allreduce_alone_s(cluster)]
+        if profile:
+            import cProfile
+            import pstats
+
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(reps):
+                _timed_cell(ip, "%%distributed\n" + CELL)
+            prof.disable()
+            print(f"\nwhere the driver's time goes: {reps} warm cells at {n} workers (cumulative, top 25)")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    finally:
+        if ipp_cluster is not None:
+            ipp_cluster.stop_cluster_sync()
+        for a in actors:
+            ray.kill(a)
+        ip.run_line_magic("gpu_cluster", f"stop bench{n}")
+    return samples
+
+
+def main_sizes(sizes: list[int], reps: int, profile: bool) -> None:
+    import ray
+    from IPython.testing.globalipapp import start_ipython
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "gpu_notebook")
+    results = {}
+    for n in sizes:
+        results[n] = bench_size(ip, n, reps, profile and n == max(sizes))
+        print(f"  {n} workers done", flush=True)
+    print()
+    print(
+        f"Warm all_reduce cell by world size (gloo, CPU workers; medians of {reps} interleaved runs, "
+        f"10th..90th percentile in brackets; this machine has {os.cpu_count()} cores)"
+    )
+    head = f"{'workers':>7} {'%%distributed':>22} {'%%px':>22} {'Ray round trip':>20} {'all_reduce':>10}"
+    print(head + f" {'vs %%px':>8} {'vs 3x(rt+ar)':>13}")
+    for n, s in results.items():
+        ours, rt, ar = median_ms(s["ours"]), median_ms(s["ray"]), s["allreduce"][0] * 1000
+        px = f"{median_ms(s['px']):7.2f} ms [{_spread(s['px'])}]" if "px" in s else "skipped"
+        speedup = f"{median_ms(s['px']) / ours:7.2f}x" if "px" in s else "-"
+        print(
+            f"{n:>7} {ours:7.2f} ms [{_spread(s['ours'])}] {px:>22} {rt:6.2f} ms [{_spread(s['ray'])}] "
+            f"{ar:7.3f} ms {speedup:>8} {ours / (3 * (rt + ar)):12.2f}x"
+        )
+    print(
+        "targets: %%distributed at least 1.8x faster than %%px at every size; at 8 workers within 3x "
+        "(Ray round trip + all_reduce), i.e. the last column at most 1.00"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -320,7 +440,14 @@ def main() -> None:
     parser.add_argument("--skip-ray-train", action="store_true")
     parser.add_argument("--steps", type=int, help="DDP training steps per throughput round (default 150)")
     parser.add_argument("--rounds", type=int, help="interleaved DDP throughput rounds (default 5; --quick 3)")
+    parser.add_argument("--sizes", help="comma-separated world sizes: the dispatch table by size only")
+    parser.add_argument("--profile", action="store_true", help="--sizes: profile the driver at the largest")
     args = parser.parse_args()
+    if args.sizes:
+        main_sizes(
+            [int(x) for x in args.sizes.split(",")], args.reps or (10 if args.quick else 20), args.profile
+        )
+        return
     reps = args.reps or (10 if args.quick else 30)
     train_reps = args.train_reps or (1 if args.quick else 2)
     steps = args.steps or 150
