@@ -3,6 +3,7 @@ shared by two journeys in one subprocess (it needs its own Ray, whose start is t
 
 * the lead's ``Cluster(cloud="aws")`` end to end, offline: launch against moto with recorded SSH, the worker group
   on the local multi-node Ray standing in for the cloud head, then ``stop`` ending in a verified teardown;
+* a cloud cluster whose budget runs out: priced from the catalog, stopped, torn down (no second teardown);
 * then rank placement by node, per-rank GPU visibility, and recovery from a lost node (last: it removes a node).
 """
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(420)
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys, tempfile
+    import json, os, sys, tempfile, time
     from ray.cluster_utils import Cluster as RayTestCluster
     from gpu_notebook import Cluster
     from gpu_notebook.cloud import CloudLauncher, list_states
@@ -70,6 +71,32 @@ SCRIPT = textwrap.dedent(
         cloud["after"] = aws_leftovers(c.name, "us-east-1")
         cloud["saved_after"] = [s.name for s in list_states()]
 
+        # 1b) a budget that runs out on a cloud cluster: priced from the catalog, stopped, torn down, verified
+        from gpu_notebook.cost import cost_meter_for, watcher_for
+
+        c = Cluster(name="gnb-budget", cloud="aws", region="us-east-1", gpu="T4:1", workers=1,
+                    cpus_per_worker=0.5, gpus_per_worker=1, backend="gloo", budget=0.0001)
+        c.start(progress=lambda m: None)
+        meter = cost_meter_for(c)
+        snap = meter.snapshot()
+        budget = {"rate": snap.usd_per_hour, "labels": sorted(n["label"] for n in snap.nodes)}
+        deadline = time.monotonic() + 20
+        while meter.spent() <= 0.0001 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        budget["spent"] = meter.spent()
+        w = watcher_for(c)
+        budget["tick"] = w.tick()  # what the watcher thread does every 10 s (it may have done it already)
+        budget["policy"] = [p.message for p in w.policies]
+        budget["spent_after"] = meter.spent()
+        budget["state"] = c.state
+        budget["left"] = [x["kind"] for x in aws_leftovers(c.name, "us-east-1")]
+        budget["saved"] = [s.name for s in list_states()]
+        time.sleep(0.5)
+        budget["lease"] = lease_path(c.name).exists()
+        budget["reaper_log"] = log_path(c.name).read_text() if log_path(c.name).exists() else ""
+        if c.state == "running":  # the budget did not stop it: clean up, then report
+            c.stop()
+
     # 2) placement by node and the loss of a node, on the same raylets
     multi = {}
     c = Cluster(address=fake.address, workers=2, cpus_per_worker=0.5, gpus_per_worker=1, backend="gloo",
@@ -89,7 +116,7 @@ SCRIPT = textwrap.dedent(
     multi["after"] = list(res.values)
     c.stop()
     fake.shutdown()
-    print("RESULT " + json.dumps({"cloud": cloud, "multinode": multi}), flush=True)
+    print("RESULT " + json.dumps({"cloud": cloud, "budget": budget, "multinode": multi}), flush=True)
     """
 )
 
@@ -150,3 +177,23 @@ def test_ranks_by_node_gpu_visibility_and_node_loss(result: tuple[dict[str, Any]
     assert (1, "died") in [tuple(f) for f in out["failures"]]
     assert "Rebuilding the group failed" in out["note"] and "%gpu_cluster scale 2" in out["note"]
     assert "scaled" in out["scale"] and out["after"] == [1]
+
+
+def test_budget_on_a_cloud_cluster_prices_its_instances_and_stops_it(
+    result: tuple[dict[str, Any], list[str]],
+) -> None:
+    out = result[0]["budget"]
+    # head m5.xlarge (0.192 USD/h) + the cluster's two GPU nodes as g4dn.xlarge on demand, from the catalog
+    g4dn, m5 = "aws g4dn.xlarge us-east-1 on-demand", "aws m5.xlarge us-east-1 on-demand"
+    assert out["labels"] == [g4dn, g4dn, m5]
+    assert out["rate"] == pytest.approx(0.192 + 2 * 0.526, rel=0.01)
+    assert out["spent"] > 0.0001
+    assert out["state"] == "stopped"  # the budget stop ran ...
+    assert any(
+        m.startswith("budget of $0.00 reached") and m.endswith("workers stopped")
+        for m in out["tick"] + out["policy"]
+    ), out
+    assert out["spent_after"] > 0.0001  # ... and the cost shown is not $0
+    assert out["left"] == [] and out["saved"] == []  # ... ending in a verified teardown
+    assert out["lease"] is False and "released" in out["reaper_log"]
+    assert "tearing it down" not in out["reaper_log"]  # the reaper did not tear down a second time
