@@ -120,7 +120,9 @@ NOTEBOOK_CELLS = [
 ]
 
 
-def test_in_a_kernel_the_output_lands_in_the_cell_that_started_it(ray_session, tmp_path: pathlib.Path) -> None:
+def test_in_a_kernel_the_output_lands_in_the_cell_that_started_it(
+    ray_session, tmp_path: pathlib.Path
+) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     address = ray_session.get_runtime_context().gcs_address
