@@ -14,10 +14,13 @@ from gpu_notebook.distributed._output import KeptLines, RankLog, Streamer
 
 pytestmark = pytest.mark.timeout(240)
 
+# in 20 writes of 50,000 lines, a moment apart: the notebook drains them as they come (a rank's own buffer
+# drops the oldest past 8 MB between two drains, which one write of 12 MB would reach at once)
 _MILLION = (
-    "import sys\n"
-    "for chunk in range(10):\n"
-    "    sys.stdout.write(''.join(f'line {chunk * 100_000 + i}\\n' for i in range(100_000)))\n"
+    "import sys, time\n"
+    "for chunk in range(20):\n"
+    "    sys.stdout.write(''.join(f'line {chunk * 50_000 + i}\\n' for i in range(50_000)))\n"
+    "    time.sleep(0.05)\n"
     "print('the end')\n"
 )
 
