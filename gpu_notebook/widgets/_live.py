@@ -3,8 +3,9 @@
 A live view is a cached view of one library object (a monitor, a cost meter): stock ipywidgets in ``self.box``
 that a daemon thread refreshes every ``interval`` seconds, so the kernel stays free for cells. Its mime bundle
 carries ``text/plain`` and a static ``text/html`` snapshot next to the widget view, so a saved notebook (or a
-front end without the widget manager) shows the last numbers instead of an empty box; :meth:`LiveView.stop`
-replaces a view shown with :meth:`LiveView.show` by that snapshot.
+front end without the widget manager) shows the last numbers instead of an empty box; :meth:`LiveView.stop`,
+and the end of the refresh thread when the object shown ends (its cluster or monitor stopped), replace a view
+shown with :meth:`LiveView.show` by that snapshot.
 
 Every comm message a view's widgets send is counted in a :class:`RateCap` (``self.rate``), which is how the
 views keep to their message budget.
@@ -186,6 +187,7 @@ class LiveView:
             except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
                 pass
             if last:
+                self._leave_snapshot()
                 break
 
     @property
@@ -211,8 +213,18 @@ class LiveView:
         self._thread = None
         with _LIVE_LOCK:
             _LIVE.discard(self)
-        if snapshot and self._handle is not None:
+        if snapshot:
+            self._leave_snapshot()
+
+    def _leave_snapshot(self) -> None:
+        """Replace a view shown with :meth:`show` by its static snapshot (a saved notebook, or one exported
+        without widget state, then shows the last numbers instead of "Loading widget...")."""
+        if self._handle is None:
+            return
+        try:
             self._handle.update(Static(self.snapshot_html(), self.snapshot_text()))
+        except Exception:  # noqa: BLE001 - a display problem must never reach the user's cells
+            pass
 
     def close(self) -> None:
         """Stop refreshing and close the widgets (their browser views go away); the object shown keeps running."""
