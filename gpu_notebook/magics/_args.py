@@ -54,15 +54,39 @@ __all__ = [
 ArgParser = Callable[[str], Any]
 
 
-def split(line: str) -> list[str]:
-    """A magic's line split as a POSIX shell splits it: quotes group words and are removed.
+def _comment_start(line: str) -> int:
+    """Where a shell comment starts in ``line``: at a ``#`` that begins an unquoted word (else ``len(line)``).
 
-    >>> split('use "runs/my store" --path \\'a b.csv\\'')
-    ['use', 'runs/my store', '--path', 'a b.csv']
+    As in a POSIX shell, a ``#`` inside a word (a URL fragment, ``run#3``) or inside quotes is text.
     """
+    quote, escaped = "", False
+    for i, ch in enumerate(line):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'" and os.name != "nt":
+            escaped = True
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            return i
+    return len(line)
+
+
+def split(line: str) -> list[str]:
+    """A magic's line split as a POSIX shell splits it: quotes group words and are removed, and a ``#`` that
+    begins a word starts a comment (``%gpu_cluster list  # which ones?`` lists).
+
+    >>> split('use "runs/my store" --path \\'a b.csv\\'  # a comment')
+    ['use', 'runs/my store', '--path', 'a b.csv']
+    >>> split('use s3://bucket/run#3 --name "#1"')
+    ['use', 's3://bucket/run#3', '--name', '#1']
+    """
+    line = line[: _comment_start(line)]
     lex = shlex.shlex(line, posix=True)
     lex.whitespace_split = True
-    lex.commenters = ""  # a '#' is part of a value (a URL fragment, a name), not a comment
+    lex.commenters = ""  # comments are cut above: a '#' inside a word is part of a value
     if os.name == "nt":
         lex.escape = ""  # C:\data\x.csv is a path there, not escapes
     try:

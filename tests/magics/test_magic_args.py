@@ -154,6 +154,18 @@ def test_a_quoted_path_with_a_space_is_written_there(shell, tmp_path, monkeypatc
     assert "wrote a b.csv" in shown
 
 
+def test_a_hash_that_begins_a_word_starts_a_comment_as_in_a_shell(shell) -> None:
+    """The docs' own lines end in ``# comments``: they were passed to the magic as arguments (``list  # x`` failed;
+    ``prometheus --port 9400  # --host 0.0.0.0 ...`` bound every interface)."""
+    args = parse(magic(shell, "gpu_monitor"), "prometheus --port 9400  # --host 0.0.0.0 to share it")
+    assert args.port == 9400 and args.host != "0.0.0.0"
+    exc, shown = run(shell, "%gpu_cluster list  # which clusters run?")
+    assert exc is None, shown
+    # a '#' inside a word or inside quotes is text, as in a shell
+    args = parse(magic(shell, "gpu_checkpoint"), 'use s3://bucket/run#3 --store "#1 store"')
+    assert args.ids == ["s3://bucket/run#3"] and args.store == "#1 store"
+
+
 def test_an_unclosed_quote_is_a_usage_error(shell) -> None:
     exc, shown = run(shell, '%gpu_cluster start --name "abc')
     assert type(exc) is UsageError and "No closing quotation" in shown and "Traceback" not in shown
