@@ -197,6 +197,7 @@ class MonitorWidget(LiveView):
         self._date_axes: dict[str, str] = {}
         self._traces: list[tuple[str, str, Any]] = []
         self._waiting = False  # the charts show WAITING: no sample has arrived yet
+        self._colours: dict[str, str] = {}  # trace name -> its colour on every chart, kept across rebuilds
         self._advice_at = -math.inf
         self.header = W.HTML(value=self._header_html())
         self.fig = self._build_figure()
@@ -241,6 +242,13 @@ class MonitorWidget(LiveView):
         if kind == "node":
             return f"{node[:8]} (mean)" if idx is None else node[:8]  # GPU mean per node, or host metrics
         return f"cluster {node}"
+
+    def _colour(self, name: str) -> str:
+        """The colour of trace ``name`` on every chart (plotly would give each chart's n-th line the n-th)."""
+        from plotly.colors import qualitative
+
+        palette = qualitative.Plotly + qualitative.D3  # 20: the default max_traces lines stay distinct
+        return self._colours.setdefault(name, palette[len(self._colours) % len(palette)])
 
     def _rows(self, plan: tuple[Any, ...]) -> list[tuple[str, str]]:
         mode, _, heat = plan
@@ -297,8 +305,8 @@ class MonitorWidget(LiveView):
                         mode="lines",
                         name=self._label(key),
                         legendgroup=str(i),
-                        showlegend=(r == 1),
-                        line={"width": 1.5},
+                        showlegend=(r == 1),  # one legend: the first chart's entries toggle every chart
+                        line={"width": 1.5, "color": self._colour(self._label(key))},
                     ),
                     row=r,
                     col=1,
