@@ -138,12 +138,43 @@ def _check_export(nb: Any, soup: Any, expected: list[tuple[str, str]]) -> set[st
     return found
 
 
+def _quickstart_checks(stdout: str, nb: Any, code_cells: int) -> None:
+    """What the quickstart itself must show: every cell ran, both ranks, training, the saved monitor and cost."""
+    assert f"{code_cells}/{code_cells} code cells executed" in stdout, stdout[-2000:]
+    assert "SUMMARY: 2 workers trained a DDP model" in stdout
+    text = "\n".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "stream"
+    )
+    assert "[rank 0] rank 0 of 2" in text and "[rank 1] rank 1 of 2" in text
+    assert "[rank 0] step   0" in text
+    assert not any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
+    # monitoring and cost: the saved views (what a notebook without widgets shows) have a reading and a price
+    shown = {
+        c.source.strip(): "".join(
+            str(o.get("data", {}).get("text/html", "")) for o in c.get("outputs", []) if "data" in o
+        )
+        for c in nb.cells
+        if c.cell_type == "code" and c.source.strip() in ("%gpu_monitor", "%gpu_cost")
+    }
+    assert "GPU monitor" in shown["%gpu_monitor"] and "CPU %" in shown["%gpu_monitor"], shown["%gpu_monitor"]
+    assert "did not start" not in shown["%gpu_monitor"]
+    assert "$0" in shown["%gpu_cost"] or "0.00" in shown["%gpu_cost"], shown["%gpu_cost"]
+
+
 @pytest.mark.timeout(600)
-def test_every_view_reads_as_html_in_an_nbconvert_export(tmp_path: Path) -> None:
+def test_the_quickstart_runs_and_trains_and_every_view_reads_as_html(tmp_path: Path) -> None:
+    """The quickstart end to end in a real kernel (nbclient) on the default local cluster, as a new user runs it
+    (scripts/quickstart.sh runs it unchanged), with the views it does not show added before its stop: one
+    kernel and one Ray start for both checks."""
     import nbformat
 
     work = tmp_path / "quickstart.ipynb"
     _with_every_view(ROOT / "examples" / "quickstart.ipynb", work)
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(work, as_version=4).cells)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "run_notebook.py"), str(work), "--timeout", "300"],
         capture_output=True,
@@ -153,6 +184,7 @@ def test_every_view_reads_as_html_in_an_nbconvert_export(tmp_path: Path) -> None
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     nb = nbformat.read(tmp_path / "quickstart.executed.ipynb", as_version=4)
+    _quickstart_checks(proc.stdout, nb, code_cells)
     soup = _export(nb)
     (tmp_path / "quickstart.html").write_text(str(soup))
     print(f"HTML export: {tmp_path / 'quickstart.html'}")
