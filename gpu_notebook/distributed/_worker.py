@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpu_notebook._display import fmt_bytes
-from gpu_notebook.distributed import _main, _process_group, _remains, _script, _shell
+from gpu_notebook.distributed import _main, _process_group, _remains, _script, _shell, _stacks
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
@@ -50,7 +50,7 @@ _OUR_FILES = frozenset(
 # Ray reads this attribute (what ``@ray.method(concurrency_group=...)`` sets) when the class becomes an actor;
 # setting it directly keeps ray out of this module's imports. push and pull are control calls: they work while a
 # cell runs (a background cell).
-_CTL = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull")
+_CTL = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull", "stacks")
 _EXEC = ("init_process_group", "run_cell", "call", "shutdown")
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
@@ -234,6 +234,10 @@ class RankWorker:
 
     def drain_output(self) -> str:
         return self._capture.drain()
+
+    def stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack in this process, the cell's first (see :mod:`._stacks`)."""
+        return _stacks.capture(self._exec_tid, rank=self.rank)
 
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the thread running the current cell (returns False if none runs).

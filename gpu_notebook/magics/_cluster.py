@@ -53,7 +53,8 @@ MAX_WORKERS = 1024
 #: the smallest message the all-reduce benchmark times (nccl-tests' default -b 8)
 MIN_BENCH_BYTES = 8
 
-COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "restart", "doctor", "bench", "env"]
+COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "stacks", "restart", "doctor", "bench"]
+COMMANDS += ["env"]
 COMMANDS += ["workshop", "students"]  # magics/_workshop.py
 
 NAME = option(
@@ -239,6 +240,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "list": (),
     "use": (NAME,),
     "logs": (NAME, *LOGS_ARGS),
+    "stacks": (NAME,),
     "restart": (NAME,),
     "doctor": (NAME, LOCAL),
     "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
@@ -269,7 +271,7 @@ POSITIONALS = {
     "bench": "{allreduce,scaling}",
     "workshop": "{start,stop,status} [NAME]",
     "students": "[stop ID]",
-    **{c: "[NAME]" for c in ("status", "stop", "logs", "restart", "doctor", "env")},
+    **{c: "[NAME]" for c in ("status", "stop", "logs", "stacks", "restart", "doctor", "env")},
 }
 
 # the option groups as decorators, in the order %gpu_cluster? lists them
@@ -300,7 +302,7 @@ class ClusterMagics(Magics):
         "args",
         nargs="*",
         help="scale: N; use: NAME; bench: allreduce or scaling; "
-        "status, stop, logs, restart, doctor, env: [NAME] (default: the current cluster); "
+        "status, stop, logs, stacks, restart, doctor, env: [NAME] (default: the current cluster); "
         "workshop: start NAME, stop [NAME] or status [NAME]; students: [stop ID]",
     )
     @name_arg
@@ -337,6 +339,7 @@ class ClusterMagics(Magics):
         In [15]: %gpu_cluster start --address 10.0.0.5:6379 --workshop ml101 --student alice
         In [16]: %gpu_cluster students
         In [17]: %gpu_cluster students stop bob
+        In [18]: %gpu_cluster stacks
         """
         args = parse(self.gpu_cluster, line)
         if args.command is None:
@@ -571,6 +574,10 @@ class ClusterMagics(Magics):
         for rank, lines in logs.items():
             for line in lines:
                 print(f"[rank {rank}] {line}")
+
+    def _cmd_stacks(self, args: Any) -> None:
+        """Each rank's Python stack of every thread (also while a cell runs): where is each rank?"""
+        print(self._pick(args).stacks())
 
     def _pick(self, args: Any) -> Any:
         if args.args:

@@ -1,0 +1,74 @@
+"""Where is each rank (issue 19, item 4): ``%gpu_cluster stacks`` shows every rank's Python stack while a
+background cell runs: rank 1 in the cell's ``wait_here()``, rank 0 waiting in ``dist.barrier()``, and the
+collective sequence numbers say rank 1 has not entered the barrier rank 0 is in."""
+
+from __future__ import annotations
+
+import time
+
+from IPython.utils.capture import capture_output
+
+from gpu_notebook.distributed._background import BackgroundCell
+
+CELL = """%%distributed --noblock
+import time
+import torch.distributed as dist
+
+def wait_here():
+    while not globals().get("go"):
+        time.sleep(0.02)
+
+if rank == 1:
+    wait_here()
+dist.barrier()
+rank
+"""
+
+
+def test_stacks_show_where_each_rank_waits(ip, shared) -> None:
+    ip.run_cell("%%distributed\ngo = False\n")
+    with capture_output() as cap:
+        res = ip.run_cell(CELL)
+    h = res.result
+    assert isinstance(h, BackgroundCell), (cap.stdout, cap.stderr, res.error_in_exec)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until rank 0 is in the barrier and rank 1 in wait_here
+            report = shared.stacks()
+            cells = {r.rank: next((t for t in r.threads if t.cell), None) for r in report.ranks}
+            text = {rank: "".join(t.frames) if t else "" for rank, t in cells.items()}
+            if "wait_here" in text[1] and "barrier" in text[0]:
+                break
+            assert time.monotonic() < deadline, str(report)
+            time.sleep(0.1)
+        assert "wait_here" not in text[0]
+        assert report.not_answering == []
+        assert all(r.busy for r in report.ranks)
+        seq0, seq1 = report.ranks[0].seq, report.ranks[1].seq
+        assert seq0 is not None and seq1 is not None and seq0 == seq1 + 1, str(report)
+        assert report.behind() == ([1], [0])
+
+        with capture_output() as cap:
+            ip.run_line_magic("gpu_cluster", "stacks")
+        out = cap.stdout
+        assert "== rank 0" in out and "== rank 1" in out, out
+        assert "the cell's thread" in out and "frames of Ray and gpu_notebook hidden" in out
+        rank1 = out.split("== rank 1")[1]
+        assert "in wait_here" in rank1 and "<cell In[" in rank1
+        assert "_worker.py" not in out  # our own frames are hidden
+        assert "rank 1 has not entered the collective that rank 0 may be waiting in" in out
+
+        ip.user_ns["go"] = True
+        with capture_output():
+            ip.run_line_magic("gpu_push", "go")
+        assert list(h.get(timeout=30)) == [0, 1]
+    finally:
+        if not h.ready():  # let it end (a cancel would rebuild the group: rank 0's barrier cannot be interrupted)
+            ip.user_ns["go"] = True
+            with capture_output():
+                ip.run_line_magic("gpu_push", "go")
+            h.wait(30)
+    # the shared cluster is left with 2 working workers, and idle ranks answer too
+    assert list(shared.run("rank").values) == [0, 1]
+    idle = shared.stacks()
+    assert [r.busy for r in idle.ranks] == [False, False] and idle.not_answering == []
