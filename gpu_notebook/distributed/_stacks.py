@@ -143,7 +143,7 @@ class StacksReport:
         return [r for r, s in seqs.items() if s == low], [r for r, s in seqs.items() if s == high]
 
     def __str__(self) -> str:
-        out: list[str] = []
+        out: list[str] = [] if self.ranks else ["no ranks: the worker group has no workers"]
         for r in self.ranks:
             if not r.answered:
                 out.append(

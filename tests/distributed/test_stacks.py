@@ -63,7 +63,9 @@ def test_stacks_show_where_each_rank_waits(ip, shared) -> None:
             ip.run_line_magic("gpu_push", "go")
         assert list(h.get(timeout=30)) == [0, 1]
     finally:
-        if not h.ready():  # let it end (a cancel would rebuild the group: rank 0's barrier cannot be interrupted)
+        if (
+            not h.ready()
+        ):  # let it end (a cancel would rebuild the group: rank 0's barrier cannot be interrupted)
             ip.user_ns["go"] = True
             with capture_output():
                 ip.run_line_magic("gpu_push", "go")
@@ -72,3 +74,31 @@ def test_stacks_show_where_each_rank_waits(ip, shared) -> None:
     assert list(shared.run("rank").values) == [0, 1]
     idle = shared.stacks()
     assert [r.busy for r in idle.ranks] == [False, False] and idle.not_answering == []
+
+
+def test_a_rank_that_does_not_answer_is_named_and_threads_are_captured_in_process() -> None:
+    import threading
+
+    from gpu_notebook.distributed._stacks import RankStacks, StacksReport, capture
+
+    stop = threading.Event()
+
+    def parked_here() -> None:
+        stop.wait(30)
+
+    t = threading.Thread(target=parked_here, name="parker")
+    t.start()
+    try:
+        got = capture(t.ident, rank=0)
+    finally:
+        stop.set()
+        t.join()
+    cell = got["threads"][0]
+    assert cell["cell"] and cell["name"] == "parker"
+    assert any("in parked_here" in f for f in cell["frames"]) and cell["hidden"] >= 1  # threading's bootstrap
+    assert got["busy"] and got["seq"] is None  # no process group in this process
+
+    report = StacksReport([RankStacks(0, True, 1, False, 3), RankStacks(1, False)], timeout_s=5)
+    assert report.not_answering == [1]
+    text = str(report)
+    assert "== rank 1: not answering (no reply within 5 s" in text and text.endswith("not answering: rank 1")
