@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -48,7 +49,12 @@ _WIDTH = {"complex64": 4, "complex128": 8}
 _MAX_DEPTH = 1000
 
 
-class ReaderError(Exception):
+#: inside gpu_notebook (loaded as ``gpu_notebook.checkpoint.reader``) the errors derive from the package's root
+#: error, which its package has loaded already; a copy of this file on its own imports nothing to find it
+_ROOT: type[Exception] = getattr(sys.modules.get("gpu_notebook.errors"), "GpuNotebookError", Exception)
+
+
+class ReaderError(_ROOT):  # type: ignore[valid-type,misc]
     """A checkpoint cannot be read: missing, damaged, of a newer format, or failing its hash check."""
 
 
@@ -84,6 +90,7 @@ def _planes(mv: memoryview, pos: int, width: int, plane_len: int) -> list[Any]:
     heads = [_PLANE.unpack_from(mv, pos + i * _PLANE.size) for i in range(width)]
     pos += width * _PLANE.size
     out = []
+    buf: Any
     for kind, clen in heads:
         payload = mv[pos : pos + clen]
         if len(payload) != clen:

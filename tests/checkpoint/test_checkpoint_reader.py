@@ -197,3 +197,28 @@ def test_the_reader_imports_without_torch_ray_boto3_or_gpu_notebook(tmp_path: Pa
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["uint16", "[]"]
+
+
+def test_without_blake3_a_format_3_read_asks_for_it_or_verify_false(tmp_path: Path) -> None:
+    """Formats 3 and 4 are hashed with BLAKE3: without the package a verified read refuses with what to do;
+    ``verify=False`` reads them, and a SHA-256 store (format 2) is still verified."""
+    stores = {p.name: str(p) for p in GOLDEN_STORES}
+    code = (
+        "import sys, importlib.util\n"
+        "sys.modules['blake3'] = None; sys.modules['gpu_notebook'] = None\n"
+        f"spec = importlib.util.spec_from_file_location('reader', {str(READER)!r})\n"
+        "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+        "try:\n"
+        f"    r.read({stores['blake3']!r})\n"
+        "except r.ReaderError as e:\n"
+        "    print('refused:', e)\n"
+        f"print(sorted(r.read({stores['blake3']!r}, verify=False)['t']))\n"
+        f"print(sorted(r.read({stores['sha256']!r})['t']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("refused:") and "pip install blake3" in lines[0] and "verify=False" in lines[0]
+    assert "bf16" in lines[1] and lines[1] == lines[2]
