@@ -43,6 +43,9 @@ __all__ = [
     "PreemptionWatcher",
     "PreemptionNotice",
     "detect_cloud",
+    "export",
+    "ExportResult",
+    "ExportError",
 ]
 
 from .._lazy import lazy_module
@@ -61,6 +64,8 @@ from .format.manifest import FORMAT_VERSION, CheckpointInfo, CheckpointList
 from .stores import LocalStore, ObjectInfo, S3Store, Store, open_store
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._export import ExportError, ExportResult
+    from ._open import export
     from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
     from .checkpointer import Checkpointer, current
@@ -84,5 +89,8 @@ __getattr__, __dir__ = lazy_module(
         "PreemptionWatcher": "._preemption",
         "PreemptionNotice": "._preemption",
         "detect_cloud": "._preemption",
+        "export": "._open",
+        "ExportResult": "._export",
+        "ExportError": "._export",
     },
 )

@@ -23,6 +23,7 @@ import numpy as np
 from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
+from ._export import export_method
 from ._group import agree_min, agree_save, rank_world, session_token
 from ._progress import Progress
 from .format.codec import notice_fallback
@@ -528,6 +529,8 @@ class Checkpointer:
     def diff(self, a: str, b: str) -> DiffResult:
         """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
         return self._inspect.diff(a, b)
+
+    export = export_method  # (its code lives in _export.py: this module is at the house's size limit)
 
     def gc(
         self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False, keep_abandoned: bool = False
