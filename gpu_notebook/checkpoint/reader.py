@@ -221,6 +221,42 @@ class _Http:
             return None
 
 
+class _S3:
+    """An ``s3://bucket/prefix`` store read with boto3 (imported only here): ranged GETs and one listing."""
+
+    def __init__(self, url: str, endpoint_url: str | None) -> None:
+        try:
+            import boto3
+        except ImportError:
+            raise ReaderError(
+                "reading s3:// needs boto3 (pip install boto3), or use presigned URLs"
+            ) from None
+        parts = urllib.parse.urlsplit(url)
+        self.bucket, self.prefix = parts.netloc, parts.path.strip("/") + "/" if parts.path.strip("/") else ""
+        self.client = boto3.client("s3", endpoint_url=endpoint_url)
+
+    def get(self, key: str, off: int = 0, size: int | None = None) -> bytes:
+        kw: dict[str, Any] = {}
+        if off or size is not None:
+            kw["Range"] = f"bytes={off}-" + ("" if size is None else str(off + size - 1))
+        try:
+            return bytes(
+                self.client.get_object(Bucket=self.bucket, Key=self.prefix + key, **kw)["Body"].read()
+            )
+        except self.client.exceptions.NoSuchKey:
+            raise ReaderError(f"{key} is missing from s3://{self.bucket}/{self.prefix}") from None
+
+    def manifests(self) -> list[str] | None:
+        ids = []
+        pages = self.client.get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=self.bucket, Prefix=self.prefix + "manifests/"):
+            for obj in page.get("Contents", []):
+                name = obj["Key"].rsplit("/", 1)[-1]
+                if name.endswith(".json"):
+                    ids.append(name[:-5])
+        return ids
+
+
 def _order_key(doc: dict[str, Any]) -> tuple[Any, ...]:
     """Commit order: ``c`` ids by seq, after every format-3 id (by step, then created_at)."""
     cid = doc["id"]
@@ -238,7 +274,10 @@ class Reader:
     Parameters
     ----------
     source
-        A store folder, or the URL the store's keys live under (``FORMAT``, ``manifests/...``, ``objects/...``).
+        A store folder, an ``s3://bucket/prefix``, or the ``http(s)://`` URL the store's keys live under
+        (``FORMAT``, ``manifests/...``, ``objects/...``).
+    endpoint_url
+        For ``s3://`` (read with boto3, which must be installed): an S3-compatible endpoint.
     sign
         For HTTP: a function from a key to its URL (presigned URLs) instead of ``source + key``.
     verify
@@ -246,14 +285,21 @@ class Reader:
         without it a read raises, unless ``verify=False``.
     """
 
-    def __init__(self, source: str | os.PathLike[str], *, sign: Any = None, verify: bool = True) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        sign: Any = None,
+        verify: bool = True,
+        endpoint_url: str | None = None,
+    ) -> None:
         src = os.fspath(source)
         if src.startswith(("http://", "https://")):
             self.store: Any = _Http(src, sign)
+        elif src.startswith("s3://"):
+            self.store = _S3(src, endpoint_url)
         elif "://" in src:
-            raise ReaderError(
-                f"{src}: only a folder or an http(s) URL can be read (for S3 use presigned URLs)"
-            )
+            raise ReaderError(f"{src}: a folder, an http(s):// or an s3:// URL can be read")
         else:
             self.store = _Local(src)
         self.verify = verify
@@ -466,11 +512,13 @@ def read(
     tensors: str = "numpy",
     verify: bool = True,
     sign: Any = None,
+    endpoint_url: str | None = None,
 ) -> dict[str, Any]:
     """The state of a checkpoint (the latest when ``checkpoint_id`` is None); see :class:`Reader`."""
-    return Reader(source, sign=sign, verify=verify).read(checkpoint_id, rank=rank, tensors=tensors)
+    r = Reader(source, sign=sign, verify=verify, endpoint_url=endpoint_url)
+    return r.read(checkpoint_id, rank=rank, tensors=tensors)
 
 
-def list_checkpoints(source: str | os.PathLike[str]) -> list[str]:
+def list_checkpoints(source: str | os.PathLike[str], *, endpoint_url: str | None = None) -> list[str]:
     """The ids of a store's checkpoints, oldest commit first (the last is the latest)."""
-    return [str(d["id"]) for d in Reader(source).list()]
+    return [str(d["id"]) for d in Reader(source, endpoint_url=endpoint_url).list()]

@@ -58,10 +58,10 @@ def _same(want: Any, got: Any, path: str = "") -> None:
         assert got == want and type(got) is type(want), path
 
 
-def _check_store(store: Path, source: str | None = None, rank: int = 0) -> list[str]:
+def _check_store(store: Path, source: str | None = None, rank: int = 0, **kw: Any) -> list[str]:
     ck = Checkpointer(store, read_only=True, preemption=None, current=False)
     ids = [c.id for c in ck.list()]
-    r = reader.Reader(source or store)
+    r = reader.Reader(source or store, **kw)
     if source is None:
         assert reader.list_checkpoints(store) == ids
         assert r.latest() == ck.latest().id
@@ -222,3 +222,23 @@ def test_without_blake3_a_format_3_read_asks_for_it_or_verify_false(tmp_path: Pa
     lines = out.stdout.splitlines()
     assert lines[0].startswith("refused:") and "pip install blake3" in lines[0] and "verify=False" in lines[0]
     assert "bf16" in lines[1] and lines[1] == lines[2]
+
+
+def test_the_reader_reads_an_s3_prefix_with_boto3(http_store: tuple[Path, str]) -> None:
+    pytest.importorskip("moto")
+    pytest.importorskip("boto3")
+    from _s3server import serving
+
+    folder, _ = http_store
+    with serving() as srv:
+        client = srv.client()
+        client.create_bucket(Bucket="reader")
+        for f in folder.rglob("*"):
+            if f.is_file():
+                client.put_object(Bucket="reader", Key=f"run/{f.relative_to(folder)}", Body=f.read_bytes())
+        url = "s3://reader/run"
+        ids = reader.list_checkpoints(url, endpoint_url=srv.endpoint)
+        assert ids == reader.list_checkpoints(folder)
+        _check_store(folder, url, endpoint_url=srv.endpoint)
+        with pytest.raises(reader.ReaderError, match="missing"):
+            reader.read(url, "c0000009999", endpoint_url=srv.endpoint)
