@@ -47,6 +47,8 @@ _VIEWS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8, "float8_e5m2": np.ui
 #: byte-plane width of a dtype (complex numbers split into their two floats)
 _WIDTH = {"complex64": 4, "complex128": 8}
 _MAX_DEPTH = 1000
+#: the largest chunk a reader accepts (writers cut 4 MiB chunks by default)
+_MAX_CHUNK = 4 << 30
 
 
 #: inside gpu_notebook (loaded as ``gpu_notebook.checkpoint.reader``) the errors derive from the package's root
@@ -402,6 +404,11 @@ class Reader:
         return raw
 
     def _bytes(self, doc: dict[str, Any], name: str, leaf: dict[str, Any], hasher: Any) -> np.ndarray:
+        chunks = leaf.get("chunks", [])
+        lens = [ch.get("len") for ch in chunks]
+        # a damaged or hostile manifest must fail here, before anything of the size it claims is allocated
+        if not all(type(n) is int and 0 <= n <= _MAX_CHUNK for n in lens) or sum(lens) != leaf.get("nbytes"):
+            raise ReaderError(f"{name}: its chunks do not add up to its nbytes, checkpoint {doc['id']}")
         buf = np.empty(int(leaf["nbytes"]), dtype=np.uint8)
         pos = 0
         for i, ch in enumerate(leaf.get("chunks", [])):
@@ -433,6 +440,8 @@ class Reader:
 
 def _array(raw: np.ndarray, leaf: dict[str, Any], tensors: str) -> Any:
     shape = tuple(int(s) for s in leaf["shape"])
+    if raw.nbytes != int(np.prod(shape, dtype=np.int64)) * _np_dtype(leaf["dtype"]).itemsize:
+        raise ReaderError(f"a leaf of {raw.nbytes} bytes cannot be {leaf['dtype']} of shape {list(shape)}")
     if tensors == "torch" and leaf["kind"] == "tensor":
         import torch
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import json
 import subprocess
 import sys
 import threading
@@ -265,3 +266,17 @@ def test_the_reader_decodes_every_frame_variant_the_codec_writes() -> None:
         v1[4] = 1  # version 1: no flags/rotation/offset field
         del v1[16 : 16 + 10]
         assert reader.decode_frame(bytes(v1)).tobytes() == c.tobytes()
+
+
+def test_a_manifest_that_claims_a_terabyte_fails_before_anything_is_allocated(
+    http_store: tuple[Path, str],
+) -> None:
+    folder, _ = http_store
+    cid = reader.list_checkpoints(folder)[0]
+    path = folder / "manifests" / f"{cid}.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0]["leaves"]["w"]["nbytes"] = 1 << 40
+    path.chmod(0o644)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(reader.ReaderError, match="w: its chunks do not add up"):
+        reader.read(folder, cid)
