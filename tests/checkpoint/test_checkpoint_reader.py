@@ -29,7 +29,13 @@ READER = Path(reader.__file__)
 
 def _same(want: Any, got: Any, path: str = "") -> None:
     """``got`` (the reader's numpy state) holds exactly what ``want`` (Checkpointer.restore's) holds."""
-    if isinstance(want, torch.Tensor):
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):  # tensors="torch"
+        assert got.dtype == want.dtype and got.shape == want.shape, path
+        assert (
+            got.view(-1).view(torch.uint8).numpy().tobytes()
+            == want.reshape(-1).view(torch.uint8).numpy().tobytes()
+        )
+    elif isinstance(want, torch.Tensor):
         assert isinstance(got, np.ndarray), path
         assert list(got.shape) == list(want.shape), path
         raw = (
@@ -52,7 +58,7 @@ def _same(want: Any, got: Any, path: str = "") -> None:
         for i, (a, b) in enumerate(zip(want, got, strict=True)):
             _same(a, b, f"{path}/{i}")
     elif isinstance(want, torch.dtype):
-        assert got == str(want).removeprefix("torch."), path
+        assert got in (want, str(want).removeprefix("torch.")), path
     elif isinstance(want, float) and want != want:
         assert got != got, path
     else:
@@ -116,6 +122,10 @@ def test_the_reader_reads_todays_stores_full_and_delta(tmp_path: Path) -> None:
     assert any(d["shards"][0].get("groups") for d in docs), "the small tensors were not grouped"
     assert all(d.get("per_rank") for d in docs)
     ids = _check_store(tmp_path)
+    _same(
+        Checkpointer(tmp_path, read_only=True, preemption=None, current=False).restore(ids[2]),
+        reader.read(tmp_path, ids[2], tensors="torch"),
+    )
     state = reader.read(tmp_path, ids[1])
     assert state["loader"] == {"epoch": 2, "pos": 1}
     assert reader.Reader(tmp_path).dtypes(ids[1])["bf16"] == "bfloat16"
