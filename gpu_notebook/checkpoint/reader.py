@@ -1,11 +1,12 @@
 """A standalone reader of gpu_notebook checkpoints: numpy and zstandard only (blake3 to verify formats 3 and 4).
 
 Copy this one file anywhere: it imports nothing of gpu_notebook, nor ray, boto3 or torch (torch only when
-tensors are asked for). It follows ``docs/checkpoint-format.md``: the store layout, manifests, trees, leaves,
+tensors are asked for, boto3 only for ``s3://``). It follows ``docs/checkpoint-format.md``: the store layout, manifests, trees, leaves,
 groups, per-rank sections, chunk entries with their ``base`` chains, and frames.
 
 >>> state = read("ckpts/")                              # the latest checkpoint  # doctest: +SKIP
 >>> state = read("https://host/ckpts/", "c0000000042")  # a static file server  # doctest: +SKIP
+>>> state = read("s3://bucket/ckpts")                   # with boto3 installed  # doctest: +SKIP
 
 Tensors come back as numpy arrays. ``bfloat16`` and ``float8_e4m3fn``/``float8_e5m2`` have no numpy dtype: with
 ``ml_dtypes`` installed they come back as its dtypes, else as ``uint16`` / ``uint8`` arrays of the same bit patterns
