@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from _s3server import serving
 from safetensors.torch import load_file
 
 from gpu_notebook import checkpoint
@@ -107,3 +108,21 @@ def test_help_and_no_credentials_in_output() -> None:
     )
     url = "https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA123&X-Amz-Signature=abcd"
     assert "AKIA123" not in _clean(url) and "abcd" not in _clean(url)
+
+
+def test_ls_and_verify_an_s3_store_with_endpoint_url() -> None:
+    pytest.importorskip("moto")
+    with serving() as s3:
+        s3.client().create_bucket(Bucket="cli")
+        url = "s3://cli/runs/exp1"
+        ck = checkpoint.Checkpointer(url, endpoint_url=s3.endpoint, preemption=None, current=False)
+        ck.save({"model": torch.nn.Linear(4, 2), "step": 3}, step=3)
+        ck.wait()
+        cid = ck.list()[0].id
+        ck.close()
+        r = cli("ls", url, "--endpoint-url", s3.endpoint)
+        assert r.returncode == 0, r.stderr
+        assert cid in r.stdout
+        r = cli("verify", url, "--endpoint-url", s3.endpoint)
+        assert r.returncode == 0 and "1 of 1 checkpoint(s) intact" in r.stdout, r.stdout + r.stderr
+        assert "AWS_SECRET" not in r.stdout + r.stderr
