@@ -1,8 +1,8 @@
 """A standalone reader of gpu_notebook checkpoints: numpy and zstandard only (blake3 to verify formats 3 and 4).
 
 Copy this one file anywhere: it imports nothing of gpu_notebook, nor ray, boto3 or torch (torch only when
-tensors are asked for, boto3 only for ``s3://``). It follows ``docs/checkpoint-format.md``: the store layout, manifests, trees, leaves,
-groups, per-rank sections, chunk entries with their ``base`` chains, and frames.
+tensors are asked for, boto3 only for ``s3://``). It follows ``docs/checkpoint-format.md``: the store layout,
+manifests, trees, leaves, groups, per-rank sections, chunk entries with their ``base`` chains, and frames.
 
 >>> state = read("ckpts/")                              # the latest checkpoint  # doctest: +SKIP
 >>> state = read("https://host/ckpts/", "c0000000042")  # a static file server  # doctest: +SKIP
