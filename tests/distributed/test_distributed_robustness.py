@@ -292,7 +292,8 @@ def test_sync_markers_are_taken_out_of_the_captured_bytes():
     assert split_sync(m + b"x\x00y") == (m + b"x\x00y", [], b"")
 
 
-def test_c_level_output_at_the_end_of_a_cell_comes_with_that_cell(shared):
+def test_c_level_output_at_the_end_of_a_cell_comes_with_that_cell(shared, monkeypatch):
+    monkeypatch.setenv("GPU_NOTEBOOK_OUTPUT_LINES", "10000")  # keep all 5000 lines (the default keeps 2000)
     # Ray starts its workers with C's stdout unbuffered, but a C library's stdout on a pipe is normally fully
     # buffered (glibc's default): make it so, with a buffer kept alive in the workers' namespace.
     setup = (

@@ -108,9 +108,11 @@ class Watch:
         cost = page.locator(".gpu-notebook-cost").all_inner_texts()
         if cost and "$" in cost[0]:
             self.cost = cost[0]
-            self.cost_chart_title = " ".join(
+            titles = " ".join(
                 c["title"] for c in _browser.plotly_charts(page, ".gpu-notebook-cost .js-plotly-plot")
             )
+            if titles:  # the live view leaves its static card (no chart) when its cluster stops
+                self.cost_chart_title = titles
 
 
 def _run(page: Any, sync_api: Any, server: str, app: str, name: str, watch: Watch, budget_s: float) -> dict:
