@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains
+from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _settings
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
@@ -50,7 +50,8 @@ class GroupTimeouts:
     init: float = 180.0  # for torch.distributed to initialise on every rank
     collective: float = 1800.0  # torch.distributed's own timeout for a collective
     hang_grace: float = 2.0  # after a rank fails, before the still-running ranks are interrupted
-    interrupt_grace: float = 5.0  # after an interrupt, before stuck ranks are given up on (group rebuilt)
+    # after an interrupt, before stuck ranks are given up on (group rebuilt): $GPU_NOTEBOOK_INTERRUPT_GRACE, else 5
+    interrupt_grace: float = field(default_factory=_settings.interrupt_grace)
 
 
 #: How often a running cell's output is fetched from the ranks: every 0.1 s while they print, backing off to

@@ -12,6 +12,7 @@ what the ranks print the kernel keeps, so a cell that prints for hours does not 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -116,6 +117,27 @@ def output_lines() -> int:
 def log_lines() -> int:
     """How many recent lines of each rank the cluster's log keeps: ``$GPU_NOTEBOOK_LOG_LINES``, else 5000."""
     return _lines_setting(LOG_LINES_VAR, DEFAULT_LOG_LINES)
+
+
+#: The environment variable that sets how long, in seconds, an interrupted cell's ranks get to stop before the
+#: group gives up on them and rebuilds (every worker's state is lost then): read when a cluster starts.
+INTERRUPT_GRACE_VAR = "GPU_NOTEBOOK_INTERRUPT_GRACE"
+DEFAULT_INTERRUPT_GRACE = 5.0
+
+
+def interrupt_grace() -> float:
+    """Seconds an interrupted rank gets to stop before the group is rebuilt: ``$GPU_NOTEBOOK_INTERRUPT_GRACE``,
+    else 5."""
+    raw = os.environ.get(INTERRUPT_GRACE_VAR, "").strip()
+    if not raw:
+        return DEFAULT_INTERRUPT_GRACE
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{INTERRUPT_GRACE_VAR} must be a number of seconds above 0 (got {raw!r})")
+    return value
 
 
 def _lines_setting(name: str, default: int) -> int:

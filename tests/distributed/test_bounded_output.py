@@ -68,3 +68,16 @@ def test_a_redrawn_line_keeps_only_its_latest_state_and_long_lines_are_cut():
     streamer.feed(0, "\n" + "x" * 50_000 + "\n")
     assert streamer.captured[0][0] == " 9999/10000"
     assert streamer.captured[0][1].endswith("... (40,000 characters dropped)")
+
+
+def test_the_interrupt_grace_is_read_from_the_environment_and_checked(monkeypatch):
+    from gpu_notebook.distributed._group import GroupTimeouts
+
+    monkeypatch.delenv("GPU_NOTEBOOK_INTERRUPT_GRACE", raising=False)
+    assert GroupTimeouts().interrupt_grace == 5.0
+    monkeypatch.setenv("GPU_NOTEBOOK_INTERRUPT_GRACE", "30")
+    assert GroupTimeouts().interrupt_grace == 30.0
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        monkeypatch.setenv("GPU_NOTEBOOK_INTERRUPT_GRACE", bad)
+        with pytest.raises(ValueError, match="GPU_NOTEBOOK_INTERRUPT_GRACE must be a number of seconds above 0"):
+            GroupTimeouts()
