@@ -79,5 +79,7 @@ def test_the_interrupt_grace_is_read_from_the_environment_and_checked(monkeypatc
     assert GroupTimeouts().interrupt_grace == 30.0
     for bad in ("0", "-1", "nan", "inf", "soon"):
         monkeypatch.setenv("GPU_NOTEBOOK_INTERRUPT_GRACE", bad)
-        with pytest.raises(ValueError, match="GPU_NOTEBOOK_INTERRUPT_GRACE must be a number of seconds above 0"):
+        with pytest.raises(
+            ValueError, match="GPU_NOTEBOOK_INTERRUPT_GRACE must be a number of seconds above 0"
+        ):
             GroupTimeouts()
