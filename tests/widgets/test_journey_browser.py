@@ -2,7 +2,7 @@
 JupyterLab 4 and of Notebook 7 in headless Debian Chromium (Playwright), checked as a person reads them.
 
 For each front end: one Jupyter server and one browser page; the two notebooks are copied to the server's root
-and run one after the other (each starts its own local Ray in its kernel, so the first kernel is shut down
+and run one after the other (Notebook 7 runs the quickstart only) (each starts its own local Ray in its kernel, so the first kernel is shut down
 before the second notebook opens), at the examples' small size (``GPU_NOTEBOOK_EXAMPLE_SIZE=small``). While a
 notebook runs, the test watches the page: the live monitor's plotly chart must get data points (read from the
 chart's ``element.data``) and the cost view its dollar figure; at the end every cell has run, none has an error
@@ -213,16 +213,19 @@ def test_quickstart_and_workshop_in_the_browser(app: str, sync_api: Any, tmp_pat
             assert "$" in quick.cost_chart_title, quick.cost_chart_title
             _browser.shutdown_kernels(server)
 
-            # the workshop: ranks, all-reduce, DDP, the monitor, checkpoints; Run All leaves the exercises "not yet"
+            # the workshop: ranks, all-reduce, DDP, the monitor, checkpoints; Run All leaves the exercises "not yet".
+            # In JupyterLab only: its cells are the quickstart's kinds of output (ranks' text, the monitor, tables),
+            # which Notebook 7 has just rendered, and a notebook run costs a Ray start (the suite's time budget)
             shop = Watch(shots, "workshop", 3, False)
-            nb = _run(page, sync_api, server, app, "workshop.ipynb", shop, 300)
-            text = _text(nb)
-            for rank in (0, 1):
-                assert re.search(rf"\[rank {rank}\] I am rank {rank} of WORLD_SIZE=2", text), text[:3000]
-            assert "Not yet:" in text and "SUMMARY: workshop: 0/5 exercises right" in text
-            _check_monitor(shop, "workshop", gpus=False)
-            assert page.locator("table", has_text="restore reads").count() >= 1  # %gpu_checkpoint list
-            _browser.shutdown_kernels(server)
+            if app == "lab":
+                nb = _run(page, sync_api, server, app, "workshop.ipynb", shop, 300)
+                text = _text(nb)
+                for rank in (0, 1):
+                    assert re.search(rf"\[rank {rank}\] I am rank {rank} of WORLD_SIZE=2", text), text[:3000]
+                assert "Not yet:" in text and "SUMMARY: workshop: 0/5 exercises right" in text
+                _check_monitor(shop, "workshop", gpus=False)
+                assert page.locator("table", has_text="restore reads").count() >= 1  # %gpu_checkpoint list
+                _browser.shutdown_kernels(server)
         finally:
             browser.close()
     problems = quick.problems + shop.problems
