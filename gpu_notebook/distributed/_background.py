@@ -9,7 +9,9 @@ Where the output goes: in a Jupyter kernel the handle is shown as a display with
 update (output lines, per-rank state, elapsed time) is an ``update_display_data`` for that id, which frontends
 apply to the cell that started the run whichever cell runs now (plain ``print`` from a thread would land in the
 cell running at the moment of the write). Outside a kernel (a terminal, a script) lines are written to stdout as
-a blocking cell writes them. The handle keeps the last :data:`KEPT_LINES` lines; the group's per-rank log keeps
+a blocking cell writes them. Rich output from the ranks (``display()``, figures; see :mod:`._rich`) is kept in
+the handle (the last :data:`KEPT_DISPLAYS`) and shown in the live view, or published at once outside a kernel.
+The thread runs in a copy of the starting cell's context (``--output-ranks`` holds in it). The handle keeps the last :data:`KEPT_LINES` lines; the group's per-rank log keeps
 what ``%gpu_cluster logs`` shows.
 
 Only one cell runs on a group at a time: a second one is refused (:class:`BusyError`) naming the running one and
@@ -23,6 +25,7 @@ cell is cancelled.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import html
 import sys
 import threading
@@ -32,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gpu_notebook.distributed import _rich
 from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._results import CellResult, RankResults
 from gpu_notebook.errors import GpuNotebookError
@@ -41,6 +45,8 @@ __all__ = ["BackgroundCell", "BusyError", "find", "refuse_second", "running_on"]
 #: lines of output a background cell's handle keeps (the live view shows the last :data:`VIEW_LINES`)
 KEPT_LINES = 2000
 VIEW_LINES = 40
+#: rich outputs (displays, figures) from the ranks a background cell's handle keeps and its view shows
+KEPT_DISPLAYS = 20
 #: how often the live view is refreshed while output arrives, and at most how long it goes without a refresh
 REFRESH_S = 0.25
 IDLE_REFRESH_S = 2.0
@@ -93,14 +99,16 @@ class BackgroundCell:
         self._sink = sink
         self._on_done = on_done
         self._lines: deque[str] = deque(maxlen=KEPT_LINES)
+        self.displays: deque[dict[str, Any]] = deque(maxlen=KEPT_DISPLAYS)  # rich output from the ranks
         self._partial = ""
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._dirty = threading.Event()
         self._shown = False
         self._run: Any = None  # the group's CellRun while this cell runs (per-rank state, cancel)
+        ctx = contextvars.copy_context()  # the starting cell's settings (--output-ranks) hold in the thread
         self._thread = threading.Thread(
-            target=self._main, args=(start,), name=f"gpu_notebook background cell {name}", daemon=True
+            target=ctx.run, args=(self._main, start), name=f"gpu_notebook background cell {name}", daemon=True
         )
         with _LOCK:
             _ALL.append(self)
@@ -112,7 +120,11 @@ class BackgroundCell:
     # ---- the run -----------------------------------------------------------------------------------------------
     def _main(self, start: Callable[[Callable[[str], None]], CellResult]) -> None:
         try:
-            self.result = start(self._write)
+            with _rich.publishing_to(self._display):
+                self.result = start(self._write)
+            filt = _rich.current_filter()
+            if filt is not None and filt.note():
+                self._write(filt.note() + "\n")
         except BaseException as exc:  # noqa: BLE001 - kept for get(): the run could not happen (group, Ray)
             self.error = exc
         finally:
@@ -136,6 +148,20 @@ class BackgroundCell:
         self._dirty.set()
         if not self.live:
             (self._sink or _stdout)(text)
+
+    def _display(self, bundle: dict[str, Any]) -> None:
+        """Rich output from a rank: kept for the view (a live one shows it); outside a kernel, shown now."""
+        with self._lock:
+            self.displays.append(bundle)
+        self._dirty.set()
+        if self.live:
+            return
+        if _rich._shell() is None:  # no IPython: its text
+            self._write(str(bundle["data"].get("text/plain", _rich.summary(bundle))) + "\n")
+            return
+        from IPython.display import publish_display_data
+
+        publish_display_data(bundle["data"], bundle.get("metadata") or None)
 
     def _current_run(self) -> Any:
         """The group's record of this cell's run, once the group has started it."""
@@ -284,6 +310,9 @@ class BackgroundCell:
         )
         out = "\n".join(self.output(VIEW_LINES))
         body = f"<pre style='max-height:30em;overflow:auto'>{html.escape(out)}</pre>" if out else ""
+        with self._lock:
+            shown = list(self.displays)
+        body += "".join(f"<div>{_rich.view_html(b)}</div>" for b in shown)
         ending = self._ending() if self.ready() else ""
         tail = f"<pre>{html.escape(ending)}</pre>" if ending else ""
         return head + body + tail

@@ -65,6 +65,7 @@ def drain(
         if ok and text:
             got += len(text)
             streamer.feed(rank, text)
+    streamer.tick()  # displays held for the same one from other ranks (see _rich)
     return got
 
 

@@ -456,7 +456,7 @@ class WorkerGroup:
         run = CellRun(
             workers=workers,
             selected=selected,
-            streamer=Streamer(self.log, sink),
+            streamer=Streamer(self.log, sink, ranks=selected),
             start=time.monotonic(),
             log_mark=self.log.mark(),
         )

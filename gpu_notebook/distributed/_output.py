@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpu_notebook.distributed import _rich
 from gpu_notebook.distributed._settings import (
     LOG_LINES_VAR,
     MAX_LINE_CHARS,
@@ -57,6 +58,12 @@ class RankLog:
             dq.extend(complete)
             self._fed[rank] = self._fed.get(rank, 0) + len(complete)
             return complete
+
+    def note(self, rank: int, line: str) -> None:
+        """Add a line that did not come as text (a display's summary), leaving an unfinished line as it is."""
+        with self._lock:
+            self._lines.setdefault(rank, collections.deque(maxlen=self.max_lines)).append(line)
+            self._fed[rank] = self._fed.get(rank, 0) + 1
 
     def live(self, rank: int) -> str | None:
         """What a rank's unfinished line shows now, if it is being redrawn with ``\r`` (else None)."""
@@ -213,6 +220,7 @@ class Streamer:
         sink: Callable[[str], None] | None,
         live_interval: float = 0.3,
         max_lines: int | None = None,
+        ranks: list[int] | None = None,
     ) -> None:
         self.log = log
         self.sink = sink
@@ -221,11 +229,33 @@ class Streamer:
         self.kept: dict[int, KeptLines] = {}
         self._live_shown: dict[int, tuple[float, str]] = {}
         self._live_open = False  # the sink's current line is a live state, not ended by a newline
+        self.ranks = list(ranks or [])  # the cell's ranks: identical displays of all of them are shown once
+        self.filter = _rich.current_filter() if sink is not None else None  # --output-ranks
+        self.router: _rich.Router | None = None  # displays and per-rank \r lines (see _rich), once needed
+
+    def _router(self) -> _rich.Router:
+        if self.router is None:
+            assert self.sink is not None
+            self.router = _rich.Router(self.ranks, self.sink, self._write)
+        return self.router
+
+    def _hidden(self, rank: int) -> bool:
+        return self.filter is not None and rank not in self.filter.shown
 
     def feed(self, rank: int, text: str) -> None:
-        lines = self.log.feed(rank, text)
-        self._emit_all(rank, lines)
-        if self.sink is None:
+        for part in _rich.split(text) if text else ():
+            if isinstance(part, str):
+                self._emit_all(rank, self.log.feed(rank, part))
+                continue
+            self.log.note(rank, _rich.summary(part))
+            if self.sink is None:
+                continue
+            if self._hidden(rank):
+                assert self.filter is not None
+                self.filter.hidden_displays[rank] = self.filter.hidden_displays.get(rank, 0) + 1
+            else:
+                self._router().bundle(rank, part)
+        if self.sink is None or self._hidden(rank) or (self.router is not None and self.router.held(rank)):
             return
         state = self.log.live(rank)
         if state is None:
@@ -234,8 +264,16 @@ class Streamer:
         last_at, last_state = self._live_shown.get(rank, (float("-inf"), ""))
         if state != last_state and now - last_at >= self.live_interval:
             self._live_shown[rank] = (now, state)
+            if self._router().updates_in_place():  # a kernel: one display per rank, updated in place
+                self.router.show_live(rank, prefix(rank, state))  # type: ignore[union-attr]
+                return
             self.sink("\r" + prefix(rank, state))
             self._live_open = True
+
+    def tick(self) -> None:
+        """Show held displays that waited long enough for the same one from other ranks."""
+        if self.router is not None:
+            self.router.release()
 
     @property
     def captured(self) -> dict[int, list[str]]:
@@ -244,6 +282,8 @@ class Streamer:
 
     def finish(self, rank: int) -> None:
         self._emit_all(rank, self.log.flush(rank))
+        if self.router is not None:
+            self.router.finish(rank)
 
     def _emit_all(self, rank: int, lines: list[str]) -> None:
         """Capture complete lines and write them to the sink in one call: a cell printing thousands of lines
@@ -255,7 +295,22 @@ class Streamer:
             kept = self.kept[rank] = KeptLines(self.max_lines)
         kept.extend(lines)
         self._live_shown.pop(rank, None)
-        if self.sink is not None:
-            text = "".join(prefix(rank, line) + "\n" for line in lines)
-            self.sink(("\r" if self._live_open else "") + text)
-            self._live_open = False
+        if self.sink is None:
+            return
+        if self._hidden(rank):  # --output-ranks: kept (and in the log), not shown
+            assert self.filter is not None
+            self.filter.hidden_lines[rank] = self.filter.hidden_lines.get(rank, 0) + len(lines)
+        elif self.router is not None:
+            self.router.lines(rank, lines)
+        else:
+            self._write(rank, lines)
+
+    def _write(self, rank: int, lines: list[str]) -> None:
+        assert self.sink is not None
+        if self.router is not None and lines and self.router.end_live(rank, prefix(rank, lines[0])):
+            lines = lines[1:]  # the line its display showed while it was redrawn: that display shows it now
+            if not lines:
+                return
+        text = "".join(prefix(rank, line) + "\n" for line in lines)
+        self.sink(("\r" if self._live_open else "") + text)
+        self._live_open = False

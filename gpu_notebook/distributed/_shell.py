@@ -6,7 +6,9 @@ last expression's value to the notebook, reports errors as data the driver group
 tracebacks itself and shows ``SystemExit`` as an error. What IPython adds that a user sees is its syntax, so a
 cell that uses it is first turned into plain Python by a headless shell's ``transform_cell`` (``!ls`` becomes
 ``get_ipython().system('ls')``), then run by the same exec. The shell is created on the first such cell (or the
-first ``display()``) in each worker, sharing the rank's ``__main__`` module; other cells never import IPython.
+first ``display()``, or a cell that names ``display`` or ``IPython``) in each worker, sharing the rank's
+``__main__`` module; other cells never import IPython. Its display publisher sends each display to the cell as a
+mime bundle (see :mod:`._rich`).
 
 Measured here (``benchmarks/rank_shell.py``; 2 CPUs, IPython 9.18): importing IPython takes about 107 ms and
 creating the shell 31 ms, once per worker; a trivial cell takes 8 us through our exec, 82 us through
@@ -25,6 +27,10 @@ __all__ = ["RankShell", "uses_ipython_syntax"]
 
 # A line that starts with ! or % (after indentation), or assigns one: `files = !ls`, `t = %timeit -o f()`.
 _SYNTAX = re.compile(r"^[ \t]*(?:[!%]|[\w.]+(?:[ \t]*,[ \t]*[\w.]+)*[ \t]*=[ \t]*[!%])", re.MULTILINE)
+
+
+# A cell that may display rich output through IPython (IPython.display, display(), a _repr_html_ object)
+_DISPLAYS = re.compile(r"\bdisplay\b|\bIPython\b")
 
 
 def uses_ipython_syntax(code: str) -> bool:
@@ -50,6 +56,11 @@ class RankShell:
     def transform(self, code: str) -> str:
         """``code`` as plain Python: unchanged unless it uses IPython syntax; line numbers kept."""
         if not uses_ipython_syntax(code):
+            if self._shell is None and _DISPLAYS.search(code):  # IPython.display's display() needs the shell
+                try:
+                    self.shell()
+                except ImportError:  # no IPython on this worker: the cell cannot import it either
+                    pass
             return code
         lines = code.splitlines()
         lead = next((i for i, line in enumerate(lines) if line.strip()), len(lines))
@@ -72,6 +83,9 @@ class RankShell:
             ns = self.main.__dict__
             exits: dict[str, Any] = {name: ns[name] for name in ("exit", "quit") if name in ns}
             self._shell = InteractiveShell.instance(config=config, user_module=self.main)
+            from gpu_notebook.distributed import _rich
+
+            self._shell.display_pub = _rich.rank_publisher(self._shell)  # display() goes to the cell
             ns.update(exits)  # IPython's exit() only asks a terminal to quit; ours ends the cell
         return self._shell
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpu_notebook._display import fmt_bytes
-from gpu_notebook.distributed import _main, _process_group, _remains, _script, _shell, _stacks
+from gpu_notebook.distributed import _main, _process_group, _remains, _rich, _script, _shell, _stacks
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
@@ -198,6 +198,7 @@ class RankWorker:
         except OSError:  # no writable temporary directory: the worker runs, its last words may be lost
             pass
         _main.install_by_value()
+        _rich.install(self._capture.write)  # display() and matplotlib figures go to the cell (see _rich)
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
 
@@ -270,6 +271,7 @@ class RankWorker:
         at once, see :func:`._process_group.cell_ranks`).
         """
         tid = threading.get_ident()
+        _rich.begin_cell()
         box: list[tuple[bool, Any]] = []
         try:
             try:
@@ -301,6 +303,7 @@ class RankWorker:
             if isinstance(payload, SystemExit):  # name the code, as a shell would see it
                 result["evalue"] = _exit_text(payload)
         result["seq"] = collective_seq()
+        _rich.end_cell()  # figures left open are sent, as the inline backend does
         flush_std()
         self._capture.sync()  # everything written to fds 1 and 2 goes with this cell, not the next one
         if status == 0:

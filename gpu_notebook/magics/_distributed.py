@@ -57,9 +57,12 @@ def busy_is_usage() -> Iterator[None]:
         raise UsageError(str(exc)) from None
 
 
-def print_buffered(result: Any) -> None:
-    """Print what each rank wrote, after the run (``--no-stream``), prefixed as streamed output is."""
+def print_buffered(result: Any, shown: Any = None) -> None:
+    """Print what each rank wrote, after the run (``--no-stream``), prefixed as streamed output is (only the
+    ``shown`` ranks', when given: ``--output-ranks``)."""
     for rank in sorted(result.outputs):
+        if shown is not None and rank not in shown:
+            continue
         for out_line in result.outputs[rank]:
             print(f"[rank {rank}] {out_line}")
 
@@ -189,6 +192,13 @@ class DistributedMagics(Magics):
         help="the most a rank's value may take to come back, e.g. 256M or 2G (default 64M; 0: no limit)",
     )
     @argument(
+        "--output-ranks",
+        type=rank_list(),
+        metavar="RANKS",
+        help="show only these ranks' output in the cell: 0, 0,2 or 0-3 (default all; the others' output goes "
+        "to %%gpu_cluster logs; their failures are still reported)",
+    )
+    @argument(
         "--noblock",
         action="store_true",
         help="return at once with a handle (.ready(), .wait(), .get(), .cancel()); the output keeps streaming "
@@ -214,19 +224,36 @@ class DistributedMagics(Magics):
         In [2]: %%distributed --workers 0 -o loss --timeout 60
            ...: compute_loss()
 
-        In [3]: %%distributed --noblock -o losses
+        In [3]: %%distributed --output-ranks 0
+           ...: train(epochs=1)   # only rank 0's output (prints, displays, progress bars) in the cell
+
+        In [4]: %%distributed --noblock -o losses
            ...: train(epochs=10)
-        In [4]: %gpu_pull step
-        In [5]: %gpu_result
+        In [5]: %gpu_pull step
+        In [6]: %gpu_result
         """
         args = parse(self.distributed, line)
         with reported(self.distributed):
             self._check_syntax(cell)
-            if args.noblock:
-                return self._run_background(args, line, cell)
-            with busy_is_usage():
-                self._run(args, line, cell)
+            with self._output_ranks(args) as shown:
+                if args.noblock:
+                    return self._run_background(args, line, cell)
+                with busy_is_usage():
+                    self._run(args, line, cell, shown)
         return None
+
+    @contextlib.contextmanager
+    def _output_ranks(self, args: Any) -> Iterator[Any]:
+        """``--output-ranks``: only those ranks' output is shown, in this cell and the background cell it starts."""
+        from gpu_notebook.distributed import _rich
+
+        ranks = None
+        if args.output_ranks is not None and args.output_ranks != "all":
+            cluster = target_cluster(args)
+            with usage_errors(ValueError):
+                ranks = parse_ranks(args.output_ranks, cluster.world_size)
+        with _rich.output_ranks(ranks) as shown:
+            yield shown
 
     def _check_syntax(self, cell: str) -> None:
         """A cell that is not Python fails here, as IPython shows a SyntaxError, before any rank runs it.
@@ -244,7 +271,7 @@ class DistributedMagics(Magics):
         except SyntaxError as exc:
             raise cell_syntax_error(exc) from None
 
-    def _run(self, args: Any, line: str, cell: str) -> None:
+    def _run(self, args: Any, line: str, cell: str, shown: Any = None) -> None:
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
         cluster = target_cluster(args)
         count = getattr(self.shell, "execution_count", None)
@@ -261,7 +288,9 @@ class DistributedMagics(Magics):
                 max_result_bytes=args.max_result,
             )
         if args.no_stream:
-            print_buffered(result)
+            print_buffered(result, None if shown is None else shown.shown)
+        if shown is not None and (note := shown.note(args.cluster)):
+            print(note, file=sys.stderr)
         # a cell where every rank failed leaves NAME as it was (an earlier result is not replaced by nothing)
         if args.out and (len(result.values) or not result.failures):
             self._ns[args.out] = result.values
