@@ -149,6 +149,7 @@ def _rank_opts() -> list[Opt]:
         Opt("distributed", "", "--out", "text"),
         Opt("distributed", "", "--max-result", "number"),
         Opt("distributed", "", "--noblock", "flag"),
+        Opt("distributed", "", "--output-ranks", "text"),
         Opt("gpu_result", "", "--timeout", "number"),
         Opt("gpu_result", "", "--cancel", "flag"),
         Opt("gpu_result", "", "--out", "text"),
