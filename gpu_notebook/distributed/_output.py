@@ -236,7 +236,8 @@ class Streamer:
     def _router(self) -> _rich.Router:
         if self.router is None:
             assert self.sink is not None
-            self.router = _rich.Router(self.ranks, self.sink, self._write)
+            shown = [r for r in self.ranks if not self._hidden(r)]  # hidden ranks' displays never come here
+            self.router = _rich.Router(shown, self.sink, self._write)
         return self.router
 
     def _hidden(self, rank: int) -> bool:

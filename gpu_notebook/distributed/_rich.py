@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 #: the largest bundle a rank sends (its JSON, base64 data included); a larger one keeps only its text/plain
-MAX_BUNDLE_BYTES = 4 * 2**20
+MAX_BUNDLE_BYTES = 2 * 2**20
 #: the most bundles one rank sends in one cell; later ones are counted in a note at the end of the cell
 MAX_BUNDLES = 200
 #: how long the driver holds a rank's bundle (and that rank's later output) waiting for the same one from others

@@ -117,3 +117,23 @@ def test_a_background_cell_keeps_and_shows_its_rich_output(ip, shared):
     assert "same on every rank" in view and view.count("data:image/png;base64,") == 2
     assert "[ranks 0-1 display]" in view and "printed by 1" in view
     assert len([o for o in cap.outputs if "image/png" in o.data]) == 2  # outside a kernel: published too
+
+
+def test_a_rank_sends_bounded_displays_and_says_what_it_dropped(monkeypatch):
+    from gpu_notebook.distributed import _rich
+
+    sent: list[str] = []
+    monkeypatch.setattr(_rich._RANK, "write", sent.append)
+    _rich.begin_cell()
+    _rich.publish({"text/plain": "<big image>", "image/png": b"\x00" * (_rich.MAX_BUNDLE_BYTES + 1)})
+    (big,) = _rich.split(sent.pop())
+    assert isinstance(big, dict) and list(big["data"]) == ["text/plain"]
+    assert big["data"]["text/plain"].startswith("<big image>\n[image/png not sent: ")
+    for i in range(_rich.MAX_BUNDLES + 5):
+        _rich.publish({"text/plain": str(i)})
+    _rich.end_cell()
+    assert len(sent) == _rich.MAX_BUNDLES  # the big one counted too
+    assert (
+        sent[-1]
+        == f"gpu_notebook: 6 display(s) of this cell not sent (a rank sends at most {_rich.MAX_BUNDLES} per cell)\n"
+    )
