@@ -302,7 +302,12 @@ def _can_update() -> bool:
 
 
 def _digest(bundle: dict[str, Any]) -> str:
-    return hashlib.sha1(json.dumps(bundle.get("data"), sort_keys=True, default=repr).encode()).hexdigest()
+    """What makes two displays the same: their data, but for ``text/plain`` when there is a richer type (a
+    frontend shows that one; the default repr of an object names its address, different on every rank)."""
+    data = dict(bundle.get("data") or {})
+    if len(data) > 1:
+        data.pop("text/plain", None)
+    return hashlib.sha1(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 @dataclass
