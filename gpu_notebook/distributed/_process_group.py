@@ -9,7 +9,9 @@ built; the doctor's local group uses it too), then initialises ``torch.distribut
 
 A cell may run on some ranks only (``--workers 0``). A collective there on a group with ranks outside the cell
 (the default group, say) would wait for them forever: the collectives of ``torch.distributed`` check that
-first, while such a cell runs (:func:`cell_ranks`), and raise :class:`CollectiveOutsideCellError` at once.
+first, while such a cell runs (:func:`cell_ranks`), and raise :class:`CollectiveOutsideCellError` at once. One
+issued from C++ (DDP's all-reduce in ``backward()``) passes no check: the rank says it waits, see
+:mod:`._outside_wait`.
 
 Nothing here imports torch at module level: the driver (the notebook) may have no torch at all.
 """
@@ -20,10 +22,13 @@ import datetime
 import functools
 import inspect
 import os
+import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_notebook.distributed._outside_wait import OutsideWaitWatch
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks
 from gpu_notebook.errors import GpuNotebookError
 
@@ -254,6 +259,8 @@ GROUP_FIRST = ("_broadcast_coalesced", "_verify_params_across_processes")
 
 # the ranks running the current cell, when they are not all of the group's (None: every rank runs it)
 _CELL_RANKS: frozenset[int] | None = None
+# the group's timeout for a collective, as join() set it (said when a rank waits for ranks outside its cell)
+_COLLECTIVE_TIMEOUT_S = 1800.0
 
 
 class CollectiveOutsideCellError(GpuNotebookError, RuntimeError):
@@ -265,14 +272,43 @@ class cell_ranks:  # noqa: N801 - used as a context manager, named like one
 
     def __init__(self, ranks: Sequence[int] | None) -> None:
         self.ranks = None if ranks is None else frozenset(ranks)
+        self._watch: OutsideWaitWatch | None = None
 
     def __enter__(self) -> None:
         global _CELL_RANKS
         _CELL_RANKS = self.ranks
+        if self.ranks is not None:  # a collective from C++ passes no check: watch for one waiting
+            self._watch = _watch_outside_wait(self.ranks)
 
     def __exit__(self, *exc: object) -> None:
         global _CELL_RANKS
         _CELL_RANKS = None
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+
+
+def _watch_outside_wait(ranks: frozenset[int]) -> OutsideWaitWatch | None:
+    """Start an :class:`OutsideWaitWatch` on this thread when the default group has ranks outside ``ranks``."""
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None
+        missing = sorted(set(range(dist.get_world_size())) - ranks)
+        rank = dist.get_rank()
+    except Exception:  # noqa: BLE001 - no group to tell: nothing to watch
+        return None
+    if not missing:
+        return None
+
+    def write(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    return OutsideWaitWatch(
+        collective_seq, threading.get_ident(), rank, sorted(ranks), missing, _COLLECTIVE_TIMEOUT_S, write
+    ).start()
 
 
 def _check_group(name: str, group: Any, ranks: frozenset[int]) -> None:
@@ -416,10 +452,12 @@ def join(plan_env: dict[str, str], backend: str, timeout_s: float) -> str:
     Returns:
         The backend torch.distributed reports.
     """
+    global _COLLECTIVE_TIMEOUT_S
     os.environ.update(plan_env)
     import torch.distributed as dist
 
     patch_torch_distributed()
+    _COLLECTIVE_TIMEOUT_S = timeout_s
     if not dist.is_initialized():
         rank, world_size = int(plan_env["RANK"]), int(plan_env["WORLD_SIZE"])
         timeout = datetime.timedelta(seconds=timeout_s)

@@ -98,15 +98,36 @@ def test_cancel_ends_it_and_the_workers_keep_their_state(ip, shared, monkeypatch
 
 
 def test_stopping_the_cluster_ends_its_background_cell(ip, shared) -> None:
+    """On a cluster of its own, since its cell never ends: DDP's backward() in a background cell on rank 0 only
+    waits in an all-reduce (issued from C++, no check of dist.* sees it) for rank 1, and rank 0 says so at once;
+    then ``%gpu_cluster stop`` ends the cell."""
+    import time
+
     from gpu_notebook import get_manager
 
     with capture_output() as cap:
-        ip.run_line_magic("gpu_cluster", "start --name bg --workers 1 --cpus-per-worker 0.25")
+        ip.run_line_magic("gpu_cluster", "start --name bg --workers 2 --cpus-per-worker 0.25")
     try:
         bg = get_manager().get("bg")
         assert bg.running, cap.stdout + cap.stderr
-        h = ip.run_cell("%%distributed --noblock\nimport time\nwhile True:\n    time.sleep(0.02)\n").result
+        with capture_output() as cap:
+            ip.run_cell(
+                "%%distributed\nimport torch\ntorch.manual_seed(0)\n"
+                "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
+            )
+        lines: list[str] = []
+        h = bg.run("loss = model(torch.randn(8, 4)).sum()\nloss.backward()\n", ranks=[0], block=False,
+                   sink=lines.append)  # fmt: skip
         assert isinstance(h, BackgroundCell) and not h.ready()
+        deadline = time.monotonic() + 90
+        while not any("is waiting in a collective" in ln for ln in lines) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        said = "\n".join(lines)
+        assert (
+            "[rank 0] gpu_notebook: rank 0 is waiting in a collective on the default group, which needs rank 1"
+            in said
+        ), said
+        assert "at line 2: `loss.backward()`" in said and not h.ready(), said
     finally:
         with capture_output():
             ip.run_line_magic("gpu_cluster", "stop --name bg")
