@@ -23,6 +23,8 @@ import re
 import types
 from typing import Any
 
+from gpu_notebook.distributed import _rich
+
 __all__ = ["RankShell", "uses_ipython_syntax"]
 
 # A line that starts with ! or % (after indentation), or assigns one: `files = !ls`, `t = %timeit -o f()`.
@@ -83,8 +85,6 @@ class RankShell:
             ns = self.main.__dict__
             exits: dict[str, Any] = {name: ns[name] for name in ("exit", "quit") if name in ns}
             self._shell = InteractiveShell.instance(config=config, user_module=self.main)
-            from gpu_notebook.distributed import _rich
-
             self._shell.display_pub = _rich.rank_publisher(self._shell)  # display() goes to the cell
             ns.update(exits)  # IPython's exit() only asks a terminal to quit; ours ends the cell
         return self._shell
