@@ -123,3 +123,92 @@ def test_lightning_ddp_saves_deltas_and_resumes_bit_exact(tmp_path: pathlib.Path
     assert GpuNotebookCheckpointIO(store).load_checkpoint("gone/epoch=0-step=2.ckpt")["global_step"] == 2
     assert io.resume_path() is not None
     assert io.load_checkpoint(io.resume_path())["global_step"] == 4
+
+
+# ---------------------------------------------------------------------------------------------- HF Trainer
+def _hf_worker(rank: int, world: int, port: int, store: str, out: str, max_steps: int, resume: bool) -> None:
+    import os
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), TOKENIZERS_PARALLELISM="false",
+    )  # fmt: skip
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from gpu_notebook.checkpoint.integrations.transformers import GpuNotebookCallback, resume_folder
+
+    args = TrainingArguments(
+        output_dir=out, use_cpu=True, ddp_backend="gloo", max_steps=max_steps, save_steps=2,
+        per_device_train_batch_size=4, learning_rate=1e-3, report_to="none", logging_steps=100,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    _ = args.device  # sets up the process group
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=512, n_positions=16))
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 512, (64, 16), generator=g)
+    data = [{"input_ids": r, "labels": r} for r in ids]
+    ckpt = Checkpointer(store, current=False)
+    steps: list[int] = []
+
+    class Count(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+            steps.append(state.global_step)
+
+    trainer = Trainer(
+        model=model, args=args, train_dataset=data, callbacks=[GpuNotebookCallback(ckpt), Count()]
+    )
+    where = resume_folder(ckpt) if resume else None
+    trainer.train(resume_from_checkpoint=where)
+    ckpt.close()
+    with open(os.path.join(out, f"steps_{rank}.json"), "w") as fh:
+        json.dump(steps, fh)
+
+
+def _spawn_hf(store: str, out: str, max_steps: int, resume: bool) -> None:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(
+        _hf_worker, args=(2, port, store, out, max_steps, resume), nprocs=2, start_method="spawn"
+    )
+
+
+def test_hf_trainer_ddp_saves_deltas_and_resumes(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("transformers")
+    from safetensors.torch import load_file
+
+    from gpu_notebook.checkpoint.integrations.transformers import resume_folder
+
+    store, out = str(tmp_path / "store"), str(tmp_path / "out")
+    _spawn_hf(store, out, 4, resume=False)
+    ckpt = Checkpointer(store, current=False)
+    infos = ckpt.list()
+    assert [i.step for i in infos] == [2, 4]
+    assert infos[1].new_bytes < infos[0].new_bytes
+    assert {s["rank"] for s in ckpt.manifest(infos[1].id)["per_rank"]} == {0, 1}  # each rank's RNG file
+    _no_pickle(ckpt)
+
+    # the folder written back holds what the Trainer wrote: bit-exact weights and optimizer state, the step
+    folder = resume_folder(ckpt, tmp_path / "back")
+    assert folder is not None and folder.endswith("checkpoint-4")
+    orig = pathlib.Path(out) / "checkpoint-4"
+    a, b = load_file(orig / "model.safetensors"), load_file(pathlib.Path(folder) / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = torch.load(orig / "optimizer.pt", weights_only=True)
+    ob = torch.load(pathlib.Path(folder) / "optimizer.pt", weights_only=True)
+    for i, s in oa["state"].items():
+        assert all(torch.equal(v, ob["state"][i][k]) for k, v in s.items())
+    assert json.loads((pathlib.Path(folder) / "trainer_state.json").read_text())["global_step"] == 4
+
+    # resume on 2 ranks from the store alone (the Trainer's own folders gone): two more steps, not six
+    import shutil
+
+    shutil.rmtree(out)
+    _spawn_hf(store, out, 6, resume=True)
+    assert json.loads((pathlib.Path(out) / "steps_0.json").read_text()) == [5, 6]
+    assert [i.step for i in Checkpointer(store, current=False).list()] == [2, 4, 6]
