@@ -46,4 +46,4 @@ if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then e
     GPU_NOTEBOOK_NO_C_EXT=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
         tests/checkpoint/test_checkpoint_{codec,format,golden,hostile,local,robustness,sizes}.py
 fi
-exec .venv/bin/python -m pytest --durations=20 "$@"  # the slowest tests, to keep the run short
+exec .venv/bin/python -m pytest --durations=50 "$@"  # the slowest tests, to keep the run short

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
+import queue
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -74,6 +77,25 @@ def test_prefix_sources_in_order_and_links_built_from_them() -> None:
     assert "Dashboards" not in str(ClusterStatus("c", "local", "local", "running", "gloo", 1.0))
 
 
+def _wait_for_kernel(kc: Any, timeout: float, log: pathlib.Path) -> None:
+    """Until the kernel answers kernel_info and its IOPub reaches us. Not ``wait_for_ready``: without a kernel
+    manager that one calls the kernel dead when one heartbeat is late (seen in CI, on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kc.kernel_info()
+        try:
+            msg = kc.get_shell_msg(timeout=2)
+        except queue.Empty:
+            msg = None
+        if msg is not None and msg["msg_type"] == "kernel_info_reply":
+            try:  # the reply's status messages on IOPub: it is connected (else ask again)
+                kc.get_iopub_msg(timeout=0.5)
+                return
+            except queue.Empty:
+                pass
+        assert time.monotonic() < deadline, f"the kernel never answered: {log.read_text()[-3000:]}"
+
+
 def test_prometheus_link_opens_through_a_real_jupyter_server_proxy(tmp_path) -> None:
     pytest.importorskip("jupyter_server_proxy")
     from jupyter_client import BlockingKernelClient
@@ -118,7 +140,7 @@ def test_prometheus_link_opens_through_a_real_jupyter_server_proxy(tmp_path) -> 
         kc = BlockingKernelClient(connection_file=str(tmp_path / "runtime" / f"kernel-{kernel_id}.json"))
         kc.load_connection_file()
         kc.start_channels()
-        kc.wait_for_ready(timeout=60)
+        _wait_for_kernel(kc, 120, tmp_path / "server.log")
         out: list[str] = []
 
         def hook(msg: dict) -> None:

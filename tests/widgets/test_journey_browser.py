@@ -91,6 +91,19 @@ class Watch:
         self.monitor_shot: pathlib.Path | None = None
         self.problems: list[str] = []
 
+    def _shoot_monitor(self, page: Any) -> None:
+        cell = page.locator(".jp-CodeCell", has=page.locator(".gpu-notebook-monitor")).first
+        shot = self.shots / f"{self.name}-monitor.png"
+        try:  # short: the cell can be re-rendered (its live view ending, the notebook scrolling) meanwhile
+            cell.screenshot(path=str(shot), timeout=10_000)
+        except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError: the next look tries again
+            print(f"{self.name}: the monitor cell's screenshot failed ({type(exc).__name__}); trying again")
+            return
+        self.monitor_shot = shot
+        if self.readme:
+            README_SHOT.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(shot, README_SHOT)
+
     def look(self, page: Any) -> None:
         charts = _browser.plotly_charts(page, ".gpu-notebook-monitor .js-plotly-plot")
         points = max((len(t["y"]) for c in charts for t in c["traces"]), default=0)
@@ -99,12 +112,7 @@ class Watch:
             self.monitor_traces = sorted({t["name"] for c in charts for t in c["traces"]})
             self.monitor_header = " ".join(page.locator(".gpu-notebook-monitor-header").all_inner_texts())
         if points >= self.shot_at and self.monitor_shot is None:
-            cell = page.locator(".jp-CodeCell", has=page.locator(".gpu-notebook-monitor")).first
-            self.monitor_shot = self.shots / f"{self.name}-monitor.png"
-            cell.screenshot(path=str(self.monitor_shot))
-            if self.readme:
-                README_SHOT.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy(self.monitor_shot, README_SHOT)
+            self._shoot_monitor(page)
         cost = page.locator(".gpu-notebook-cost").all_inner_texts()
         if cost and "$" in cost[0]:
             self.cost = cost[0]
