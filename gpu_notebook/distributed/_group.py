@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _settings
+from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _settings, _stall
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
@@ -461,6 +461,7 @@ class WorkerGroup:
             log_mark=self.log.mark(),
         )
         run.last_drain, run.drain_every = run.start, DRAIN_MIN_S
+        run.stall = _stall.watch_for(workers, selected, self.backend, run.streamer.say)
         run.pending = {submit(workers[r].actor): r for r in selected}
         self.busy, self.current_run = True, run
         try:  # a death of these ranks is this cell's to report, not Ray's (see _quiet)
@@ -516,6 +517,8 @@ class WorkerGroup:
             got = self._drain(run.selected, run.streamer, run.workers)
             run.last_drain = now
             run.drain_every = DRAIN_MIN_S if got else min(2 * run.drain_every, DRAIN_MAX_S)
+        if run.stall is not None:  # ranks whose collective numbers differ and stand still: their stacks, once
+            run.stall.tick(now)
         for ref in ready:
             self._collect(run, ref)
             del run.pending[ref]  # after: an interrupt while collecting leaves it to collect again

@@ -271,6 +271,12 @@ class Streamer:
             self.sink("\r" + prefix(rank, state))
             self._live_open = True
 
+    def say(self, text: str) -> None:
+        """A message of ours (not a rank's) in the cell's output, on lines of its own."""
+        if self.sink is not None:
+            self.sink(("\n" if self._live_open else "") + text.rstrip("\n") + "\n")
+            self._live_open = False
+
     def tick(self) -> None:
         """Show held displays that waited long enough for the same one from other ranks."""
         if self.router is not None:

@@ -62,6 +62,7 @@ class CellRun:
     poll: float = 0.002  # the next wait for replies, in seconds (grows to 0.1 s)
     last_drain: float = 0.0  # time.monotonic() of the last output drain
     drain_every: float = 0.1  # seconds between output drains (backs off while the ranks print nothing)
+    stall: Any = None  # the cell's _stall.StallWatch (None: no hang report for this cell)
 
     def died(self) -> list[int]:
         """The ranks whose worker process died, in order."""

@@ -24,10 +24,12 @@ __all__ = [
     "MAX_LINE_CHARS",
     "OUTPUT_LINES_VAR",
     "SHOWN_VARIABLES",
+    "STALL_REPORT_VAR",
     "is_secret_name",
     "log_lines",
     "output_lines",
     "rank_settings",
+    "stall_report_s",
 ]
 
 MASK = "****"
@@ -137,6 +139,29 @@ def interrupt_grace() -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{INTERRUPT_GRACE_VAR} must be a number of seconds above 0 (got {raw!r})")
+    return value
+
+
+#: The environment variable that sets after how many seconds without collective progress, with the ranks'
+#: sequence numbers apart, a running cell shows every rank's stack once (0: never): read when a cell starts.
+STALL_REPORT_VAR = "GPU_NOTEBOOK_STALL_REPORT"
+DEFAULT_STALL_REPORT = 120.0
+
+
+def stall_report_s() -> float:
+    """Seconds without collective progress before a cell's hang report (0: off): ``$GPU_NOTEBOOK_STALL_REPORT``,
+    else 120."""
+    raw = os.environ.get(STALL_REPORT_VAR, "").strip()
+    if not raw:
+        return DEFAULT_STALL_REPORT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"{STALL_REPORT_VAR} must be a number of seconds, 0 to turn the report off (got {raw!r})"
+        )
     return value
 
 

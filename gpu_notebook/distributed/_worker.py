@@ -231,7 +231,12 @@ class RankWorker:
             return int(s.getsockname()[1])
 
     def ping(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "busy": self._exec_tid is not None, "rank": self.rank}
+        return {
+            "pid": os.getpid(),
+            "busy": self._exec_tid is not None,
+            "rank": self.rank,
+            "seq": collective_seq(),
+        }
 
     def drain_output(self) -> str:
         return self._capture.drain()

@@ -4,10 +4,13 @@ collective sequence numbers say rank 1 has not entered the barrier rank 0 is in.
 
 from __future__ import annotations
 
+import doctest
 import time
 
+import pytest
 from IPython.utils.capture import capture_output
 
+from gpu_notebook.distributed import _settings, _stall
 from gpu_notebook.distributed._background import BackgroundCell
 
 CELL = """%%distributed --noblock
@@ -102,3 +105,64 @@ def test_a_rank_that_does_not_answer_is_named_and_threads_are_captured_in_proces
     assert report.not_answering == [1]
     text = str(report)
     assert "== rank 1: not answering (no reply within 5 s" in text and text.endswith("not answering: rank 1")
+
+
+STALLED = """%%distributed
+import time
+import torch.distributed as dist
+
+def late():
+    time.sleep(10)
+
+if rank == 1:
+    late()
+dist.barrier()
+rank
+"""
+
+
+def test_a_cell_stalled_in_a_collective_shows_the_stacks_once_naming_the_late_rank(
+    ip, shared, monkeypatch
+) -> None:
+    """The automatic report: rank 0 waits in a barrier that rank 1 has not entered; after the threshold
+    ($GPU_NOTEBOOK_STALL_REPORT, 2 s here) the cell shows every rank's stack once, and then ends normally."""
+    monkeypatch.setenv(_settings.STALL_REPORT_VAR, "2")
+    with capture_output() as cap:
+        res = ip.run_cell(STALLED)
+    out = cap.stdout + cap.stderr
+    assert res.error_in_exec is None, out
+    assert list(res.result.values) == [0, 1], out
+    assert out.count("no collective has completed for") == 1, out
+    assert "rank 1 issued" in out and "rank 1 has not entered the collective the others wait in" in out, out
+    rank1 = out.split("== rank 1")[1]
+    assert "in late" in rank1, out  # where rank 1 is instead
+    assert "GPU_NOTEBOOK_STALL_REPORT=0 turns it off" in out
+
+
+def test_no_stall_report_when_it_is_off_or_the_ranks_agree(ip, shared, monkeypatch) -> None:
+    monkeypatch.setenv(_settings.STALL_REPORT_VAR, "0")
+    with capture_output() as cap:
+        ip.run_cell(STALLED.replace("time.sleep(10)", "time.sleep(3)"))
+    assert "no collective has completed" not in cap.stdout, cap.stdout
+    monkeypatch.setenv(_settings.STALL_REPORT_VAR, "1")
+    with capture_output() as cap:  # both ranks sleep: equal numbers, nothing waits in a collective
+        ip.run_cell("%%distributed\nimport time\ntime.sleep(4)\n")
+    assert "no collective has completed" not in cap.stdout, cap.stdout
+
+
+def test_stall_clock_and_setting() -> None:
+    assert doctest.testmod(_stall).failed == 0
+    for bad in ("nan", "-1", "soon", "inf"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(_settings.STALL_REPORT_VAR, bad)
+            with pytest.raises(ValueError, match="GPU_NOTEBOOK_STALL_REPORT must be a number of seconds"):
+                _settings.stall_report_s()
+    said: list[str] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(_settings.STALL_REPORT_VAR, "nan")
+        assert _stall.watch_for([object(), object()], [0, 1], "gloo", said.append) is None
+    assert "this cell has no hang report" in said[0]
+    assert (
+        _stall.watch_for([object(), object()], [0], "gloo", said.append) is None
+    )  # some ranks: not this check
+    assert _stall.watch_for([object(), object()], [0, 1], None, said.append) is None  # no process group
