@@ -6,6 +6,8 @@ sources (no download). For each workload the *same* training state is checkpoint
 * ``torch.save`` (the normaliser), ``torch.save`` + zstd (level 3), safetensors (tensors) + JSON,
   ``torch.distributed.checkpoint`` (single process, FileSystemWriter),
 * ours, full (a fresh store: what the first checkpoint of a run costs),
+* ours through DCP: ``dcp.save`` with our ``DCPWriter`` (gpu_notebook.checkpoint.dcp), a writer kept over the
+  same saves as the delta Checkpointer, so its measured save is a delta too (bytes; one save and load timed),
 * ours, delta: the steady state of a run. The store holds a base checkpoint and a first delta (two and one
   intervals earlier); the measured save is the next delta. Its save speed is reported together with the
   first delta's, which also searches each chunk's encoding (later saves reuse the choice).
@@ -212,6 +214,68 @@ def bench_baselines(sd: dict[str, Any], work: Path) -> dict[str, dict[str, float
     return res
 
 
+class OursDCP:
+    """``dcp.save`` / ``dcp.load`` through our DCPWriter / DCPReader, one writer kept over a run's saves."""
+
+    def __init__(self, root: Path) -> None:
+        from gpu_notebook.checkpoint.dcp import DCPWriter
+
+        self.root = root
+        self.writer = DCPWriter(root)
+        self.save_s = math.nan
+
+    @staticmethod
+    def state_dict(state: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "model": state["model"].state_dict(),
+            "optim": state["optim"].state_dict(),
+            "step": state["step"],
+        }
+
+    def save(self, state: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        t0 = time.perf_counter()
+        dcp.save(self.state_dict(state), storage_writer=self.writer, no_dist=True)
+        self.save_s = time.perf_counter() - t0
+
+    def row(
+        self, label: str, state: dict[str, Any], n_params: int, rows: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The measured save (a delta against the two before it) as a row like measure()'s."""
+        import torch.distributed.checkpoint as dcp
+
+        from gpu_notebook.checkpoint.dcp import DCPReader
+
+        self.save(state)
+        target = _clone_struct(self.state_dict(state))
+        restore_s = _time(lambda: dcp.load(target, storage_reader=DCPReader(self.root), no_dist=True))
+        for k, v in state["model"].state_dict().items():  # lossless
+            assert torch.equal(
+                target["model"][k].view(torch.uint8), v.detach().contiguous().view(torch.uint8)
+            ), k
+        ref = next(r for r in rows if r["method"] == "torch.save")
+        nbytes = self.writer.last_written_bytes
+        return {
+            "workload": label,
+            "params": n_params,
+            "method": "ours through DCP, delta",
+            "bytes": nbytes,
+            "ratio": nbytes / ref["bytes"],
+            "save_s": self.save_s,
+            "save_runs": [self.save_s],
+            "mb_s": self.writer.last_logical_bytes / self.save_s / 1e6,
+            "stall_s": None,
+            "cpu_s": None,
+            "host_copy_s": None,
+            "restore_s": restore_s,
+            "restore_runs": [restore_s],
+            "cold_restore_runs": None,
+            "s3_restore_runs": None,
+            "first_mb_s": None,
+        }
+
+
 def _clone_struct(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _clone_struct(v) for k, v in x.items()}
@@ -343,8 +407,10 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
             for j in range(SAVE_TWINS)
         ]
         state = {"model": model, "optim": opt, "step": step}
+        dcp_ours = OursDCP(work / f"dcp-ours-{len(rows)}")
         for ck in cks:
             ck.save(state, step).result()
+        dcp_ours.save(state)
         train(model, opt, data, interval, g)
         state["step"] = step + interval
         first_s = []
@@ -353,9 +419,11 @@ def run(quick: bool, s3: S3Bench | None) -> list[dict[str, Any]]:
             first = ck.save(state, step + interval).result()
             first_s.append(time.perf_counter() - t0)
             assert first is not None
+        dcp_ours.save(state)
         train(model, opt, data, interval, g)
         state["step"] = step + 2 * interval
-        rows.extend(measure(label, state, cks, work, n_params, s3, first.raw_bytes / med(first_s) / 1e6))
+        measured = measure(label, state, cks, work, n_params, s3, first.raw_bytes / med(first_s) / 1e6)
+        rows.extend(measured + [dcp_ours.row(label, state, n_params, measured)])
         for ck in cks:
             ck.close()
 
@@ -558,12 +626,16 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """One line per workload: bytes as a ratio to torch.save, our save speed, stall and CPU time, and our restore
     time as a ratio to torch.load's (per interleaved run: median [min-max])."""
     head = (
-        "| workload | torch.save+zstd | safetensors | torch.distributed.checkpoint | ours, full | ours, delta | "
+        "| workload | torch.save+zstd | safetensors | torch.distributed.checkpoint | ours through DCP, delta | "
+        "ours, full | ours, delta | "
         "our save MB/s | training stall / host copy | CPU s per save | "
         "restore / torch.load, local: delta, full | local, cold cache: delta, full | "
         "S3 (vs download + torch.load): delta, full |"
     )
-    out = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        head,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["workload"], {})[r["method"]] = r
@@ -572,7 +644,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
         stall = f"{1e3 * med(d['stall_s']):.0f} ms / {1e3 * med(d['host_copy_s']):.0f} ms"
         out.append(
             f"| {wl} | {m['torch.save+zstd3']['ratio']:.3f} | {m['safetensors']['ratio']:.3f} | "
-            f"{m['torch.distributed.checkpoint']['ratio']:.3f} | {f['ratio']:.3f} | "
+            f"{m['torch.distributed.checkpoint']['ratio']:.3f} | {m['ours through DCP, delta']['ratio']:.3f} | "
+            f"{f['ratio']:.3f} | "
             f"{d['ratio']:.3f} | {d['mb_s']:.0f} ({d['first_mb_s']:.0f} first) | {stall} | {spread(d['cpu_s'])} | "
             f"{_x(d['restore_runs'], ts['restore_runs'])}, {_x(f['restore_runs'], ts['restore_runs'])} | "
             f"{_x(d['cold_restore_runs'], ts['cold_restore_runs'])}, "

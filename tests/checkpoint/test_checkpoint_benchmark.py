@@ -56,6 +56,11 @@ def test_quick_run_prints_every_table(tmp_path: pathlib.Path) -> None:
             measured_full, measured_delta = MEASURED[w]
             assert full["ratio"] <= measured_full * MARGIN, (w, full["ratio"], measured_full)
             assert r["ratio"] <= measured_delta * MARGIN, (w, r["ratio"], measured_delta)
+        if m == "ours through DCP, delta":  # dcp.save through our DCPWriter: a delta, under plain DCP's bytes
+            plain = rows[(w, "torch.distributed.checkpoint")]
+            assert 0 < r["ratio"] < plain["ratio"], (w, r["ratio"], plain["ratio"])
+            assert r["restore_s"] > 0
+    assert {m for _, m in rows} >= {"ours through DCP, delta", "torch.distributed.checkpoint"}
     runs = {(s["state"], s["policy"]): s for s in doc["sweep"]}
     assert set(runs) == set(MEASURED_RUNS)
     for key, row in runs.items():
