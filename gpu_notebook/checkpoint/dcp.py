@@ -340,7 +340,8 @@ class DCPWriter(StorageWriter):
                 records.append({**rec, "n": part.nbytes, "raw": raw_h})
                 after.append(old)
                 continue
-            prior = self._prior().get((key, i)) if old is None else None  # no base here: the first commit seen
+            # no base here: the first commit this writer saw
+            prior = self._prior().get((key, i)) if old is None else None
             if prior is not None and prior["raw"] == raw_h and prior["n"] == part.nbytes:
                 records.append(prior)  # unchanged since the last commit (another process wrote it)
                 full = prior["base"] is None and isinstance(prior.get("len"), int)
