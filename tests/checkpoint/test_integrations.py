@@ -212,3 +212,53 @@ def test_hf_trainer_ddp_saves_deltas_and_resumes(tmp_path: pathlib.Path) -> None
     _spawn_hf(store, out, 6, resume=True)
     assert json.loads((pathlib.Path(out) / "steps_0.json").read_text()) == [5, 6]
     assert [i.step for i in Checkpointer(store, current=False).list()] == [2, 4, 6]
+
+
+def test_hf_trainer_on_a_preemption_notice_saves_to_s3_and_stops(tmp_path: pathlib.Path) -> None:
+    """One process, the default save schedule never reached: a spot notice (the fake AWS metadata service) makes
+    the callback save at once, into S3 (moto), and stop the Trainer; the folder written back resumes there."""
+    pytest.importorskip("transformers")
+    import time
+
+    from _s3server import serving
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+    from gpu_notebook.checkpoint import PreemptionWatcher
+    from gpu_notebook.checkpoint.integrations.transformers import GpuNotebookCallback, resume_folder
+    from gpu_notebook.testing.cloud_metadata import FakeMetadataServer
+
+    with serving() as s3, FakeMetadataServer("aws") as md:
+        s3.client().create_bucket(Bucket="hf-run")
+        url = "s3://hf-run/trainer"
+        watcher = PreemptionWatcher("aws", url=md.url, interval_s=0.05)
+        ckpt = Checkpointer(url, endpoint_url=s3.endpoint, preemption=watcher, current=False)
+
+        class Notice(TrainerCallback):  # type: ignore[misc]
+            def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
+                if state.global_step == 3:
+                    md.preempt(in_s=120)
+                    time.sleep(0.5)  # the watcher polls every 0.05 s
+
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=40, save_steps=1000,
+            per_device_train_batch_size=4, learning_rate=1e-3, report_to="none", logging_steps=100,
+            disable_tqdm=True, seed=0, dataloader_num_workers=0,
+        )  # fmt: skip
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128, n_positions=8))
+        ids = torch.randint(0, 128, (160, 8), generator=torch.Generator().manual_seed(2))
+        data = [{"input_ids": r, "labels": r} for r in ids]
+        trainer = Trainer(
+            model=model, args=args, train_dataset=data, callbacks=[Notice(), GpuNotebookCallback(ckpt)]
+        )
+        trainer.train()
+        stopped = trainer.state.global_step
+        ckpt.close()
+        assert 3 <= stopped <= 6, stopped  # stopped by the notice (seen at step 3 or soon after), not at 40
+        back = Checkpointer(url, endpoint_url=s3.endpoint, preemption=None, current=False)
+        assert [i.step for i in back.list()] == [stopped]  # the notice's save, in S3
+        folder = resume_folder(back, tmp_path / "back")
+        assert folder is not None and folder.endswith(f"checkpoint-{stopped}")
+        state = json.loads((pathlib.Path(folder) / "trainer_state.json").read_text())
+        assert state["global_step"] == stopped
+        back.close()
