@@ -1,5 +1,5 @@
-"""``python -m gpu_notebook.checkpoint``: list, show, verify and export the checkpoints of a folder or an
-``s3://`` prefix from a terminal or CI, without a notebook.
+"""``python -m gpu_notebook.checkpoint``: list, show, compare (diff), verify, export and gc the checkpoints of a
+folder or an ``s3://`` prefix from a terminal or CI, without a notebook.
 
 Exit codes: 0 done (``verify``: every checkpoint checked is intact), 1 a checkpoint is damaged or an operation
 failed (the store unreachable, an object missing), 2 a usage error (a bad argument, no such store, checkpoint
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 from ._errors import CheckpointError, IntegrityError, NoCheckpointError, ObjectMissingError, UnsafeValueError
 from ._export import ExportError
 from ._open import export, open_reader
+from .checkpointer import Checkpointer
 
 __all__ = ["main"]
 
@@ -62,10 +64,13 @@ class _Progress:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m gpu_notebook.checkpoint",
-        description="List, show, verify and export the checkpoints of a store (a folder, file:// or s3:// URL).",
+        description=(
+            "List, show, compare, verify, export and garbage-collect the checkpoints of a store (a folder, "
+            "file:// or s3:// URL)."
+        ),
         epilog="exit codes: 0 ok, 1 damaged checkpoint or failed operation, 2 usage error",
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{ls,show,verify,export}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{ls,show,diff,verify,gc,export}")
 
     def cmd(name: str, help: str) -> argparse.ArgumentParser:
         c = sub.add_parser(name, help=help, description=help)
@@ -79,6 +84,22 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument(
         "id", nargs="?", default="latest", help="checkpoint id or unique prefix (default: latest)"
     )
+    diff = cmd("diff", "what changed between two checkpoints: tensors (chunks changed) and plain values")
+    diff.add_argument("a", help="checkpoint id or unique prefix")
+    diff.add_argument(
+        "b", nargs="?", default="latest", help="checkpoint id or unique prefix (default: latest)"
+    )
+    gc = cmd(
+        "gc", "delete all but the newest checkpoints of the live branch, and the objects no kept one needs"
+    )
+    gc.add_argument(
+        "--keep", type=_positive_int, default=3, help="checkpoints of the live branch to keep (3)"
+    )
+    gc.add_argument(
+        "--grace", type=_seconds, default=3600.0, help="keep unreferenced objects newer than this (s, 3600)"
+    )
+    gc.add_argument("--keep-abandoned", action="store_true", help="keep the checkpoints of other branches")
+    gc.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
     ver = cmd("verify", "restore and check every chunk's hash (exit 1 if one is damaged)")
     ver.add_argument("id", nargs="?", help="checkpoint id or unique prefix (default: every checkpoint)")
     ex = cmd("export", "write a checkpoint to a .safetensors or torch.save (.pt) file")
@@ -87,6 +108,43 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--select", help="export only this sub-tree (a key path: model, model.encoder)")
     ex.add_argument("--format", choices=["safetensors", "torch"], help="overrides the file's suffix")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (0 or more), not {text!r}")
+    return v
+
+
+def _gc(args: argparse.Namespace) -> int:
+    opts: dict[str, Any] = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    ck = Checkpointer(
+        args.store, current=False, preemption=None, rank=0, world_size=1, progress=False, **opts
+    )
+    try:
+        res = ck.gc(
+            keep=args.keep, grace_s=args.grace, dry_run=args.dry_run, keep_abandoned=args.keep_abandoned
+        )
+    finally:
+        ck.close(wait=False)
+    _out(("dry run (nothing deleted): " if args.dry_run else "") + repr(res))
+    for cid in res.manifests:
+        _out(f"{'would delete' if args.dry_run else 'deleted'} {cid}")
+    return OK
 
 
 def _ls(ck: Any, args: argparse.Namespace) -> int:
@@ -144,6 +202,8 @@ def _verify(ck: Any, args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "gc":
+        return _gc(args)
     ck = open_reader(args.store, args.endpoint_url, progress=_Progress())
     try:
         if args.command == "ls":
@@ -153,6 +213,10 @@ def _run(args: argparse.Namespace) -> int:
             return OK
         if args.command == "verify":
             return _verify(ck, args)
+        if args.command == "diff":
+            a, b = (ck.manifest(x)["id"] for x in (args.a, args.b))
+            _out(repr(ck.diff(a, b)))
+            return OK
         res = export(ck, args.id, args.dest, select=args.select, format=args.format)
         _out(repr(res))
         if res.dropped:

@@ -126,3 +126,38 @@ def test_ls_and_verify_an_s3_store_with_endpoint_url() -> None:
         r = cli("verify", url, "--endpoint-url", s3.endpoint)
         assert r.returncode == 0 and "1 of 1 checkpoint(s) intact" in r.stdout, r.stdout + r.stderr
         assert "AWS_SECRET" not in r.stdout + r.stderr
+
+
+def test_diff_and_gc(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "store"
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    ck = checkpoint.Checkpointer(root, preemption=None, current=False)
+    for step in (1, 2, 3, 4):
+        ck.save({"model": net, "step": step}, step=step)
+        ck.wait()
+        with torch.no_grad():
+            net[1].weight.add_(1.0)
+    ids = [c.id for c in ck.list()]
+    ck.close()
+    r = cli("diff", root, ids[0], ids[1])
+    assert r.returncode == 0, r.stderr
+    assert "model/1.weight" in r.stdout and "model/0.weight" not in r.stdout.split("unchanged")[0], r.stdout
+    assert "step" in r.stdout  # the plain value that changed
+    r = cli("gc", root, "--keep", "2", "--grace", "0", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "dry run (nothing deleted)" in r.stdout and f"would delete {ids[0]}" in r.stdout, r.stdout
+    assert len(checkpoint.Checkpointer(root, read_only=True, current=False, preemption=None).list()) == 4
+    r = cli("gc", root, "--keep", "2", "--grace", "0")
+    assert r.returncode == 0, r.stderr
+    assert f"deleted {ids[0]}" in r.stdout and f"deleted {ids[1]}" in r.stdout, r.stdout
+    left = checkpoint.Checkpointer(root, read_only=True, current=False, preemption=None)
+    assert [c.id for c in left.list()] == ids[2:]
+    assert left.restore(ids[3])["step"] == 4  # what is kept restores
+    r = cli("verify", root)
+    assert r.returncode == 0 and "2 of 2 checkpoint(s) intact" in r.stdout, r.stdout + r.stderr
+    for bad in (["--keep", "0"], ["--keep", "x"], ["--grace", "nan"], ["--grace", "-1"]):
+        r = cli("gc", root, *bad)
+        assert r.returncode == 2 and "expected" in r.stderr, (bad, r.stderr)
+    r = cli("diff", root, "nope")
+    assert r.returncode == 2 and "error:" in r.stderr, r.stderr
