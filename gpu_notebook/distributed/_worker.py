@@ -35,7 +35,16 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from gpu_notebook._display import fmt_bytes
-from gpu_notebook.distributed import _main, _process_group, _remains, _rich, _script, _shell, _stacks
+from gpu_notebook.distributed import (
+    _interruptible,
+    _main,
+    _process_group,
+    _remains,
+    _rich,
+    _script,
+    _shell,
+    _stacks,
+)
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
@@ -199,6 +208,7 @@ class RankWorker:
             pass
         _main.install_by_value()
         _rich.install(self._capture.write)  # display() and matplotlib figures go to the cell (see _rich)
+        _interruptible.install()  # a cell blocked in sleep() or a lock wait still sees the stop button
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
 
@@ -283,7 +293,7 @@ class RankWorker:
                 try:
                     with self._exec_lock:  # inside the try: an interrupt can fire as soon as this is set
                         self._exec_tid = tid
-                    with _process_group.cell_ranks(ranks):
+                    with _process_group.cell_ranks(ranks), _interruptible.cell_thread():
                         box.append((True, work()))
                 except BaseException as exc:  # noqa: BLE001 - report everything, KeyboardInterrupt included
                     box.append((False, exc))

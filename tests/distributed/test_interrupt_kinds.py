@@ -1,0 +1,160 @@
+"""Interrupts that keep worker state (issue 19, item 3): a cell blocked in ``time.sleep``, ``queue.get``,
+``Event.wait``, ``future.result()``, ``Thread.join`` or a DataLoader's wait ends at the stop button, and the
+workers keep their variables (no rebuild after the interrupt grace).
+
+The pure part runs the sliced waits of ``_interruptible`` in a thread of this process and interrupts it as the
+worker does (``PyThreadState_SetAsyncExc``); their results and timeouts are what the originals give. The journey
+interrupts a ``%%distributed`` cell of each kind on the shared cluster with a kernel interrupt, as the stop button
+does, and checks the variable set before it and the workers' pids.
+"""
+
+from __future__ import annotations
+
+import _thread
+import concurrent.futures
+import ctypes
+import multiprocessing
+import queue
+import threading
+import time
+
+import pytest
+
+from gpu_notebook.distributed import _interruptible
+
+BLOCKING = {
+    "time.sleep": "time.sleep(600)",
+    "queue.get": "queue.Queue().get()",
+    "Event.wait": "threading.Event().wait()",
+    "future.result": "concurrent.futures.Future().result()",
+    "Thread.join": "t = threading.Thread(target=time.sleep, args=(600,), daemon=True); t.start(); t.join()",
+    "multiprocessing": "multiprocessing.get_context('spawn').Queue().get(timeout=600)",  # a DataLoader's wait
+}
+
+
+@pytest.fixture
+def sliced():
+    was = _interruptible.installed()
+    _interruptible.install()
+    yield
+    if not was:
+        _interruptible.uninstall()
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    assert thread.ident is not None
+    n = ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt)
+    )
+    assert n == 1
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKING))
+def test_each_blocking_wait_in_a_cell_thread_sees_the_interrupt(sliced, kind: str) -> None:
+    got: list[BaseException] = []
+
+    def cell() -> None:
+        with _interruptible.cell_thread():
+            try:
+                exec(BLOCKING[kind], {"time": time, "queue": queue, "threading": threading,
+                                      "concurrent": concurrent, "multiprocessing": multiprocessing})  # fmt: skip
+            except BaseException as exc:  # noqa: BLE001 - what the interrupt raised
+                got.append(exc)
+
+    t = threading.Thread(target=cell, daemon=True)
+    t.start()
+    time.sleep(0.5)  # (this thread is not a cell's: a plain sleep)
+    _interrupt(t)
+    t.join(30)  # a 600 s wait: only the interrupt ends it
+    assert not t.is_alive(), f"{kind}: the interrupt did not reach the blocked wait"
+    assert len(got) == 1 and isinstance(got[0], KeyboardInterrupt), got
+
+
+def test_sliced_waits_keep_their_results_and_timeouts(sliced) -> None:
+    with _interruptible.cell_thread():
+        q: queue.Queue[int] = queue.Queue()
+        threading.Timer(0.2, q.put, (7,)).start()
+        assert q.get() == 7  # a notify in the middle of a slice is not lost
+        t0 = time.monotonic()
+        with pytest.raises(queue.Empty):
+            q.get(timeout=0.3)
+        assert time.monotonic() - t0 >= 0.3
+        ev = threading.Event()
+        assert ev.wait(0.12) is False
+        threading.Timer(0.1, ev.set).start()
+        assert ev.wait(10) is True
+        fut: concurrent.futures.Future[int] = concurrent.futures.Future()
+        threading.Timer(0.1, fut.set_result, (3,)).start()
+        assert fut.result() == 3
+        with pytest.raises(concurrent.futures.TimeoutError):
+            concurrent.futures.Future().result(timeout=0.2)
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        assert time.monotonic() - t0 >= 0.3
+        with pytest.raises(ValueError):
+            time.sleep(-1)  # the original's errors
+        worker = threading.Thread(target=time.sleep, args=(0.2,))
+        worker.start()
+        worker.join()
+        assert not worker.is_alive()
+    # outside a cell the waits are the originals' own calls
+    assert time.sleep is _interruptible.sleep and _interruptible._in_cell() is False
+
+
+def test_the_switch_leaves_the_waits_alone(monkeypatch) -> None:
+    was = _interruptible.installed()
+    _interruptible.uninstall()
+    try:
+        monkeypatch.setenv(_interruptible.OFF_VAR, "0")
+        _interruptible.install()
+        assert not _interruptible.installed() and time.sleep is _interruptible._sleep
+    finally:
+        monkeypatch.delenv(_interruptible.OFF_VAR)
+        if was:
+            _interruptible.install()
+
+
+# ---- the journey: %%distributed cells on the shared cluster, interrupted from the kernel ---------------------
+CELL = {
+    **{k: v for k, v in BLOCKING.items() if k != "multiprocessing"},
+    "DataLoader": (
+        "from torch.utils.data import DataLoader, Dataset\n"
+        "class Slow(Dataset):\n"
+        "    def __len__(self):\n"
+        "        return 4\n"
+        "    def __getitem__(self, i):\n"
+        "        time.sleep(600)\n"
+        "next(iter(DataLoader(Slow(), num_workers=1)))"
+    ),
+}
+
+
+@pytest.mark.timeout(300)
+def test_the_stop_button_ends_a_blocked_cell_of_each_kind_and_the_workers_keep_their_state(
+    ip, shared
+) -> None:
+    from IPython.utils.capture import capture_output
+
+    assert (
+        shared.timeouts.interrupt_grace <= 10
+    )  # the default grace: a rank not stopping by then would be lost
+    with capture_output():
+        assert ip.run_cell("%%distributed\nkeep = 'me'\n").success
+    pids = [w.pid for w in shared.status().workers]
+    for kind, code in CELL.items():
+        timer = threading.Timer(2.0, _thread.interrupt_main)
+        timer.start()
+        with capture_output() as cap:
+            res = ip.run_cell(
+                "%%distributed\nimport concurrent.futures, queue, threading, time\n" + code + "\n"
+            )
+        timer.cancel()
+        err = res.error_in_exec
+        assert err is not None, (kind, cap.stdout)
+        text = "\n".join(err._render_traceback_())
+        assert text.startswith("Interrupted: the cell was stopped on 2 of 2 rank(s) (0-1)"), (kind, text)
+        assert "still usable" in text and "rebuilt" not in text, (kind, text)
+        with capture_output():
+            res = ip.run_cell("%%distributed -o k\nkeep\n")
+        assert res.success and list(ip.user_ns["k"]) == ["me", "me"], kind
+        assert [w.pid for w in shared.status().workers] == pids, f"{kind}: the workers were replaced"
