@@ -202,3 +202,60 @@ def test_fsdp2_saved_at_4_ranks_loads_at_2_ranks_and_in_one_process(tmp_path) ->
     assert 0 < written2 < 0.35 * written1, saved
     assert "exit codes [0, 0]" in ranks("load", 2)
     assert "single ok" in ranks("single", 1)
+
+
+SAVE_CELL = """%%distributed
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from gpu_notebook.checkpoint.dcp import DCPReader, DCPWriter
+
+def build(seed):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    full = {k: v.clone() for k, v in net.state_dict().items()}
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for layer in (net[0], net[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    return net, full
+
+net, full = build(0)
+writer = DCPWriter({store!r})
+dcp.save({{"model": net.state_dict(), "step": 1}}, storage_writer=writer)
+"""
+
+LOAD_CELL = """%%distributed -o dcp_ok
+other, _ = build(1)
+state = {"model": other.state_dict(), "step": 0}
+dcp.load(state, storage_reader=DCPReader(STORE))
+got = {k: v.full_tensor() for k, v in other.state_dict().items()}
+all(torch.equal(got[k], full[k]) for k in full) and state["step"] == 1
+"""
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_from_a_notebook_with_dcp_through_our_store(ip, shared, tmp_path) -> None:
+    """The journey: %%distributed cells on the shared cluster shard a model with fully_shard, dcp.save it through
+    DCPWriter, load it into a model built with other weights, and the notebook reads it in one process."""
+    from IPython.utils.capture import capture_output
+
+    store = str(tmp_path / "store")
+    with capture_output() as cap:
+        res = ip.run_cell(SAVE_CELL.format(store=store))
+    assert res.success, cap.stdout + cap.stderr
+    with capture_output() as cap:
+        res = ip.run_cell(LOAD_CELL.replace("STORE", repr(store)))
+    assert res.success, cap.stdout + cap.stderr
+    assert list(ip.user_ns["dcp_ok"]) == [True, True]
+    with capture_output():
+        assert ip.run_cell("%gpu_pull full").success
+    full = ip.user_ns["full"]
+    plain = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    state = {"model": plain.state_dict(), "step": 0}
+    _load(state, DCPReader(store))
+    assert all(torch.equal(state["model"][k], full[k]) for k in full) and state["step"] == 1
+    assert [c.seq for c in list_commits(store)] == [1]

@@ -35,10 +35,17 @@ _ENV.pop("RAY_ADDRESS", None)
 _ENV.pop("PYTHONPATH", None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (each socket is held until all are picked: two picks never return the same one,
+    which made Ray refuse to start, "a port number ... that is used by other components", once in CI)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -50,16 +57,17 @@ def bare_head():
     os.mkdir(cwd)
     lacks = subprocess.run([str(python), "-c", "import gpu_notebook"], cwd=cwd, env=_ENV, capture_output=True)
     assert lacks.returncode != 0 and b"No module named 'gpu_notebook'" in lacks.stderr
-    port = _free_port()
-    ports = {
-        "--ray-client-server-port": _free_port(),
-        "--dashboard-agent-listen-port": _free_port(),
-        "--dashboard-agent-grpc-port": _free_port(),
-        "--metrics-export-port": _free_port(),
-        "--runtime-env-agent-port": _free_port(),
-        "--node-manager-port": _free_port(),
-        "--object-manager-port": _free_port(),
-    }
+    names = [
+        "--ray-client-server-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+        "--node-manager-port",
+        "--object-manager-port",
+    ]
+    port, *others = _free_ports(len(names) + 1)
+    ports = dict(zip(names, others, strict=True))
     cmd = [str(python), "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}"]
     cmd += [f"{k}={v}" for k, v in ports.items()]
     cmd += [
@@ -92,11 +100,13 @@ def bare_head():
         client = f"ray://127.0.0.1:{ports['--ray-client-server-port']}"
         yield {"address": f"127.0.0.1:{port}", "client": client, "python": str(python), "cwd": cwd}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        try:  # (a head that failed to start is gone already: its error is the one to see)
+            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 NOTEBOOK = textwrap.dedent(
