@@ -224,8 +224,8 @@ def build(seed):
     return net, full
 
 net, full = build(0)
-writer = DCPWriter({store!r})
-dcp.save({{"model": net.state_dict(), "step": 1}}, storage_writer=writer)
+writer = DCPWriter(STORE)
+dcp.save({"model": net.state_dict(), "step": 1}, storage_writer=writer)
 """
 
 LOAD_CELL = """%%distributed -o dcp_ok
@@ -245,7 +245,7 @@ def test_fsdp2_from_a_notebook_with_dcp_through_our_store(ip, shared, tmp_path) 
 
     store = str(tmp_path / "store")
     with capture_output() as cap:
-        res = ip.run_cell(SAVE_CELL.format(store=store))
+        res = ip.run_cell(SAVE_CELL.replace("STORE", repr(store)))
     assert res.success, cap.stdout + cap.stderr
     with capture_output() as cap:
         res = ip.run_cell(LOAD_CELL.replace("STORE", repr(store)))

@@ -107,7 +107,7 @@ def test_a_rank_that_does_not_answer_is_named_and_threads_are_captured_in_proces
     assert "== rank 1: not answering (no reply within 5 s" in text and text.endswith("not answering: rank 1")
 
 
-STALLED = """%%distributed
+STALLED = """%%distributed -o stalled
 import time
 import torch.distributed as dist
 
@@ -131,7 +131,7 @@ def test_a_cell_stalled_in_a_collective_shows_the_stacks_once_naming_the_late_ra
         res = ip.run_cell(STALLED)
     out = cap.stdout + cap.stderr
     assert res.error_in_exec is None, out
-    assert list(res.result.values) == [0, 1], out
+    assert list(ip.user_ns["stalled"]) == [0, 1], out
     assert out.count("no collective has completed for") == 1, out
     assert "rank 1 issued" in out and "rank 1 has not entered the collective the others wait in" in out, out
     rank1 = out.split("== rank 1")[1]
