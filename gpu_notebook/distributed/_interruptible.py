@@ -25,12 +25,13 @@ from __future__ import annotations
 import math
 import multiprocessing.connection
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["OFF_VAR", "SLICE_S", "cell_thread", "install", "installed", "uninstall"]
+__all__ = ["OFF_VAR", "SLICE_S", "cell_thread", "install", "installed", "release_later", "uninstall"]
 
 #: ``GPU_NOTEBOOK_INTERRUPTIBLE_WAITS=0`` in the workers' environment (``--env``) leaves the waits as they are.
 OFF_VAR = "GPU_NOTEBOOK_INTERRUPTIBLE_WAITS"
@@ -112,6 +113,28 @@ def mp_wait(object_list: Any, timeout: float | None = None) -> list[Any]:
     if not _in_cell() or _short(timeout):
         return _mp_wait(object_list, timeout)
     return list(_sliced(lambda s: _mp_wait(object_list, s), timeout, bool))
+
+
+_graveyard: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+_reaper: threading.Thread | None = None
+
+
+def release_later(*objs: Any) -> None:
+    """Drop ``objs`` (an interrupted cell's exception, whose traceback holds the cell's frames) on a thread of
+    their own: what their finalisers do (a DataLoader iterator joins its workers for up to 5 s) must not delay
+    the cell's reply past the interrupt grace."""
+    global _reaper
+    with _lock:
+        if _reaper is None or not _reaper.is_alive():
+            _reaper = threading.Thread(target=_reap, daemon=True, name="gpu_notebook-release")
+            _reaper.start()
+    _graveyard.put(objs)
+
+
+def _reap() -> None:
+    while True:
+        item = _graveyard.get()
+        del item
 
 
 def install() -> None:

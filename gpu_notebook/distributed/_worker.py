@@ -317,6 +317,12 @@ class RankWorker:
             result = _format_exception(payload, cell_file)
             if isinstance(payload, SystemExit):  # name the code, as a shell would see it
                 result["evalue"] = _exit_text(payload)
+            # its traceback holds the cell's frames and what they hold (a DataLoader iterator, whose shutdown
+            # waits 5 s for its workers): dropped on another thread, so the reply is not held up (see
+            # _interruptible)
+            _interruptible.release_later(payload, box)
+            payload = None
+            box = []
         result["seq"] = collective_seq()
         _rich.end_cell()  # figures left open are sent, as the inline backend does
         flush_std()
