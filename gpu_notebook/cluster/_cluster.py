@@ -38,7 +38,7 @@ from gpu_notebook.cluster.providers import (
 from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
 from gpu_notebook.distributed._background import BackgroundCell, refuse_second
 from gpu_notebook.distributed._process_group import nccl_needs_gpus
-from gpu_notebook.distributed._stacks import StacksReport, gather
+from gpu_notebook.distributed._stacks import NATIVE_TIMEOUT_S, StacksReport, gather
 
 __all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
 
@@ -492,12 +492,13 @@ class Cluster:
         ranks = [rank] if rank is not None else (self.log.ranks() or list(range(self.world_size)))
         return {r: self.log.tail(r, tail) for r in ranks}
 
-    def stacks(self, timeout: float = 5.0) -> StacksReport:
+    def stacks(self, timeout: float = 5.0, native: bool = False) -> StacksReport:
         """Each rank's Python stack of every thread, also while a cell runs; ranks silent for ``timeout`` s are
-        named as not answering (see :mod:`gpu_notebook.distributed._stacks`)."""
+        named as not answering; ``native``: also the cell thread's native frames, by py-spy on the workers (see
+        :mod:`gpu_notebook.distributed._stacks`)."""
         self._require_running()
         assert self.group is not None
-        return gather(self.group.workers, timeout)
+        return gather(self.group.workers, timeout + (NATIVE_TIMEOUT_S if native else 0.0), native=native)
 
     # ---- running code ----------------------------------------------------------------------------------------
     @overload

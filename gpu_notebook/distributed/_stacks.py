@@ -17,6 +17,9 @@ a rank does not answer (its stack needs py-spy or faulthandler's SIGABRT dump, s
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import sys
 import threading
 import traceback
@@ -66,10 +69,56 @@ def _thread_stack(
     return traceback.format_list(kept), hidden
 
 
+NATIVE_TIMEOUT_S = 15.0  # for py-spy to read a rank's process
+
+
+def _py_spy() -> str | None:
+    """The py-spy program: next to this Python (a venv's bin), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return here if os.access(here, os.X_OK) else shutil.which("py-spy")
+
+
+def native_frames(native_tid: int | None) -> str:
+    """The native and Python frames of thread ``native_tid`` of this process, from ``py-spy dump --native`` (it
+    stops the process while it reads it, a fraction of a second), or a line saying why there are none."""
+    if native_tid is None:
+        return "no cell runs: no native frames"
+    exe = _py_spy()
+    if exe is None:
+        return "no native frames: py-spy is not installed on this worker (pip install py-spy, or start with --pip py-spy)"
+    try:
+        r = subprocess.run(
+            [exe, "dump", "--pid", str(os.getpid()), "--native"],
+            capture_output=True,
+            text=True,
+            timeout=NATIVE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no native frames: py-spy did not answer ({type(exc).__name__})"
+    if r.returncode != 0:
+        why = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        return (
+            f"no native frames: py-spy could not read this process ({why}); it needs ptrace: in a container "
+            "docker run --cap-add SYS_PTRACE, on a host sysctl kernel.yama.ptrace_scope=0"
+        )
+    blocks = re.split(r"\n(?=Thread )", r.stdout)
+    mine = [
+        b for b in blocks if b.startswith(f"Thread {native_tid} ") or b.startswith(f"Thread {native_tid:#x} ")
+    ]
+    if not mine:
+        return "no native frames: py-spy did not list the cell's thread"
+    return mine[0].rstrip()
+
+
 def capture(
-    exec_tid: int | None, extra_hidden: Collection[str] = (), rank: int | None = None
+    exec_tid: int | None,
+    extra_hidden: Collection[str] = (),
+    rank: int | None = None,
+    native_tid: int | None = None,
+    native: bool = False,
 ) -> dict[str, Any]:
-    """This process's threads' stacks (not the calling thread's); ``exec_tid``: the thread running the cell.
+    """This process's threads' stacks (not the calling thread's); ``exec_tid``: the thread running the cell
+    (``native_tid``: its native id, for ``native``: py-spy's native frames of it).
 
     Plain dicts and strings, so that the answer always pickles.
     """
@@ -97,6 +146,7 @@ def capture(
         "seq": collective_seq(),
         "threads": threads,
         "idle_threads": idle,
+        "native": native_frames(native_tid if exec_tid is not None else None) if native else None,
     }
 
 
@@ -121,6 +171,7 @@ class RankStacks:
     seq: int | None = None  # collectives issued on the default group (None: no group, or not known)
     threads: list[ThreadStack] = field(default_factory=list)
     idle_threads: int = 0  # Ray's and gpu_notebook's own waiting threads, not shown
+    native: str | None = None  # the cell thread's native frames (py-spy), when asked for
 
 
 @dataclass(frozen=True)
@@ -157,6 +208,9 @@ class StacksReport:
                 what = "the cell's thread" if t.cell else f"thread {t.name!r}"
                 out.append(f"-- {what} ({t.hidden} frames of Ray and gpu_notebook hidden):")
                 out.extend(line.rstrip("\n") for line in t.frames)
+            if r.native is not None:
+                out.append("-- the cell's thread, native frames (py-spy):")
+                out.extend("  " + line for line in r.native.splitlines())
             if r.idle_threads:
                 out.append(f"-- {r.idle_threads} more threads of Ray and gpu_notebook, waiting (hidden)")
         low, high = self.behind()
@@ -180,10 +234,10 @@ def _who(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
-def gather(workers: Sequence[Any], timeout: float = DEFAULT_TIMEOUT_S) -> StacksReport:
+def gather(workers: Sequence[Any], timeout: float = DEFAULT_TIMEOUT_S, native: bool = False) -> StacksReport:
     """Every rank's stacks (``workers``: the group's :class:`._worker.Worker` records, in rank order)."""
     try:
-        refs = [w.actor.stacks.remote() for w in workers]
+        refs = [w.actor.stacks.remote(native) for w in workers]
     except Exception:  # noqa: BLE001 - Ray itself is going away: nobody answers
         return StacksReport([RankStacks(rank, False) for rank in range(len(workers))], timeout)
     ranks: list[RankStacks] = []
@@ -193,6 +247,15 @@ def gather(workers: Sequence[Any], timeout: float = DEFAULT_TIMEOUT_S) -> Stacks
             continue
         threads = [ThreadStack(t["name"], t["cell"], list(t["frames"]), t["hidden"]) for t in got["threads"]]
         ranks.append(
-            RankStacks(rank, True, got["pid"], got["busy"], got["seq"], threads, got["idle_threads"])
+            RankStacks(
+                rank,
+                True,
+                got["pid"],
+                got["busy"],
+                got["seq"],
+                threads,
+                got["idle_threads"],
+                got.get("native"),
+            )
         )
     return StacksReport(ranks, timeout)

@@ -194,6 +194,7 @@ class RankWorker:
         self.ns: dict[str, Any] = self.main.__dict__
         self._ipython = _shell.RankShell(self.main)  # !cmd and %magic lines, through IPython (see _shell)
         self._exec_tid: int | None = None  # the thread running a cell or call: what interrupt() interrupts
+        self._exec_native: int | None = None  # its native thread id (py-spy names threads by it)
         self._exec_lock = threading.Lock()  # guards _exec_tid between interrupt() and the end of a cell
         self._cell_started: float | None = None
         self._capture = Capture()
@@ -251,9 +252,9 @@ class RankWorker:
     def drain_output(self) -> str:
         return self._capture.drain()
 
-    def stacks(self) -> dict[str, Any]:
+    def stacks(self, native: bool = False) -> dict[str, Any]:
         """Every thread's Python stack in this process, the cell's first (see :mod:`._stacks`)."""
-        return _stacks.capture(self._exec_tid, rank=self.rank)
+        return _stacks.capture(self._exec_tid, rank=self.rank, native_tid=self._exec_native, native=native)
 
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the thread running the current cell (returns False if none runs).
@@ -292,7 +293,7 @@ class RankWorker:
             try:
                 try:
                     with self._exec_lock:  # inside the try: an interrupt can fire as soon as this is set
-                        self._exec_tid = tid
+                        self._exec_tid, self._exec_native = tid, threading.get_native_id()
                     with _process_group.cell_ranks(ranks), _interruptible.cell_thread():
                         box.append((True, work()))
                 except BaseException as exc:  # noqa: BLE001 - report everything, KeyboardInterrupt included

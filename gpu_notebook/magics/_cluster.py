@@ -215,6 +215,11 @@ SCALING_ARGS = (
 LOCAL = option(
     "--local", action="store_true", help="doctor: only this machine and process (no cluster needed)"
 )
+NATIVE = option(
+    "--native",
+    action="store_true",
+    help="stacks: also each cell thread's native frames (py-spy, on the workers)",
+)
 LOGS_ARGS = (
     option("--rank", type=rank_number(maximum=MAX_WORKERS), help="logs: only this rank"),
     option(
@@ -240,7 +245,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "list": (),
     "use": (NAME,),
     "logs": (NAME, *LOGS_ARGS),
-    "stacks": (NAME,),
+    "stacks": (NAME, NATIVE),
     "restart": (NAME,),
     "doctor": (NAME, LOCAL),
     "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
@@ -257,6 +262,7 @@ EVERY_OPTION = (
     *ALLREDUCE_ARGS,
     *SCALING_ARGS,
     LOCAL,
+    NATIVE,
     *LOGS_ARGS,
     ALL,
     *WORKSHOP_START_ARGS,
@@ -282,6 +288,7 @@ cloud_args = options(*CLOUD_ARGS)
 policy_args = options(*POLICY_ARGS)
 bench_args = options(*ALLREDUCE_ARGS, *SCALING_ARGS)
 doctor_args = options(LOCAL)
+stacks_args = options(NATIVE)
 logs_args = options(*LOGS_ARGS)
 stop_args = options(ALL)
 workshop_args = options(*WORKSHOP_START_ARGS, *WORKSHOP_ARGS, *STUDENTS_ARGS)
@@ -312,6 +319,7 @@ class ClusterMagics(Magics):
     @policy_args
     @bench_args
     @doctor_args
+    @stacks_args
     @logs_args
     @stop_args
     @workshop_args
@@ -577,7 +585,7 @@ class ClusterMagics(Magics):
 
     def _cmd_stacks(self, args: Any) -> None:
         """Each rank's Python stack of every thread (also while a cell runs): where is each rank?"""
-        print(self._pick(args).stacks())
+        print(self._pick(args).stacks(native=args.native))
 
     def _pick(self, args: Any) -> Any:
         if args.args:

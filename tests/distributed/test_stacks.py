@@ -61,6 +61,16 @@ def test_stacks_show_where_each_rank_waits(ip, shared) -> None:
         assert "_worker.py" not in out  # our own frames are hidden
         assert "rank 1 has not entered the collective that rank 0 may be waiting in" in out
 
+        # the native frames of each cell's thread, by py-spy on the ranks (ptrace works here, as in CI)
+        with capture_output() as cap:
+            ip.run_line_magic("gpu_cluster", "stacks --native")
+        out = cap.stdout
+        assert out.count("-- the cell's thread, native frames (py-spy):") == 2, out
+        native1 = out.split("== rank 1")[1].split("native frames (py-spy):")[1]
+        assert "wait_here" in native1 and ("sleep" in native1 or "nanosleep" in native1), out
+        native0 = out.split("== rank 1")[0].split("native frames (py-spy):")[1]
+        assert "barrier" in native0 or "gloo" in native0 or "wait" in native0, out
+
         ip.user_ns["go"] = True
         with capture_output():
             ip.run_line_magic("gpu_push", "go")
