@@ -61,6 +61,16 @@ class cell_thread:  # noqa: N801 - a context manager used like a function
             _cells.discard(self.tid)
 
 
+def _forked() -> None:
+    """A forked child (a DataLoader worker) is no cell: its thread may carry the forking cell thread's ident."""
+    global _lock
+    _lock = threading.Lock()
+    _cells.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def _in_cell() -> bool:
     return threading.get_ident() in _cells
 

@@ -158,3 +158,19 @@ def test_the_stop_button_ends_a_blocked_cell_of_each_kind_and_the_workers_keep_t
             res = ip.run_cell("%%distributed -o k\nkeep\n")
         assert res.success and list(ip.user_ns["k"]) == ["me", "me"], kind
         assert [w.pid for w in shared.status().workers] == pids, f"{kind}: the workers were replaced"
+
+
+def test_a_forked_child_of_a_cell_thread_is_not_a_cell(sliced) -> None:
+    import os
+
+    r, w = os.pipe()
+    with _interruptible.cell_thread():
+        assert _interruptible._in_cell()
+        pid = os.fork()
+        if pid == 0:  # the child: same thread ident as the forking thread, but no cell
+            os.write(w, b"1" if not _interruptible._in_cell() else b"0")
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"
+    os.close(r)
+    os.close(w)
