@@ -141,7 +141,7 @@ def _gc(args: argparse.Namespace) -> int:
         )
     finally:
         ck.close(wait=False)
-    _out(("dry run (nothing deleted): " if args.dry_run else "") + repr(res))
+    _out(res.dry_run_text() if args.dry_run else repr(res))
     for cid in res.manifests:
         _out(f"{'would delete' if args.dry_run else 'deleted'} {cid}")
     return OK

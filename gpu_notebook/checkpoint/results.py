@@ -29,6 +29,15 @@ class GcResult:
             f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB{busy}"
         )
 
+    def dry_run_text(self) -> str:
+        """What a dry run found, said as what gc would do (nothing was deleted)."""
+        busy = f"; {self.leases} save(s) in flight keep what they reuse" if self.leases else ""
+        return (
+            f"gc (dry run, nothing deleted): would keep {len(self.kept)} checkpoint(s), would delete "
+            f"{len(self.manifests)} checkpoint(s) and {len(self.objects)} object(s), would free "
+            f"{self.bytes / 1e6:.1f} MB{busy}"
+        )
+
 
 @dataclass
 class DiffResult:

@@ -312,12 +312,7 @@ class CheckpointMagics(Magics):
         if not args.dry_run:
             print(repr(res))
             return
-        busy = f"; {res.leases} save(s) in flight keep what they reuse" if res.leases else ""
-        print(
-            f"gc (dry run, nothing deleted): would keep {len(res.kept)} checkpoint(s), would delete "
-            f"{len(res.manifests)} checkpoint(s) and {len(res.objects)} object(s), would free "
-            f"{res.bytes / 1e6:.1f} MB{busy}"
-        )
+        print(res.dry_run_text())
 
 
 __all__ = ["CheckpointMagics"]

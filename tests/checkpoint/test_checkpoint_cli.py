@@ -146,7 +146,8 @@ def test_diff_and_gc(tmp_path: pathlib.Path) -> None:
     assert "step" in r.stdout  # the plain value that changed
     r = cli("gc", root, "--keep", "2", "--grace", "0", "--dry-run")
     assert r.returncode == 0, r.stderr
-    assert "dry run (nothing deleted)" in r.stdout and f"would delete {ids[0]}" in r.stdout, r.stdout
+    assert "gc (dry run, nothing deleted): would keep 2 checkpoint(s), would delete 2" in r.stdout, r.stdout
+    assert f"would delete {ids[0]}" in r.stdout and "deleted 2" not in r.stdout, r.stdout
     assert len(checkpoint.Checkpointer(root, read_only=True, current=False, preemption=None).list()) == 4
     r = cli("gc", root, "--keep", "2", "--grace", "0")
     assert r.returncode == 0, r.stderr
