@@ -130,16 +130,9 @@ DEFAULT_INTERRUPT_GRACE = 5.0
 def interrupt_grace() -> float:
     """Seconds an interrupted rank gets to stop before the group is rebuilt: ``$GPU_NOTEBOOK_INTERRUPT_GRACE``,
     else 5."""
-    raw = os.environ.get(INTERRUPT_GRACE_VAR, "").strip()
-    if not raw:
-        return DEFAULT_INTERRUPT_GRACE
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{INTERRUPT_GRACE_VAR} must be a number of seconds above 0 (got {raw!r})")
-    return value
+    return _seconds_setting(
+        INTERRUPT_GRACE_VAR, DEFAULT_INTERRUPT_GRACE, "a number of seconds above 0", zero=False
+    )
 
 
 #: The environment variable that sets after how many seconds without collective progress, with the ranks'
@@ -151,17 +144,22 @@ DEFAULT_STALL_REPORT = 120.0
 def stall_report_s() -> float:
     """Seconds without collective progress before a cell's hang report (0: off): ``$GPU_NOTEBOOK_STALL_REPORT``,
     else 120."""
-    raw = os.environ.get(STALL_REPORT_VAR, "").strip()
+    return _seconds_setting(
+        STALL_REPORT_VAR, DEFAULT_STALL_REPORT, "a number of seconds, 0 to turn the report off", zero=True
+    )
+
+
+def _seconds_setting(name: str, default: float, what: str, zero: bool) -> float:
+    """``$name`` as a finite number of seconds (above 0, or 0 too with ``zero``); ``default`` when unset."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return DEFAULT_STALL_REPORT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(
-            f"{STALL_REPORT_VAR} must be a number of seconds, 0 to turn the report off (got {raw!r})"
-        )
+    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
+        raise ValueError(f"{name} must be {what} (got {raw!r})")
     return value
 
 
