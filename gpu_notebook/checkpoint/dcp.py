@@ -117,8 +117,6 @@ def list_commits(store: str | os.PathLike[str] | Store) -> list[DCPCommit]:
 def _read_commit(store: Store, key: str) -> dict[str, Any]:
     try:
         doc = json.loads(store.get(key))
-    except ObjectMissingError:
-        raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"DCP commit {key!r} is not valid JSON ({exc}): the store is damaged") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
@@ -283,7 +281,6 @@ class DCPWriter(StorageWriter):
             "logical": sum(i["nbytes"] for i in items),
             "written": sum(i["written"] for i in items),
         }
-        body = json.dumps(doc, separators=(",", ":")).encode()
         seq = _next_seq(self.store)
         for _ in range(100):  # another writer on the same prefix took the number: the next free one
             doc["seq"] = seq
@@ -427,6 +424,8 @@ class DCPReader(StorageReader):
         self.seq, self.label, self.verify = seq, label, verify
         self.commit: dict[str, Any] | None = None
         self.storage_data: dict[MetadataIndex, dict[str, Any]] = {}
+        self.state_md: dict[str, Any] = {}  # the checkpoint's tensors (DCP's state_dict_metadata)
+        self._hash = hash_fn("blake3" if blake3_available() else "sha256")  # read_metadata: the commit's own
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id is not None:
@@ -474,8 +473,7 @@ class DCPReader(StorageReader):
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
         self.storage_data = metadata.storage_data
-        if not hasattr(self, "_hash"):  # a reader given metadata read elsewhere
-            self._hash = hash_fn("blake3" if blake3_available() else "sha256")
+        self.state_md = metadata.state_dict_metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -494,8 +492,8 @@ class DCPReader(StorageReader):
             if req.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(req, io.BytesIO(raw.tobytes()))
                 continue
-            md = self._tensor_md(req.storage_index.fqn)
-            stored = self._stored_shape(item, md, req)
+            md = self.state_md[req.storage_index.fqn]
+            stored = _stored_shape(md, req)
             tensor = torch.from_numpy(raw).view(md.properties.dtype).reshape(stored)
             for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
                 tensor = tensor.narrow(dim, start, length)
@@ -516,18 +514,6 @@ class DCPReader(StorageReader):
         return False
 
     # ---- decoding ------------------------------------------------------------------------------------------
-    def _tensor_md(self, fqn: str) -> TensorStorageMetadata:
-        assert self.commit is not None
-        return _sdm(self.commit["state"][fqn])  # type: ignore[no-any-return]
-
-    def _stored_shape(self, item: dict[str, Any], md: TensorStorageMetadata, req: Any) -> list[int]:
-        """The shape of the piece this item holds: the chunk of the tensor at its offset."""
-        offset = list(req.storage_index.offset or [])
-        for c in md.chunks:
-            if list(c.offsets) == offset:
-                return list(c.sizes)
-        return list(md.size)
-
     def _frame(self, h: str) -> bytes:
         data = self.store.get(_object_key(h))
         if self.verify and self._hash(data) != h:
@@ -547,3 +533,12 @@ class DCPReader(StorageReader):
             codec.decode_chunk(self._frame(c["obj"]), base, out[pos : pos + n])
             pos += n
         return out
+
+
+def _stored_shape(md: TensorStorageMetadata, req: Any) -> list[int]:
+    """The shape of the piece an item holds: the chunk of the tensor at the request's storage offset."""
+    offset = list(req.storage_index.offset or [])
+    for c in md.chunks:
+        if list(c.offsets) == offset:
+            return list(c.sizes)
+    return list(md.size)

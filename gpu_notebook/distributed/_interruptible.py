@@ -12,8 +12,9 @@ calls (output, stacks, the interrupt itself) that run beside a cell. Instead, on
 the waits that end in one C call are made of short ones (:data:`SLICE_S`): ``time.sleep``,
 ``threading.Condition.wait`` (which ``queue.Queue.get``, ``Event.wait``, ``Future.result``, ``Semaphore`` and
 ``Barrier`` use), ``threading.Thread.join`` and ``multiprocessing.connection.wait`` (what a DataLoader's wait
-for its workers and a ``multiprocessing.Queue.get`` with a timeout block in). Between two slices the interrupt is delivered; each slice costs a wake-up every
-50 ms, on that thread only. Other threads (Ray's, a DataLoader's own) wait as before.
+for its workers and a ``multiprocessing.Queue.get`` with a timeout block in). Between two slices the interrupt
+is delivered; each slice costs a wake-up every 50 ms, on that thread only. Other threads (Ray's, a DataLoader's
+own) wait as before.
 
 What this cannot reach: a wait inside C or C++ code that never returns to Python (a gloo or NCCL collective: it
 ends at torch.distributed's timeout, or through the group's rebuild), a blocking socket read with no timeout, a
@@ -147,6 +148,16 @@ def _reap() -> None:
         del item
 
 
+def _patches() -> tuple[tuple[Any, str, Any, Any], ...]:
+    """(owner, attribute, sliced version, original) of every wait this module replaces."""
+    return (
+        (time, "sleep", sleep, _sleep),
+        (threading.Condition, "wait", condition_wait, _cond_wait),
+        (threading.Thread, "join", thread_join, _join),
+        (multiprocessing.connection, "wait", mp_wait, _mp_wait),
+    )
+
+
 def install() -> None:
     """Patch the waits (once per process; they behave as before on every thread but a cell's), unless
     ``$GPU_NOTEBOOK_INTERRUPTIBLE_WAITS`` is ``0``."""
@@ -154,23 +165,18 @@ def install() -> None:
     if os.environ.get(OFF_VAR, "").strip() == "0":
         return
     with _lock:
-        if _installed:
-            return
-        time.sleep = sleep  # type: ignore[assignment]
-        threading.Condition.wait = condition_wait  # type: ignore[method-assign]
-        threading.Thread.join = thread_join  # type: ignore[method-assign]
-        multiprocessing.connection.wait = mp_wait
-        _installed = True
+        if not _installed:
+            for owner, name, sliced, _ in _patches():
+                setattr(owner, name, sliced)
+            _installed = True
 
 
 def uninstall() -> None:
     """Put the original waits back (tests)."""
     global _installed
     with _lock:
-        time.sleep = _sleep
-        threading.Condition.wait = _cond_wait  # type: ignore[method-assign]
-        threading.Thread.join = _join  # type: ignore[method-assign]
-        multiprocessing.connection.wait = _mp_wait
+        for owner, name, _, original in _patches():
+            setattr(owner, name, original)
         _installed = False
 
 

@@ -65,7 +65,7 @@ class StallClock:
         return False
 
 
-def stall_message(report: _stacks.StacksReport, stalled_s: float) -> str:
+def stall_message(report: _stacks.StacksReport, stalled_s: float, after_s: float) -> str:
     """What the cell shows: how long nothing moved, who is behind, then every rank's stacks."""
     low, high = report.behind()
     head = f"gpu_notebook: no collective has completed for {stalled_s:.0f} s: "
@@ -81,7 +81,7 @@ def stall_message(report: _stacks.StacksReport, stalled_s: float) -> str:
         head += "the ranks' collective sequence numbers differ."
     tail = (
         f"The cell goes on waiting (torch.distributed's own timeout ends it; the stop button interrupts it). "
-        f"This report comes once per cell, after {_settings.stall_report_s():g} s: "
+        f"This report comes once per cell, after {after_s:g} s: "
         f"${_settings.STALL_REPORT_VAR}=0 turns it off, =SECONDS changes the wait."
     )
     return f"{head}\n{report}\n{tail}"
@@ -110,14 +110,14 @@ class StallWatch:
         if self.clock.reported:
             return
         if self._refs is not None:
-            if now - self._sent_at < ANSWER_S and not _all_ready(self._refs):
-                return
             got = _batch.answers(self._refs, 0)
+            if now - self._sent_at < ANSWER_S and not all(ok for ok, _ in got):
+                return  # not every rank answered yet: read again at a later poll
             self._refs = None
             seqs = [a.get("seq") if ok and isinstance(a, dict) else None for ok, a in got]
             if self.clock.observe(seqs, now):
                 report = _stacks.gather(self.workers)
-                self.say(stall_message(report, now - self.clock.since))
+                self.say(stall_message(report, now - self.clock.since, self.clock.after_s))
                 return
         if now >= self._next:
             self._next = now + self.probe_s
@@ -126,16 +126,6 @@ class StallWatch:
             except Exception:  # noqa: BLE001 - Ray is going away (the cluster stops): nothing to report
                 self.clock.reported = True
             self._sent_at = now
-
-
-def _all_ready(refs: Sequence[Any]) -> bool:
-    import ray
-
-    try:
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
-    except Exception:  # noqa: BLE001 - Ray is going away: read what there is
-        return True
-    return len(ready) == len(refs)
 
 
 def watch_for(
