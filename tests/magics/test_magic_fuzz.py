@@ -306,6 +306,11 @@ def run(shell: Any, opt: Opt, line: str) -> tuple[str, BaseException | None]:
     """Run the line as a cell; fail the test unless it ended in a usage error, one of our one-line errors, a
     spy, or a result; and unless it left the registry as it was. Returns ('usage'|'ours'|'reached'|'ok')."""
     ray_before = _ray_up()
+    # The registries are weak-keyed by cluster: an earlier test's cluster that the collector frees during this
+    # cell would take its entries with it. Holding the keys keeps the comparison about what this cell did.
+    held = [
+        list(m._items.keys()) for m in (_registry.monitors, _registry.cost_meters, _registry.policy_watchers)
+    ]  # noqa: SLF001
     before = _state(shell)
     line = line.replace("{store}", CKPT_STORE[0]) if CKPT_STORE else line
     cell = f"%%{opt.magic} {line}\n1\n" if opt.magic == "distributed" else f"%{opt.magic} {line}"
@@ -316,6 +321,7 @@ def run(shell: Any, opt: Opt, line: str) -> tuple[str, BaseException | None]:
     assert "Traceback" not in shown and 'File "/' not in shown, (cell, shown)
     assert _state(shell) == before, f"{cell!r} left something registered"
     assert _ray_up() == ray_before, f"{cell!r} started Ray"
+    del held
     if exc is None:
         return "ok", None
     if type(exc) is UsageError:
