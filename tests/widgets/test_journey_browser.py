@@ -55,6 +55,19 @@ def simulated_gpus():
 monitor_for(nvml=simulated_gpus, interval=0.5);"""
 
 
+# The test's own cell after %gpu_monitor: at the small size a run can reach `%gpu_cluster stop` (which ends the
+# live chart) before the chart drew two points, on a fast machine as on a loaded one. It waits for the monitor's
+# samples in the kernel, then for the page to draw them.
+WAIT_FOR_SAMPLES_CELL = """\
+# test only: let the live chart draw a few samples before the notebook moves on
+import time
+from gpu_notebook.monitor import running_monitor
+_mon, _t0 = running_monitor(), time.monotonic()
+while _mon is not None and _mon.aggregator.rows_in < 3 and time.monotonic() - _t0 < 60:
+    time.sleep(0.5)
+time.sleep(3)"""
+
+
 @pytest.fixture(scope="module")
 def sync_api() -> Any:
     """Playwright's sync API, with Debian's Chromium present (skips, or fails under CI=true, without)."""
@@ -68,6 +81,11 @@ def _readme_mode(app: str) -> bool:
 def _copy_examples(root: pathlib.Path, readme: bool) -> None:
     for name in ("quickstart.ipynb", "workshop.ipynb"):
         shutil.copy(ROOT / "examples" / name, root / name)
+        nb = nbformat.read(root / name, as_version=4)
+        at = next((i for i, c in enumerate(nb.cells) if c.source.lstrip().startswith("%gpu_monitor")), None)
+        if at is not None and not readme:  # (README's run waits 30 s there anyway)
+            nb.cells.insert(at + 1, nbformat.v4.new_code_cell(WAIT_FOR_SAMPLES_CELL))
+            nbformat.write(nb, root / name)
     if readme:  # simulated GPUs before the monitor starts, and time for the chart to fill
         nb = nbformat.read(root / "quickstart.ipynb", as_version=4)
         at = next(i for i, c in enumerate(nb.cells) if c.source.lstrip().startswith("%gpu_monitor"))
