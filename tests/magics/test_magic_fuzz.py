@@ -280,10 +280,15 @@ def _cluster_values(c: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _registries() -> tuple[Any, ...]:
+    """The per-cluster registries a magic may add to: monitors, cost meters, policy watchers."""
+    return (_registry.monitors, _registry.cost_meters, _registry.policy_watchers)
+
+
 def _state(shell: Any) -> tuple[Any, ...]:
     """What a magic may register: clusters, per cluster a monitor, a cost meter, a policy watcher; and the
     live views the magics keep (a cost view, a monitor dashboard)."""
-    maps = (_registry.monitors, _registry.cost_meters, _registry.policy_watchers)
+    maps = _registries()
     views = [getattr(m, "_widgets", ()) for m in shell.magics_manager.registry.values()]
     return (
         tuple(id(c) for c in _registry.get_manager().list()),
@@ -308,9 +313,7 @@ def run(shell: Any, opt: Opt, line: str) -> tuple[str, BaseException | None]:
     ray_before = _ray_up()
     # The registries are weak-keyed by cluster: an earlier test's cluster that the collector frees during this
     # cell would take its entries with it. Holding the keys keeps the comparison about what this cell did.
-    held = [
-        list(m._items.keys()) for m in (_registry.monitors, _registry.cost_meters, _registry.policy_watchers)
-    ]  # noqa: SLF001
+    held = [list(m._items.keys()) for m in _registries()]  # noqa: SLF001 - the test's view
     before = _state(shell)
     line = line.replace("{store}", CKPT_STORE[0]) if CKPT_STORE else line
     cell = f"%%{opt.magic} {line}\n1\n" if opt.magic == "distributed" else f"%{opt.magic} {line}"

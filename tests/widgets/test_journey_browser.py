@@ -80,18 +80,16 @@ def _readme_mode(app: str) -> bool:
 
 def _copy_examples(root: pathlib.Path, readme: bool) -> None:
     for name in ("quickstart.ipynb", "workshop.ipynb"):
-        shutil.copy(ROOT / "examples" / name, root / name)
-        nb = nbformat.read(root / name, as_version=4)
+        nb = nbformat.read(ROOT / "examples" / name, as_version=4)
         at = next((i for i, c in enumerate(nb.cells) if c.source.lstrip().startswith("%gpu_monitor")), None)
-        if at is not None and not readme:  # (README's run waits 30 s there anyway)
+        if at is not None and not readme:
             nb.cells.insert(at + 1, nbformat.v4.new_code_cell(WAIT_FOR_SAMPLES_CELL))
-            nbformat.write(nb, root / name)
-    if readme:  # simulated GPUs before the monitor starts, and time for the chart to fill
-        nb = nbformat.read(root / "quickstart.ipynb", as_version=4)
-        at = next(i for i, c in enumerate(nb.cells) if c.source.lstrip().startswith("%gpu_monitor"))
-        nb.cells.insert(at, nbformat.v4.new_code_cell(FAKE_GPUS_CELL))
-        nb.cells.insert(at + 3, nbformat.v4.new_code_cell("import time; time.sleep(30)"))
-        nbformat.write(nb, root / "quickstart.ipynb")
+        elif (
+            at is not None and name == "quickstart.ipynb"
+        ):  # README's run: simulated GPUs, time for the chart
+            nb.cells.insert(at, nbformat.v4.new_code_cell(FAKE_GPUS_CELL))
+            nb.cells.insert(at + 3, nbformat.v4.new_code_cell("import time; time.sleep(30)"))
+        nbformat.write(nb, root / name)
 
 
 class Watch:
