@@ -46,4 +46,10 @@ if [ $# -eq 0 ]; then  # the whole suite: lint and types first (seconds), then e
     GPU_NOTEBOOK_NO_C_EXT=1 .venv/bin/python -m pytest -q -p no:cacheprovider \
         tests/checkpoint/test_checkpoint_{codec,format,golden,hostile,local,robustness,sizes}.py
 fi
-exec .venv/bin/python -m pytest --durations=50 "$@"  # the slowest tests, to keep the run short
+PARALLEL=()
+if [ $# -eq 0 ] && [ "$(nproc)" -ge 2 ] && [ "${GPU_NOTEBOOK_TEST_WORKERS:-2}" != 0 ]; then
+    # two workers: the tests that start a Ray of their own run one after another on one of them, the rest on the
+    # other (tests/conftest.py: OWN_RAY_FILES, pytest_xdist_make_scheduler); GPU_NOTEBOOK_TEST_WORKERS=0 runs everything in one process
+    PARALLEL=(-n "${GPU_NOTEBOOK_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder)
+fi
+exec .venv/bin/python -m pytest --durations=50 "${PARALLEL[@]}" "$@"  # the slowest tests, to keep the run short

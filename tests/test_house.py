@@ -166,3 +166,13 @@ def test_no_two_modules_import_each_other_even_through_others() -> None:
                 if len(component) > 1:
                     cycles.append(sorted(component))
     assert not cycles, f"modules that import each other (directly or through others): {cycles}"
+
+
+def test_the_suites_own_ray_group_names_files_that_exist() -> None:
+    """scripts/test.sh runs the suite on two workers; a test file renamed out of ``OWN_RAY_FILES`` would silently
+    run its own Ray beside another one and slow both down."""
+    from conftest import OWN_RAY_FILES
+
+    missing = [p for p in OWN_RAY_FILES if not (ROOT / p).is_file()]
+    assert not missing, missing
+    assert "--dist loadscope" in (ROOT / "scripts" / "test.sh").read_text()
