@@ -81,6 +81,7 @@ def ray_session():
             _temp_dir=_short_tmp("gnb"),
             logging_level=logging.WARNING,
             log_to_driver=False,
+            _system_config={"prestart_worker_first_driver": False},  # as gpu_notebook's own local start
         )
     yield ray
     ray.shutdown()

@@ -30,6 +30,9 @@ class RayConnection:
 
 _CONNECTION: RayConnection | None = None
 
+#: Ray's system config for a local Ray we start: no idle workers prestarted for the first driver
+NO_PRESTART = {"prestart_worker_first_driver": False}
+
 
 #: seconds a ``host:port`` or ``ray://`` address has to answer a TCP connect before Ray is asked to connect
 #: (Ray itself retries a silent GCS address for many minutes)
@@ -141,6 +144,9 @@ def connect(
                 logging_level=logging.WARNING,
                 log_to_driver=False,
                 configure_logging=True,
+                # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their
+                # own, so on a 2-core laptop those idle workers only take CPU from the start (README, "Small machines")
+                _system_config=NO_PRESTART,
             )
         # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError with its text
         except Exception as exc:  # noqa: BLE001
