@@ -23,6 +23,7 @@ ends at torch.distributed's timeout, or through the group's rebuild), a blocking
 
 from __future__ import annotations
 
+import _thread
 import math
 import multiprocessing.connection
 import os
@@ -109,8 +110,26 @@ def sleep(secs: float) -> None:
 def condition_wait(self: threading.Condition, timeout: float | None = None) -> bool:
     if not _in_cell() or _short(timeout):
         return _cond_wait(self, timeout)
-    # each slice is a whole wait (the lock released, re-acquired): a notify comes only while we wait in one
-    return bool(_sliced(lambda s: _cond_wait(self, s), timeout, bool))
+    # Condition.wait itself, with its one blocking acquire cut into slices. The waiter stays registered for the whole
+    # wait: slicing whole waits instead lost a notify that came as a slice timed out, and Future.result() (one
+    # wait(None), no recheck) then waited forever.
+    if not self._is_owned():  # type: ignore[attr-defined]
+        raise RuntimeError("cannot wait on un-acquired lock")
+    waiter = _thread.allocate_lock()
+    waiter.acquire()
+    self._waiters.append(waiter)  # type: ignore[attr-defined]
+    saved_state = self._release_save()  # type: ignore[attr-defined]
+    gotit = False
+    try:
+        gotit = bool(_sliced(lambda s: waiter.acquire(True, s), timeout, bool))
+        return gotit
+    finally:
+        self._acquire_restore(saved_state)  # type: ignore[attr-defined]
+        if not gotit:
+            try:
+                self._waiters.remove(waiter)  # type: ignore[attr-defined]
+            except ValueError:
+                pass
 
 
 def thread_join(self: threading.Thread, timeout: float | None = None) -> None:
