@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 
+from gpu_notebook.cluster._connect import NO_PRESTART
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_memory_usage_threshold", "0.98")
@@ -81,7 +83,7 @@ def ray_session():
             _temp_dir=_short_tmp("gnb"),
             logging_level=logging.WARNING,
             log_to_driver=False,
-            _system_config={"prestart_worker_first_driver": False},  # as gpu_notebook's own local start
+            _system_config=NO_PRESTART,  # as gpu_notebook's own local start
         )
     yield ray
     ray.shutdown()

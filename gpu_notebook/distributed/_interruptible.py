@@ -108,13 +108,11 @@ def sleep(secs: float) -> None:
 
 
 def condition_wait(self: threading.Condition, timeout: float | None = None) -> bool:
-    if not _in_cell() or _short(timeout):
-        return _cond_wait(self, timeout)
+    if not _in_cell() or _short(timeout) or not self._is_owned():  # type: ignore[attr-defined]
+        return _cond_wait(self, timeout)  # (un-acquired: the original raises its own RuntimeError)
     # Condition.wait itself, with its one blocking acquire cut into slices. The waiter stays registered for the whole
     # wait: slicing whole waits instead lost a notify that came as a slice timed out, and Future.result() (one
     # wait(None), no recheck) then waited forever.
-    if not self._is_owned():  # type: ignore[attr-defined]
-        raise RuntimeError("cannot wait on un-acquired lock")
     waiter = _thread.allocate_lock()
     waiter.acquire()
     self._waiters.append(waiter)  # type: ignore[attr-defined]
