@@ -19,46 +19,29 @@ os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
 
 
-# ---- the whole suite on two workers (scripts/test.sh runs ``pytest -n 2 --dist loadscope --no-loadscope-reorder``)
-# The tests that start a Ray (or a browser and a kernel) of their own each take both cores of a small machine for
-# a minute or more: they run one after another on one worker, first, while the other worker runs the rest on the
-# session's Ray. Every other file stays whole on one worker (its module fixtures run once, its tests in order).
-OWN_RAY_FILES = (
-    "tests/widgets/test_journey_browser.py",
-    "tests/cluster/test_small_machine.py",
-    "tests/cluster/test_multinode.py",
-    "tests/cluster/test_ship_package.py",
-    "tests/examples/test_teaching_examples.py",
-    "tests/distributed/test_gpu_mapping.py",
-    "tests/checkpoint/test_checkpoint_example.py",
-    "tests/examples/test_html_fallbacks.py",
-    "tests/checkpoint/test_checkpoint_benchmark.py",
-    "tests/cluster/test_workshop.py",
-    "tests/widgets/test_monitor_browser.py",
+# ---- the whole suite in two phases (scripts/test.sh): every file but those of tests/own_ray_files.txt on two
+# pytest-xdist workers (``-n 2 --dist loadscope --no-loadscope-reorder``), each file whole on one worker (its module
+# fixtures run once, its tests in order) on that worker's session Ray; then the files that start a Ray (or a browser
+# and a kernel) of their own, in one process with nothing beside them.
+OWN_RAY_FILES = tuple(
+    line.strip()
+    for line in open(os.path.join(os.path.dirname(__file__), "own_ray_files.txt"), encoding="utf-8")
+    if line.strip() and not line.startswith("#")
 )
-
-
-def _unit(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return "own-ray" if path in OWN_RAY_FILES else path
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: only called when it runs the suite
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadScopeScheduling
 
-    class OwnRayTogether(LoadScopeScheduling):
-        """Each test file is a unit of work, the files of OWN_RAY_FILES together are one."""
+    class WholeFiles(LoadScopeScheduling):
+        """Each test file is a unit of work (xdist's loadscope splits by class; pytest 9.2 ignores the suffix
+        that its ``--dist loadgroup`` writes)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
+            return nodeid.split("::", 1)[0]
 
-    return OwnRayTogether(config, log)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the longest unit first, so it never starts last
-        items.sort(key=lambda item: _unit(item.nodeid) != "own-ray")
+    return WholeFiles(config, log)
 
 
 def _short_tmp(prefix: str) -> str:

@@ -16,10 +16,13 @@ pytestmark = pytest.mark.timeout(240)
 DUMP = textwrap.dedent(
     """
     import json, os, sys
-    print("DUMP " + json.dumps({
+    # one write with its newline: under PYTHONUNBUFFERED print() writes the line and its end apart, and torchrun's
+    # two ranks share one pipe
+    sys.stdout.write("DUMP " + json.dumps({
         "argv": sys.argv, "file": __file__, "name": __name__, "cwd": os.getcwd(), "path0": sys.path[0],
         "rank": os.environ.get("RANK"), "world": os.environ.get("WORLD_SIZE"),
-    }), flush=True)
+    }) + "\\n")
+    sys.stdout.flush()
     """
 )
 
