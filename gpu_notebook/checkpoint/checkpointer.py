@@ -1,7 +1,7 @@
 """The :class:`Checkpointer`: snapshot on the training thread, encode and upload in the background.
 
 The class is the public face of the package; the work is done by its parts: ``snapshot`` (the host copy a
-save takes on the training thread, into recycled buffers), ``save`` (the background pipeline: plan, encode,
+save takes on the training thread), ``save`` (the background pipeline: plan, encode,
 commit), ``restore`` (decode, and load ``into=`` objects), ``inspect`` and ``gc`` (reading and cleaning a
 store), ``policy`` (when :meth:`maybe_save` saves, spot preemption included), ``format`` (the bytes) and
 ``stores`` (where they go). One save is in flight at most.
@@ -109,6 +109,10 @@ class Checkpointer:
         A failed background save is retried this many times, with exponential backoff.
     threads
         Threads that encode and upload chunks in parallel.
+    reuse_buffers
+        Keep the last snapshot's host buffers, faulted in, for the next save: a shorter training stall for one
+        more copy of the state in host memory. False (default): each snapshot goes into fresh memory, dropped
+        once committed (between saves only the base of the deltas stays: about 1.2x the state in all).
     sharded
         In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
         rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
@@ -168,6 +172,7 @@ class Checkpointer:
         retries: int = 3,
         retry_backoff_s: float = 1.0,
         threads: int | None = None,
+        reuse_buffers: bool = False,
         sharded: bool = False,
         rng: bool | None = None,
         rank: int | None = None,
@@ -228,7 +233,7 @@ class Checkpointer:
         self._inflight: SaveHandle | None = None
         self._errors: list[BaseException] = []
         self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
-        self._buffers = BufferPool()
+        self._buffers = BufferPool(reuse=bool(reuse_buffers))
         self._lineage = Lineage(delta_against)  # what the next delta is computed against
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
@@ -261,17 +266,12 @@ class Checkpointer:
     def close(self, wait: bool = True) -> None:
         """Wait for the save in flight (if ``wait``) and stop the background threads."""
         self._preemption.stop()
-        if wait:
-            try:
+        try:
+            if wait:
                 self.wait()
-            finally:
-                self._executor.shutdown(wait=True)
-                self._pool.shutdown(wait=True)
-                self._uploads.shutdown(wait=True)
-        else:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._uploads.shutdown(wait=False, cancel_futures=True)
+        finally:
+            for pool in (self._executor, self._pool, self._uploads):
+                pool.shutdown(wait=wait, cancel_futures=not wait)
 
     # ------------------------------------------------------------------ save
     def _raise_pending(self) -> None:

@@ -1,8 +1,12 @@
 """Snapshots: the host-memory copy of the state a save writes, and the pool of buffers it is copied into.
 
-Taking a snapshot is the only work a save does on the training thread, so its buffers are reused from one save
-to the next (a fresh allocation page-faults on first write, which lengthens the training stall), and copies from
-a GPU go into page-locked buffers (asynchronous device-to-host copies; see :func:`format.tree.flatten`).
+Taking a snapshot is the only work a save does on the training thread. By default each snapshot goes into fresh
+memory, dropped once its save is committed (only the base that deltas are computed against stays): between saves
+the host holds about one copy of the state besides the state itself, and the stall is about that of a plain host
+copy (``clone()``). With ``reuse`` the buffers of the last snapshot are kept, and after the first save faulted in,
+for the next one (a fresh allocation page-faults on first write, which lengthens the stall): a shorter stall for
+one more copy of the state in host memory. Copies from a GPU go into page-locked buffers (asynchronous
+device-to-host copies; see :func:`format.tree.flatten`), always reused: allocating them is slow.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ class Snapshot:
 
 
 class BufferPool:
-    """Host buffers for snapshot copies, recycled by size: those of the snapshot a delta was last computed
-    against become free once the next save is committed."""
+    """Host buffers for snapshot copies, recycled by size: those no delta needs any more become free once the
+    next save is committed (ordinary ones only with ``reuse``; page-locked ones always)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool = False) -> None:
+        self.reuse = reuse
         self._free: dict[int, list[np.ndarray]] = {}  # recycled snapshot buffers, by size
         self._free_pinned: dict[int, list[np.ndarray]] = {}  # ... page-locked ones (copies from GPUs)
         self._pinned: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
@@ -82,7 +87,9 @@ class BufferPool:
 
     def prefault(self, leaves: list[Leaf]) -> None:
         """Ordinary host buffers for the next snapshot, their pages touched (a fresh allocation page-faults on
-        first write, which would otherwise lengthen the next save's training stall)."""
+        first write, which would otherwise lengthen the next save's training stall); only with ``reuse``."""
+        if not self.reuse:
+            return
         for leaf in leaves:
             d = leaf.data
             if (
@@ -109,7 +116,7 @@ class BufferPool:
             seen.add(id(d))
             if self._pinned.get(id(d)) is d:
                 free_pinned.setdefault(d.nbytes, []).append(d)
-            elif d.base is None:
+            elif d.base is None and self.reuse:
                 free.setdefault(d.nbytes, []).append(d)
         self._free = free
         self._free_pinned = free_pinned

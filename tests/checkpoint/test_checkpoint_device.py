@@ -23,7 +23,7 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_ch
 
 
 def test_pinned_request_without_cuda_gives_ordinary_recyclable_memory(tmp_path: pathlib.Path) -> None:
-    ck = Checkpointer(tmp_path, progress=False)
+    ck = Checkpointer(tmp_path, progress=False, reuse_buffers=True)
     try:
         a = ck._buffers.alloc(1024, pinned=True)
         assert isinstance(a, np.ndarray) and a.nbytes == 1024 and a.flags.writeable
@@ -37,7 +37,7 @@ def test_pinned_request_without_cuda_gives_ordinary_recyclable_memory(tmp_path: 
 
 def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path) -> None:
     """A page-locked buffer (here a stand-in registered as one) is only handed out for pinned requests."""
-    ck = Checkpointer(tmp_path, progress=False)
+    ck = Checkpointer(tmp_path, progress=False, reuse_buffers=True)
     try:
         pinned = torch.empty(64, dtype=torch.uint8).numpy()  # a tensor-backed array, like a pinned one
         ck._buffers._pinned[id(pinned)] = pinned
@@ -50,6 +50,32 @@ def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path)
         assert ck._buffers.alloc(64) is plain
         got = ck._buffers.alloc(64)
         assert got is not view and got is not plain and got is not pinned
+    finally:
+        ck.close()
+
+
+def test_by_default_a_committed_snapshot_keeps_only_the_base_and_the_page_locked_buffers(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Without ``reuse_buffers`` nothing but the deltas' base stays between saves (steady host memory about one
+    copy of the state, measured in benchmarks/checkpoint.py); page-locked buffers are reused all the same."""
+    ck = Checkpointer(tmp_path, progress=False, preemption=None)
+    try:
+        state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
+        ck.save(state, 0, block=True)
+        ck._executor.submit(lambda: None).result(timeout=60)  # (no buffers are faulted in for the next save)
+        base = {name: id(sh["data"]) for name, sh in ck._lineage.shadow.items()}
+        for step in (1, 2):
+            state["a"] += 1
+            info = ck.save(state, step).result(timeout=60)
+            assert info is not None and not info.is_base
+            assert ck._buffers._free == {}  # the delta's snapshot was not kept
+            assert {name: id(sh["data"]) for name, sh in ck._lineage.shadow.items()} == base
+        assert torch.equal(ck.restore()["a"], state["a"])
+        pinned = torch.empty(64, dtype=torch.uint8).numpy()  # a stand-in registered as page-locked
+        ck._buffers._pinned[id(pinned)] = pinned
+        ck._buffers.recycle({"p": {"data": pinned}, "q": {"data": np.empty(64, dtype=np.uint8)}})
+        assert ck._buffers.alloc(64, pinned=True) is pinned and ck._buffers._free == {}
     finally:
         ck.close()
 
@@ -94,7 +120,7 @@ def test_gpu_check_script_fails_clearly_without_cuda() -> None:
 
 def test_second_snapshot_uses_buffers_faulted_in_after_the_first_save(tmp_path: pathlib.Path) -> None:
     # (deltas against the previous checkpoint: the second snapshot is then what the next delta is against)
-    ck = Checkpointer(tmp_path, progress=False, preemption=None, delta_against="previous")
+    ck = Checkpointer(tmp_path, progress=False, preemption=None, delta_against="previous", reuse_buffers=True)
     try:
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
         ck.save(state, 0, block=True)
@@ -126,7 +152,7 @@ def test_first_save_resolves_before_the_next_buffers_are_faulted_in(
         real(self, leaves)
 
     monkeypatch.setattr(BufferPool, "prefault", slow_prefault)
-    ck = Checkpointer(tmp_path, progress=False, preemption=None)
+    ck = Checkpointer(tmp_path, progress=False, preemption=None, reuse_buffers=True)
     try:
         state = {"a": torch.randn(1000), "b": torch.randn(10, 10)}
         info = ck.save(state, 0).result(timeout=60)  # would time out if the save waited for the prefault
