@@ -669,10 +669,13 @@ def main() -> None:
     ap.add_argument(
         "--memory-only", action="store_true", help=argparse.SUPPRESS
     )  # (the memory table's child)
+    ap.add_argument(
+        "--memory-width", type=int, default=256, help=argparse.SUPPRESS
+    )  # (... its model's width)
     args = ap.parse_args()
     global REPEAT, SAVE_TWINS, COLD
     if args.memory_only:  # in a fresh process: nothing freed earlier is there for the saves to reuse
-        print(json.dumps(R.memory(args.quick, TinyGPT, REPEAT)))
+        print(json.dumps(R.memory(args.quick, TinyGPT, REPEAT, args.memory_width)))
         return
     if args.quick:  # a smoke run: fewer runs of everything
         REPEAT, SAVE_TWINS, COLD = 2, 2, False
@@ -688,7 +691,7 @@ def main() -> None:
     print()
     print(summary(rows))
     sweep: list[dict[str, Any]] = []
-    mem: dict[str, Any] = {}
+    mem: list[dict[str, Any]] = []
     small: dict[str, Any] = {}
     if not args.no_sweep:
         t1 = time.time()
@@ -698,7 +701,14 @@ def main() -> None:
         print(R.runs_table(sweep))
         child = [sys.executable, __file__, "--memory-only"] + (["--quick"] if args.quick else [])
         t1 = time.time()
-        mem = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+        mem = [  # each size in a fresh process; the larger state (about 150 MB) in a full run only
+            json.loads(
+                subprocess.run(
+                    [*child, "--memory-width", str(w)], capture_output=True, text=True, check=True
+                ).stdout
+            )
+            for w in ((256,) if args.quick else (256, 512))
+        ]
         took["memory"] = time.time() - t1
         t1 = time.time()
         print()

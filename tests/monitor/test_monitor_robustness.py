@@ -83,7 +83,9 @@ def test_a_node_gone_from_ray_does_not_stop_the_healthy_ones(ray_session) -> Non
     ray = ray_session
     ghost = os.urandom(28).hex()  # a well-formed node id no node has
     cluster = RayNodes(ray, [{"NodeID": ghost, "Alive": True, "NodeManagerAddress": "10.255.0.9"}])
-    mon = Monitor(cluster, nvml=None, interval=0.2, pull_interval=0.2, node_timeout=5, retry_s=0.3)
+    # node_timeout: the real node's sampler may take long to start on a loaded machine (CI once took over 5 s);
+    # the ghost is rejected at once whatever it is
+    mon = Monitor(cluster, nvml=None, interval=0.2, pull_interval=0.2, node_timeout=60, retry_s=0.3)
     try:
         mon.start()  # raised ActorUnschedulableError before: no monitor at all
         assert mon._failed[ghost].attempts == 1 and mon._failed[ghost].delay == pytest.approx(0.3)

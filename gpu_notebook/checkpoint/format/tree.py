@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -198,14 +199,17 @@ class _Flattener:
         self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
         self.group_bytes = 0
         self.grouped: dict[str, list[tuple[Leaf, Any]]] = {}  # dtype -> (member leaf, its tensor), in order
+        # torch's plain tensor class and strided layout, where torch is loaded (a state without torch values
+        # needs neither, and importing torch here would cost seconds): the walk's fast path for the commonest leaf
+        torch = sys.modules.get("torch")
+        self.tensor_type: type | None = getattr(torch, "Tensor", None)
+        self.strided: Any = getattr(torch, "strided", None)
 
     def tiny(self, t: Any, path: str) -> Any:
         """The node of a small CPU tensor copied later with the others of its dtype (None: not one)."""
-        import torch
-
         if (
-            t.device.type != "cpu"
-            or t.layout != torch.strided
+            not t.is_cpu
+            or t.layout is not self.strided
             or not t.is_contiguous()
             or t.is_conj()
             or t.is_neg()
@@ -233,7 +237,8 @@ class _Flattener:
                     tensor_leaf = _tensor_leaf(leaf.name, t, self.copy, self.alloc, self.pending)
                     leaf.data = tensor_leaf.data
                 continue
-            total = sum(leaf_nbytes(t) for _, t in members)
+            sizes = [t.nbytes for _, t in members]
+            total = sum(sizes)
             buf = self.alloc(total)
             group = Leaf(GROUP_PREFIX + dtype, "group", dtype, [total // DTYPES[dtype]], buf)
             with torch.no_grad():
@@ -241,8 +246,7 @@ class _Flattener:
                     [t.view(-1) for _, t in members], out=torch.from_numpy(buf).view(getattr(torch, dtype))
                 )
             off = 0
-            for leaf, t in members:
-                n = leaf_nbytes(t)
+            for (leaf, _), n in zip(members, sizes, strict=True):
                 leaf.data, leaf.group, leaf.goff = buf[off : off + n], group, off
                 off += n
         self.grouped = {}
@@ -259,6 +263,12 @@ class _Flattener:
         return name
 
     def walk(self, obj: Any, path: str) -> Any:
+        if type(obj) is self.tensor_type and self.tensor_type is not None:  # the commonest leaf, first
+            if self.group_bytes:
+                node = self.tiny(obj, path)
+                if node is not None:
+                    return node
+            return {"$tensor": self.add_leaf(_tensor_leaf(path, obj, self.copy, self.alloc, self.pending))}
         if obj is None or isinstance(obj, bool | str):
             return obj
         if isinstance(obj, int):

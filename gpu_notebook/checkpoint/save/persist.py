@@ -93,22 +93,32 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
     offset there instead), and the ``groups`` (per dtype its size and chunk entries) when there are any."""
     leaves_doc: dict[str, Any] = {}
     groups: dict[str, Any] = {}
+    # id of a group leaf -> its key (a state of small tensors has thousands of members)
+    keys: dict[int, str] = {}
     for leaf in snap.leaves:
-        doc: dict[str, Any] = {
+        g = leaf.group
+        if g is None:
+            leaves_doc[leaf.name] = {
+                "kind": leaf.kind,
+                "dtype": leaf.dtype,
+                "shape": leaf.shape,
+                "nbytes": leaf.data.nbytes,
+                "chunks": chunk_docs[leaf.name]["chunks"],
+            }
+            continue
+        key = keys.get(id(g))
+        if key is None:
+            key = keys[id(g)] = g.name[len(GROUP_PREFIX) :]
+            groups[key] = {"dtype": g.dtype, "nbytes": g.nbytes, "chunks": chunk_docs[g.name]["chunks"]}
+        leaves_doc[leaf.name] = {
             "kind": leaf.kind,
             "dtype": leaf.dtype,
             "shape": leaf.shape,
-            "nbytes": leaf.nbytes,
+            "nbytes": leaf.data.nbytes,
+            "chunks": [],
+            "group": key,
+            "goff": leaf.goff,
         }
-        g = leaf.group
-        if g is None:
-            doc["chunks"] = chunk_docs[leaf.name]["chunks"]
-        else:
-            key = g.name[len(GROUP_PREFIX) :]
-            doc.update(chunks=[], group=key, goff=leaf.goff)
-            if key not in groups:
-                groups[key] = {"dtype": g.dtype, "nbytes": g.nbytes, "chunks": chunk_docs[g.name]["chunks"]}
-        leaves_doc[leaf.name] = doc
     shard: dict[str, Any] = {"rank": rank, "tree": snap.tree, "leaves": leaves_doc}
     if groups:
         shard["groups"] = groups
