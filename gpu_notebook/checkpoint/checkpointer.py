@@ -26,7 +26,7 @@ from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._export import export_method
 from ._group import agree_min, agree_save, rank_world, session_token
 from ._progress import Progress
-from .format.codec import notice_fallback
+from .format.codec import notice_fallback, release_scratch
 from .format.manifest import (
     FORMAT_VERSION,
     CheckpointInfo,
@@ -50,7 +50,7 @@ from .save.lease import hold_lease
 from .save.lineage import Lineage
 from .save.order import CommitOrder
 from .save.persist import SaveOptions, persist, persist_with_retries
-from .snapshot import BufferPool, Snapshot
+from .snapshot import BufferPool, Snapshot, trim_heap
 from .stores import Store, open_store
 
 __all__ = ["Checkpointer", "SaveHandle", "current"]
@@ -353,7 +353,9 @@ class Checkpointer:
         snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
         self._seq += 1
         self._last_save_step, self._last_save_time = step, time.time()
-        handle = SaveHandle(ckpt_id, step, self._executor.submit(self._persist, snap, ckpt_id))
+        # (the job takes the snapshot out of its list: dropped when its save ends, not when the executor lets go)
+        handle = SaveHandle(ckpt_id, step, self._executor.submit(self._persist, [snap], ckpt_id))
+        del snap
         self._inflight = handle
         if block:
             self.wait()
@@ -403,8 +405,26 @@ class Checkpointer:
         except RuntimeError:  # closed meanwhile
             pass
 
-    def _persist(self, snap: Snapshot, ckpt_id: str) -> CheckpointInfo | None:
-        """The background job of one save: persist it (with retries); record a failure for good."""
+    def _persist(self, box: list[Snapshot], ckpt_id: str) -> CheckpointInfo | None:
+        """The background job of one save: persist it (with retries); record a failure for good. Then, with the
+        snapshot dropped (only the deltas' base stays), the freed memory goes back to the system."""
+        step = box[0].step
+        info, err = self._persist_snapshot(box.pop(), ckpt_id)
+        if err is None:
+            release_scratch()  # the encoding threads' chunk-sized buffers: allocated again by the next save
+            trim_heap()
+            return info
+        msg = f"checkpoint {ckpt_id} (step {step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        log.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=1)
+        with self._lock:
+            self._errors.append(err)
+            self.failures.append((ckpt_id, msg))
+        raise CheckpointSaveError(msg) from err
+
+    def _persist_snapshot(
+        self, snap: Snapshot, ckpt_id: str
+    ) -> tuple[CheckpointInfo | None, BaseException | None]:
         opts = self._save_options()
 
         def once() -> CheckpointInfo | None:
@@ -418,18 +438,7 @@ class Checkpointer:
 
         # (each attempt is one of every rank writing this save; a failed one is told to the others)
         attempt = opts.committer.attempts(snap, ckpt_id, once)
-        info, err = persist_with_retries(attempt, ckpt_id, self.retries, self.retry_backoff_s)
-        if err is None:
-            return info
-        msg = (
-            f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
-        )
-        log.error(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=1)
-        with self._lock:
-            self._errors.append(err)
-            self.failures.append((ckpt_id, msg))
-        raise CheckpointSaveError(msg) from err
+        return persist_with_retries(attempt, ckpt_id, self.retries, self.retry_backoff_s)
 
     def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
         """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None.

@@ -7,10 +7,17 @@ copy (``clone()``). With ``reuse`` the buffers of the last snapshot are kept, an
 for the next one (a fresh allocation page-faults on first write, which lengthens the stall): a shorter stall for
 one more copy of the state in host memory. Copies from a GPU go into page-locked buffers (asynchronous
 device-to-host copies; see :func:`format.tree.flatten`), always reused: allocating them is slow.
+
+Once a save's job has dropped its snapshot, :func:`trim_heap` hands the freed memory back to the system (glibc keeps
+freed blocks below its mmap threshold, which grows to 32 MB as big blocks are freed, in its heaps for reuse: without
+the trim a 40 MB state held about 0.6x of it more between saves).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import threading
 import time
 import weakref
 from typing import Any
@@ -20,11 +27,38 @@ import numpy as np
 from ._progress import Progress
 from .format.tree import Leaf, flatten
 
-__all__ = ["Snapshot", "BufferPool", "GROUP_BYTES"]
+__all__ = ["Snapshot", "BufferPool", "GROUP_BYTES", "trim_heap"]
 
 #: CPU tensors under this many bytes are copied into one group buffer per dtype and saved as one tensor (see
 #: :mod:`format.tree`): 10,000 tensors of 1 KB then cost one copy call, chunk and frame instead of 10,000 each
 GROUP_BYTES = 64 * 1024
+
+
+_trim: Any = (
+    None  # glibc's malloc_trim, False where there is none (macOS, musl, Windows); None: not looked up
+)
+_trim_lock = threading.Lock()
+
+
+def trim_heap() -> bool:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim(0)``, on the calling thread: a save's
+    job, after it dropped its snapshot); False where the C library has no such call."""
+    global _trim
+    with _trim_lock:
+        if _trim is None:
+            _trim = False
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+                fn = getattr(libc, "malloc_trim", None)
+                if fn is not None:
+                    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+                    _trim = fn
+            except OSError:  # no C library to load by that name: nothing to trim
+                pass
+    if _trim is False:
+        return False
+    _trim(0)
+    return True
 
 
 class Snapshot:

@@ -7,6 +7,7 @@ The real asynchronous copies from a GPU run in ``scripts/gpu_check_checkpoint.py
 from __future__ import annotations
 
 import pathlib
+import platform
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import torch
 
 from gpu_notebook.checkpoint import Checkpointer
 from gpu_notebook.checkpoint.format.tree import flatten, wait_for_copies
-from gpu_notebook.checkpoint.snapshot import BufferPool
+from gpu_notebook.checkpoint.snapshot import BufferPool, trim_heap
 
 pytestmark = pytest.mark.timeout(180)
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_check_checkpoint.py"
@@ -52,6 +53,41 @@ def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path)
         assert got is not view and got is not plain and got is not pinned
     finally:
         ck.close()
+
+
+def test_between_saves_no_encoding_scratch_is_held_and_the_freed_heap_goes_back(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Each encoding thread's chunk-sized scratch buffers are dropped when a save's job ends (about 4 chunks per
+    thread would otherwise stay between saves), and glibc's free heap memory is handed back; a save after that
+    allocates them again and writes the same bytes."""
+    from gpu_notebook.checkpoint.format import codec
+
+    def held() -> int:
+        return sum(b.nbytes for h in list(codec._every_scratch) for b in h.by_slot.values())
+
+    ck = Checkpointer(tmp_path, progress=False, preemption=None, chunk_mb=0.25)
+    try:
+        state = {"w": torch.randn(1 << 18), "b": torch.randn(1 << 17, dtype=torch.float64)}
+        for step in range(3):
+            state["w"] += 1e-3
+            state["b"] *= 1.0001
+            info = ck.save(state, step).result(timeout=60)
+            assert info is not None and info.is_base == (step == 0)
+            ck.wait(timeout=60)  # (the job ends after its handle resolved)
+            assert held() == 0, "scratch buffers stayed after the save"
+        got = ck.restore()
+        assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
+    finally:
+        ck.close()
+    codec._scratch("fwd", 1 << 20)  # this thread's, registered on first use and released like the others
+    assert held() >= 1 << 20
+    codec.release_scratch()
+    assert held() == 0
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert trim_heap() is True
+    else:
+        assert trim_heap() in (True, False)
 
 
 def test_by_default_a_committed_snapshot_keeps_only_the_base_and_the_page_locked_buffers(

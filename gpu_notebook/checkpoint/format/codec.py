@@ -29,6 +29,7 @@ import os
 import struct
 import threading
 import warnings
+import weakref
 from typing import Any
 
 import numpy as np
@@ -167,15 +168,43 @@ def _zd() -> Any:
     return d
 
 
+class _Buffers:
+    """One thread's scratch buffers, by slot (held weakly by :data:`_every_scratch`: compared by identity)."""
+
+    __slots__ = ("by_slot", "__weakref__")
+
+    def __init__(self) -> None:
+        self.by_slot: dict[str, np.ndarray] = {}
+
+
+#: every thread's scratch buffers, for :func:`release_scratch`
+_every_scratch: weakref.WeakSet[_Buffers] = weakref.WeakSet()
+_scratch_lock = threading.Lock()
+
+
 def _scratch(slot: str, nbytes: int) -> np.ndarray:
     """A per-thread reusable ``uint8`` buffer (fresh allocations page-fault, which is slow on some hosts)."""
-    bufs = getattr(_local, "scratch", None)
-    if bufs is None:
-        bufs = _local.scratch = {}
+    held = getattr(_local, "scratch", None)
+    if held is None:
+        held = _Buffers()
+        with _scratch_lock:
+            _every_scratch.add(held)
+        _local.scratch = held
+    bufs = held.by_slot
     b = bufs.get(slot)
     if b is None or b.nbytes < nbytes:
         b = bufs[slot] = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
     return b[:nbytes]
+
+
+def release_scratch() -> None:
+    """Drop every thread's scratch buffers (a few chunks' worth per encoding thread), e.g. once a save is done:
+    between saves they would hold about ``threads x 4 x chunk`` bytes. A thread using one meanwhile keeps it
+    until it is done with it; its next call allocates again."""
+    with _scratch_lock:
+        every = list(_every_scratch)
+    for held in every:
+        held.by_slot = {}
 
 
 def _order(base: np.ndarray, width: int) -> np.ndarray:
