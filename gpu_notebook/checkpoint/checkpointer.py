@@ -110,9 +110,12 @@ class Checkpointer:
     threads
         Threads that encode and upload chunks in parallel.
     reuse_buffers
-        Keep the last snapshot's host buffers, faulted in, for the next save: a shorter training stall for one
-        more copy of the state in host memory. False (default): each snapshot goes into fresh memory, dropped
-        once committed (between saves only the base of the deltas stays: about 1.2x the state in all).
+        Keep the last snapshot's host buffers, faulted in, and the encoding threads' scratch, for the next save:
+        a shorter training stall (about a ``clone()`` of the state) for one more copy of the state in host
+        memory. False (default): each snapshot goes into fresh memory, dropped once committed, and the freed
+        memory goes back to the system (glibc's ``malloc_trim``): between saves only the base of the deltas stays
+        (about 1.2x the state in all), and a CPU state's snapshot page-faults its memory again (a stall of about
+        2-3x a ``clone()`` into warm memory; copies from a GPU go into page-locked buffers, always kept).
     sharded
         In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
         rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
@@ -226,6 +229,7 @@ class Checkpointer:
         self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)
         self._lock = threading.Lock()
         self._executor = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-save")
+        self._tidy: cf.Future[None] | None = None  # the last save's memory release (see _release_memory)
         self._pool = cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="gnb-ckpt-io")
         # uploads on their own threads (I/O bound): the encoding threads (CPU bound) go on meanwhile
         uploaders = max(self.threads, int(getattr(self.store, "max_concurrency", 0) or 0))
@@ -407,12 +411,18 @@ class Checkpointer:
 
     def _persist(self, box: list[Snapshot], ckpt_id: str) -> CheckpointInfo | None:
         """The background job of one save: persist it (with retries); record a failure for good. Then, with the
-        snapshot dropped (only the deltas' base stays), the freed memory goes back to the system."""
+        snapshot dropped (only the deltas' base stays), the freed memory goes back to the system (a task of its
+        own, so the handle does not wait for it)."""
         step = box[0].step
         info, err = self._persist_snapshot(box.pop(), ckpt_id)
         if err is None:
-            release_scratch()  # the encoding threads' chunk-sized buffers: allocated again by the next save
-            trim_heap()
+            if (
+                not self._buffers.reuse
+            ):  # (reuse_buffers: warm memory for a short stall is what was asked for)
+                try:  # after the handle resolved, on this thread (the next save queues behind); wait() waits for it
+                    self._tidy = self._executor.submit(_release_memory)
+                except RuntimeError:  # closed meanwhile
+                    pass
             return info
         msg = f"checkpoint {ckpt_id} (step {step}) was NOT saved after {self.retries + 1} attempts: {err}"
         log.error(msg)
@@ -505,8 +515,10 @@ class Checkpointer:
         """Wait for the save in flight; raise :class:`CheckpointSaveError` if a save failed for good."""
         h = self._inflight
         if h is not None and h._future is not None:
-            done, _ = cf.wait([h._future], timeout)
-            if not done:
+            # (then the memory the save freed is given back: what stays between saves is the deltas' base)
+            waits = [h._future] if self._tidy is None else [h._future, self._tidy]
+            done, _ = cf.wait(waits, timeout)
+            if len(done) < len(waits):
                 raise cf.TimeoutError()
         self._raise_pending()
         return self.last_info
@@ -656,3 +668,10 @@ class Checkpointer:
         self._last_save_time = time.time()
         self.last_info = CheckpointInfo.from_manifest(got.doc)
         return got.state
+
+
+def _release_memory() -> None:
+    """After a save: drop the encoding threads' scratch buffers (the next save allocates them again) and hand
+    the C heap's free memory back to the system (a save frees a snapshot-sized copy each time)."""
+    release_scratch()
+    trim_heap()
