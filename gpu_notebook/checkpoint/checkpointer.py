@@ -26,7 +26,7 @@ from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._export import export_method
 from ._group import agree_min, agree_save, rank_world, session_token
 from ._progress import Progress
-from .format.codec import notice_fallback, release_scratch
+from .format.codec import notice_fallback
 from .format.manifest import (
     FORMAT_VERSION,
     CheckpointInfo,
@@ -50,10 +50,13 @@ from .save.lease import hold_lease
 from .save.lineage import Lineage
 from .save.order import CommitOrder
 from .save.persist import SaveOptions, persist, persist_with_retries
-from .snapshot import BufferPool, Snapshot, trim_heap
+from .snapshot import BufferPool, Snapshot, release_memory
 from .stores import Store, open_store
 
 __all__ = ["Checkpointer", "SaveHandle", "current"]
+
+#: what a save's :class:`SaveOptions` takes from the Checkpointer's attributes of the same names
+_SAVE_SETTINGS = "full_every max_restore_ratio chunk_bytes pack_bytes pack_max level threads".split()
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
@@ -66,10 +69,6 @@ def current() -> Checkpointer | None:
     """
     found = _registry.active_checkpointer()
     return found if isinstance(found, Checkpointer) else None
-
-
-def _set_current(c: Checkpointer) -> None:
-    _registry.set_active_checkpointer(c)
 
 
 class Checkpointer:
@@ -110,12 +109,8 @@ class Checkpointer:
     threads
         Threads that encode and upload chunks in parallel.
     reuse_buffers
-        Keep the last snapshot's host buffers, faulted in, and the encoding threads' scratch, for the next save:
-        a shorter training stall (about a ``clone()`` of the state) for one more copy of the state in host
-        memory. False (default): each snapshot goes into fresh memory, dropped once committed, and the freed
-        memory goes back to the system (glibc's ``malloc_trim``): between saves only the base of the deltas stays
-        (about 1.2x the state in all), and a CPU state's snapshot page-faults its memory again (a stall of about
-        2-3x a ``clone()`` into warm memory; copies from a GPU go into page-locked buffers, always kept).
+        Keep the last snapshot's buffers and the encoding scratch warm for the next save (a clone-sized stall
+        for one more copy of the state). False (default): between saves only the deltas' base stays (1.2x).
     sharded
         In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
         rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
@@ -249,7 +244,7 @@ class Checkpointer:
         open_format(self.store, self._version, read_only=self.read_only, write_marker=self.rank == 0)
         self._current = bool(current)  # saves and restores make it current again, unless False
         if current:
-            _set_current(self)
+            _registry.set_active_checkpointer(self)
 
     def __repr__(self) -> str:
         last = f" last={self.last_info.id}" if self.last_info else ""
@@ -314,7 +309,7 @@ class Checkpointer:
         self._check_writable("save")
         notice_fallback()  # once per process: without the C kernels saves and restores are slower
         if self._current:
-            _set_current(self)
+            _registry.set_active_checkpointer(self)
         self._raise_pending()
         # several ranks write this save: a sharded one, or a replicated one with per-rank sections
         multi = self.world_size > 1 and (self.sharded or self.rng or has_per_rank(state))
@@ -357,9 +352,8 @@ class Checkpointer:
         snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
         self._seq += 1
         self._last_save_step, self._last_save_time = step, time.time()
-        # (the job takes the snapshot out of its list: dropped when its save ends, not when the executor lets go)
         handle = SaveHandle(ckpt_id, step, self._executor.submit(self._persist, [snap], ckpt_id))
-        del snap
+        del snap  # (the job takes it from the list: freed when the save ends, not when the pool lets go)
         self._inflight = handle
         if block:
             self.wait()
@@ -391,64 +385,48 @@ class Checkpointer:
         return SaveOptions(
             store=self.store,
             hash_fn=self._h,
-            full_every=self.full_every,
-            max_restore_ratio=self.max_restore_ratio,
-            chunk_bytes=self.chunk_bytes,
-            pack_bytes=self.pack_bytes,
-            pack_max=self.pack_max,
-            level=self.level,
-            threads=self.threads,
             progress=self.progress,
             committer=committer,
             uploads=self._uploads,
+            **{name: getattr(self, name) for name in _SAVE_SETTINGS},
         )
 
-    def _prefault_later(self, task: Callable[[], None]) -> None:
+    def _later(self, task: Callable[[], None]) -> cf.Future[None] | None:
         try:
-            self._executor.submit(task)
+            return self._executor.submit(task)
         except RuntimeError:  # closed meanwhile
-            pass
+            return None
 
     def _persist(self, box: list[Snapshot], ckpt_id: str) -> CheckpointInfo | None:
-        """The background job of one save: persist it (with retries); record a failure for good. Then, with the
-        snapshot dropped (only the deltas' base stays), the freed memory goes back to the system (a task of its
-        own, so the handle does not wait for it)."""
-        step = box[0].step
-        info, err = self._persist_snapshot(box.pop(), ckpt_id)
-        if err is None:
-            if (
-                not self._buffers.reuse
-            ):  # (reuse_buffers: warm memory for a short stall is what was asked for)
-                try:  # after the handle resolved, on this thread (the next save queues behind); wait() waits for it
-                    self._tidy = self._executor.submit(_release_memory)
-                except RuntimeError:  # closed meanwhile
-                    pass
-            return info
-        msg = f"checkpoint {ckpt_id} (step {step}) was NOT saved after {self.retries + 1} attempts: {err}"
-        log.error(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=1)
-        with self._lock:
-            self._errors.append(err)
-            self.failures.append((ckpt_id, msg))
-        raise CheckpointSaveError(msg) from err
-
-    def _persist_snapshot(
-        self, snap: Snapshot, ckpt_id: str
-    ) -> tuple[CheckpointInfo | None, BaseException | None]:
+        """The background job of one save: persist it (with retries); record a failure for good. Then (a task of
+        its own, which wait() waits for) the memory it freed goes back to the system, unless ``reuse_buffers``."""
+        snap = box.pop()
         opts = self._save_options()
 
         def once() -> CheckpointInfo | None:
             lineage = self._lineage
             with hold_lease(self.store, ckpt_id, self.rank, lineage):  # a gc elsewhere keeps what it reuses
                 info = persist(
-                    snap, ckpt_id, opts, lineage, self._buffers, self._pool, self._seq, self._prefault_later
+                    snap, ckpt_id, opts, lineage, self._buffers, self._pool, self._seq, self._later
                 )
             self.last_info = info
             return info
 
         # (each attempt is one of every rank writing this save; a failed one is told to the others)
         attempt = opts.committer.attempts(snap, ckpt_id, once)
-        return persist_with_retries(attempt, ckpt_id, self.retries, self.retry_backoff_s)
+        info, err = persist_with_retries(attempt, ckpt_id, self.retries, self.retry_backoff_s)
+        if err is None:
+            self._tidy = None if self._buffers.reuse else self._later(release_memory)
+            return info
+        msg = (
+            f"checkpoint {ckpt_id} (step {snap.step}) was NOT saved after {self.retries + 1} attempts: {err}"
+        )
+        log.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=1)
+        with self._lock:
+            self._errors.append(err)
+            self.failures.append((ckpt_id, msg))
+        raise CheckpointSaveError(msg) from err
 
     def maybe_save(self, state: Any, step: int, *, force: bool = False) -> SaveHandle | None:
         """Save if the policy (``every_steps`` / ``every_minutes``) says it is time; else return None.
@@ -515,10 +493,12 @@ class Checkpointer:
         """Wait for the save in flight; raise :class:`CheckpointSaveError` if a save failed for good."""
         h = self._inflight
         if h is not None and h._future is not None:
-            # (then the memory the save freed is given back: what stays between saves is the deltas' base)
-            waits = [h._future] if self._tidy is None else [h._future, self._tidy]
-            done, _ = cf.wait(waits, timeout)
-            if len(done) < len(waits):
+            if not cf.wait([h._future], timeout)[0]:
+                raise cf.TimeoutError()
+            tidy = (
+                self._tidy
+            )  # (set by the job before its handle resolved) the release of the memory it freed
+            if tidy is not None and not cf.wait([tidy], timeout)[0]:
                 raise cf.TimeoutError()
         self._raise_pending()
         return self.last_info
@@ -631,7 +611,7 @@ class Checkpointer:
         NoCheckpointError, IntegrityError, ObjectMissingError, FormatVersionError, ShapeMismatchError
         """
         if self._current:
-            _set_current(self)
+            _registry.set_active_checkpointer(self)
         self._wait_inflight()
         try:
             doc = self._inspect.resolve(ckpt_id, step)
@@ -668,10 +648,3 @@ class Checkpointer:
         self._last_save_time = time.time()
         self.last_info = CheckpointInfo.from_manifest(got.doc)
         return got.state
-
-
-def _release_memory() -> None:
-    """After a save: drop the encoding threads' scratch buffers (the next save allocates them again) and hand
-    the C heap's free memory back to the system (a save frees a snapshot-sized copy each time)."""
-    release_scratch()
-    trim_heap()

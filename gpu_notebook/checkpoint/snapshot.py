@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from ._progress import Progress
+from .format._scratch import release_scratch
 from .format.tree import Leaf, flatten
 
-__all__ = ["Snapshot", "BufferPool", "GROUP_BYTES", "trim_heap"]
+__all__ = ["Snapshot", "BufferPool", "GROUP_BYTES", "release_memory", "trim_heap"]
 
 #: CPU tensors under this many bytes are copied into one group buffer per dtype and saved as one tensor (see
 #: :mod:`format.tree`): 10,000 tensors of 1 KB then cost one copy call, chunk and frame instead of 10,000 each
@@ -59,6 +60,13 @@ def trim_heap() -> bool:
         return False
     _trim(0)
     return True
+
+
+def release_memory() -> None:
+    """After a save: drop the encoding threads' scratch buffers (the next save allocates them again) and hand
+    the C heap's free memory back to the system (a save frees a snapshot-sized copy each time)."""
+    release_scratch()
+    trim_heap()
 
 
 class Snapshot:

@@ -61,11 +61,9 @@ def test_between_saves_no_encoding_scratch_is_held_and_the_freed_heap_goes_back(
     """Each encoding thread's chunk-sized scratch buffers are dropped when a save's job ends (about 4 chunks per
     thread would otherwise stay between saves), and glibc's free heap memory is handed back; a save after that
     allocates them again and writes the same bytes."""
-    from gpu_notebook.checkpoint.format import codec
+    from gpu_notebook.checkpoint.format import _scratch
 
-    def held() -> int:
-        return sum(b.nbytes for h in list(codec._every_scratch) for b in h.by_slot.values())
-
+    held = _scratch.held_bytes
     ck = Checkpointer(tmp_path, progress=False, preemption=None, chunk_mb=0.25)
     try:
         state = {"w": torch.randn(1 << 18), "b": torch.randn(1 << 17, dtype=torch.float64)}
@@ -80,9 +78,9 @@ def test_between_saves_no_encoding_scratch_is_held_and_the_freed_heap_goes_back(
         assert torch.equal(got["w"], state["w"]) and torch.equal(got["b"], state["b"])
     finally:
         ck.close()
-    codec._scratch("fwd", 1 << 20)  # this thread's, registered on first use and released like the others
+    _scratch.scratch("fwd", 1 << 20)  # this thread's, registered on first use and released like the others
     assert held() >= 1 << 20
-    codec.release_scratch()
+    _scratch.release_scratch()
     assert held() == 0
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert trim_heap() is True

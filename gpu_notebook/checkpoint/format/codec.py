@@ -29,10 +29,11 @@ import os
 import struct
 import threading
 import warnings
-import weakref
 from typing import Any
 
 import numpy as np
+
+from ._scratch import scratch
 
 __all__ = ["encode_chunk", "decode_chunk", "TRANSFORMS", "FRAME_MAGIC"]
 
@@ -168,45 +169,6 @@ def _zd() -> Any:
     return d
 
 
-class _Buffers:
-    """One thread's scratch buffers, by slot (held weakly by :data:`_every_scratch`: compared by identity)."""
-
-    __slots__ = ("by_slot", "__weakref__")
-
-    def __init__(self) -> None:
-        self.by_slot: dict[str, np.ndarray] = {}
-
-
-#: every thread's scratch buffers, for :func:`release_scratch`
-_every_scratch: weakref.WeakSet[_Buffers] = weakref.WeakSet()
-_scratch_lock = threading.Lock()
-
-
-def _scratch(slot: str, nbytes: int) -> np.ndarray:
-    """A per-thread reusable ``uint8`` buffer (fresh allocations page-fault, which is slow on some hosts)."""
-    held = getattr(_local, "scratch", None)
-    if held is None:
-        held = _Buffers()
-        with _scratch_lock:
-            _every_scratch.add(held)
-        _local.scratch = held
-    bufs = held.by_slot
-    b = bufs.get(slot)
-    if b is None or b.nbytes < nbytes:
-        b = bufs[slot] = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
-    return b[:nbytes]
-
-
-def release_scratch() -> None:
-    """Drop every thread's scratch buffers (a few chunks' worth per encoding thread), e.g. once a save is done:
-    between saves they would hold about ``threads x 4 x chunk`` bytes. A thread using one meanwhile keeps it
-    until it is done with it; its next call allocates again."""
-    with _scratch_lock:
-        every = list(_every_scratch)
-    for held in every:
-        held.by_slot = {}
-
-
 def _order(base: np.ndarray, width: int) -> np.ndarray:
     """The permutation that sorts elements stably by their base element's top exponent bits.
 
@@ -234,7 +196,7 @@ def _forward(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int) -
         return cur
     n = cur.nbytes
     u: Any = _UINT[width]
-    out = _scratch("fwd", n)
+    out = scratch("fwd", n)
     if t == 0:
         np.copyto(out, cur)
     elif t == 1:
@@ -245,18 +207,18 @@ def _forward(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int) -
         np.subtract(cur.view(s), base.view(s), out=d)  # type: ignore[union-attr]  # wraps
         if off:
             np.subtract(d, s(off), out=d)
-        sign = _scratch("tmp", n).view(s)
+        sign = scratch("tmp", n).view(s)
         np.right_shift(d, 8 * width - 1, out=sign)
         np.left_shift(d, 1, out=d)
         np.bitwise_xor(d, sign, out=d)  # zigzag
     if rot:
         x = out.view(u)
-        tmp = _scratch("tmp", n).view(u)
+        tmp = scratch("tmp", n).view(u)
         np.right_shift(x, u(8 * width - rot), out=tmp)
         np.left_shift(x, u(rot), out=x)
         np.bitwise_or(x, tmp, out=x)
     if perm:
-        res = _scratch("perm", n)
+        res = scratch("perm", n)
         np.take(out.view(u), _order(base, width), out=res.view(u))  # type: ignore[arg-type]
         return res
     return out
@@ -271,11 +233,11 @@ def _inverse(
     n = data.nbytes
     z = data.view(u)
     if perm:
-        y = _scratch("dperm", n).view(u)
+        y = scratch("dperm", n).view(u)
         y[_order(base, width)] = z  # type: ignore[arg-type]
         z = y
     if rot:
-        tmp = _scratch("tmp", n).view(u)
+        tmp = scratch("tmp", n).view(u)
         np.left_shift(z, u(8 * width - rot), out=tmp)
         np.right_shift(z, u(rot), out=z)
         np.bitwise_or(z, tmp, out=z)
@@ -287,7 +249,7 @@ def _inverse(
     if t == 1:
         np.bitwise_xor(z, b, out=o)
         return out
-    neg = _scratch("tmp", n).view(u)
+    neg = scratch("tmp", n).view(u)
     np.bitwise_and(z, u(1), out=neg)
     np.negative(neg, out=neg)  # 0 -> 0, 1 -> all ones (unsigned wrap)
     np.right_shift(z, u(1), out=z)
@@ -302,7 +264,7 @@ def _split(buf: np.ndarray, width: int) -> np.ndarray:
     """Byte planes of ``buf`` as a (width, n) array (per-thread scratch)."""
     if width == 1:
         return buf.reshape(1, -1)
-    out = _scratch("split", buf.nbytes).reshape(width, -1)
+    out = scratch("split", buf.nbytes).reshape(width, -1)
     np.copyto(out, buf.reshape(-1, width).T)
     return out
 
@@ -323,7 +285,7 @@ def _planes_of(cur: np.ndarray, base: np.ndarray | None, v: Variant, width: int)
     if nat is None:
         return _split(_forward(cur, base, v, width), width)
     t, rot, perm, off = v
-    out = _scratch("split", cur.nbytes)
+    out = scratch("split", cur.nbytes)
     nat.forward_split(cur, base if (t or perm) else None, out, width, t, rot, perm, off)
     return out.reshape(width, -1)
 
@@ -645,13 +607,13 @@ def decode_chunk(
         b = base.reshape(-1) if (transform or perm) and base is not None else None
         nat.merge_inverse(bufs, b, out, width, transform, rot, perm, off)
         return out
-    planes = out.reshape(1, n) if simple else _scratch("dplanes", n).reshape(nplanes, plane_len)
+    planes = out.reshape(1, n) if simple else scratch("dplanes", n).reshape(nplanes, plane_len)
     for i, buf in enumerate(bufs):
         planes[i] = np.frombuffer(buf, dtype=np.uint8)
     if simple:
         return out
     if not transform and not rot and not perm:
         return _merge(planes, width, out)
-    merged = _merge(planes, width, _scratch("dmerge", n))
+    merged = _merge(planes, width, scratch("dmerge", n))
     b = base.reshape(-1) if base is not None else None
     return _inverse(merged, b, (transform, rot, perm, off), width, out)

@@ -133,7 +133,7 @@ def persist(
     buffers: BufferPool,
     pool: cf.ThreadPoolExecutor,
     seq: int,
-    prefault: Callable[[Callable[[], None]], None],
+    prefault: Callable[[Callable[[], None]], object],
 ) -> CheckpointInfo | None:
     """Write one snapshot as checkpoint ``ckpt_id``; its info (None on a rank that does not commit).
 
