@@ -202,16 +202,7 @@ def test_read_only_credentials_raise_actionable_store_errors(bucket: str) -> Non
             f"s3://{bucket}/p", endpoint_url=srv.endpoint, retries=1, backoff_s=0.01, multipart_threshold_mb=0.01,
             aws_session_token=None, **creds,
         )  # fmt: skip
-        # (CI once got AccessDenied on this first read, once in five fresh-clone runs, never here: a read that
-        # stays refused still fails after the third try)
-        for attempt in range(3):
-            try:
-                store.check()
-                break
-            except StoreError:
-                if attempt == 2:
-                    raise
-                time.sleep(1.0)
+        store.check()
         assert store.get("FORMAT") == b"3" and store.exists("FORMAT") and not store.exists("nope")
         assert [o.key for o in store.list("")] == ["FORMAT"]
         with pytest.raises(ObjectMissingError):
