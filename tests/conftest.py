@@ -22,7 +22,7 @@ os.environ.setdefault("MOTO_IAM_LOAD_MANAGED_POLICIES", "true")
 # ---- the whole suite in two phases (scripts/test.sh): every file but those of tests/own_ray_files.txt on two
 # pytest-xdist workers (``-n 2 --dist loadscope --no-loadscope-reorder``), each file whole on one worker (its module
 # fixtures run once, its tests in order) on that worker's session Ray; then the files that start a Ray (or a browser
-# and a kernel) of their own, in one process with nothing beside them.
+# and a kernel) of their own, on two workers of their own, whole files again, the longest first.
 OWN_RAY_FILES = tuple(
     line.strip()
     for line in open(os.path.join(os.path.dirname(__file__), "own_ray_files.txt"), encoding="utf-8")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
 import pkgutil
 import shutil
 import subprocess
@@ -169,8 +170,8 @@ def test_no_two_modules_import_each_other_even_through_others() -> None:
 
 
 def test_the_suites_own_ray_group_names_files_that_exist() -> None:
-    """scripts/test.sh runs the files of tests/own_ray_files.txt alone, after the rest on two workers; a test file
-    renamed out of the list would silently run its own Ray beside another worker's tests and slow both down."""
+    """scripts/test.sh runs the files of tests/own_ray_files.txt after the rest, on two workers of their own; a test
+    file renamed out of the list would silently run its own Ray beside the first phase's tests and slow both down."""
     from conftest import OWN_RAY_FILES
 
     assert len(OWN_RAY_FILES) >= 10, OWN_RAY_FILES
@@ -178,3 +179,18 @@ def test_the_suites_own_ray_group_names_files_that_exist() -> None:
     assert not missing, missing
     script = (ROOT / "scripts" / "test.sh").read_text()
     assert "--dist loadscope" in script and "tests/own_ray_files.txt" in script
+
+
+def test_the_venv_holds_compiled_bytecode() -> None:
+    """scripts/setup_env.sh installs with uv's --compile-bytecode: without .pyc files (uv writes none by default, and
+    PYTHONDONTWRITEBYTECODE stops Python writing them), every kernel, rank and Ray daemon compiled torch and Ray
+    from source on each import (a local Ray start took 8-9 s on the 2-core machine instead of 5.5-6.5)."""
+    import importlib.util
+
+    import ray
+    import torch
+
+    for mod in (torch, ray):
+        assert mod.__file__ is not None
+        cached = importlib.util.cache_from_source(mod.__file__)
+        assert os.path.exists(cached), f"{cached} missing: make the .venv with scripts/setup_env.sh dev"
