@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._progress import Progress
-from .format._scratch import release_scratch
+from .format._scratch import is_host_buffer, release_scratch
 from .format.tree import Leaf, flatten
 
 __all__ = ["Snapshot", "BufferPool", "GROUP_BYTES", "release_memory", "trim_heap"]
@@ -138,7 +138,7 @@ class BufferPool:
                 not isinstance(d, np.ndarray)
                 or not d.nbytes
                 or self._pinned.get(id(d)) is d
-                or d.base is not None
+                or not is_host_buffer(d)
             ):
                 continue
             buf = np.empty(d.nbytes, dtype=np.uint8)
@@ -158,7 +158,7 @@ class BufferPool:
             seen.add(id(d))
             if self._pinned.get(id(d)) is d:
                 free_pinned.setdefault(d.nbytes, []).append(d)
-            elif d.base is None and self.reuse:
+            elif is_host_buffer(d) and self.reuse:
                 free.setdefault(d.nbytes, []).append(d)
         self._free = free
         self._free_pinned = free_pinned

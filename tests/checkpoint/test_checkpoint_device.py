@@ -55,6 +55,44 @@ def test_recycle_keeps_pinned_and_ordinary_buffers_apart(tmp_path: pathlib.Path)
         ck.close()
 
 
+def test_scratch_and_packs_are_memory_maps_of_their_own(tmp_path: pathlib.Path) -> None:
+    """The codec's scratch and the packs of encoded frames are, from 1 MiB on, anonymous memory maps whose pages
+    go back to the system when dropped (from malloc they stayed in glibc's heaps between saves: the memory table of
+    benchmarks/checkpoint.py); a view of one, or a tensor's memory, is never taken for a whole buffer of ours."""
+    import mmap
+
+    from gpu_notebook.checkpoint.format import _scratch
+    from gpu_notebook.checkpoint.save import encode
+
+    def mapped(a: np.ndarray) -> bool:
+        return isinstance(getattr(a.base, "obj", None), mmap.mmap)  # (numpy wraps the map in a memoryview)
+
+    big, small = _scratch.host_empty(_scratch.MAP_BYTES), _scratch.host_empty(64)
+    assert mapped(big) and big.flags.writeable and small.base is None
+    assert _scratch.is_host_buffer(big) and _scratch.is_host_buffer(small)
+    assert not _scratch.is_host_buffer(big[:64]) and not _scratch.is_host_buffer(torch.zeros(4).numpy())
+    assert mapped(_scratch.scratch("test", 2 * _scratch.MAP_BYTES).base)  # (a view of this thread's buffer)
+    _scratch.release_scratch()
+
+    packs: list[np.ndarray] = []
+    real = encode.host_empty
+
+    def recording(nbytes: int) -> np.ndarray:
+        packs.append(real(nbytes))
+        return packs[-1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(encode, "host_empty", recording)
+        ck = Checkpointer(tmp_path, progress=False, preemption=None, pack_max_mb=4)
+        try:
+            state = {f"t{i}": torch.randn(64 * 1024) for i in range(24)}  # 6 MiB in small frames: packs
+            ck.save(state, 0, block=True)
+            assert torch.equal(ck.restore()["t5"], state["t5"])
+        finally:
+            ck.close()
+    assert packs and any(mapped(p) for p in packs)
+
+
 def test_between_saves_no_encoding_scratch_is_held_and_the_freed_heap_goes_back(
     tmp_path: pathlib.Path,
 ) -> None:

@@ -4,16 +4,44 @@ Each thread that encodes or decodes chunks keeps a few chunk-sized ``uint8`` buf
 byte planes, a permutation), reused chunk after chunk: a fresh allocation page-faults, which is slow on some
 hosts. Between saves they would hold about ``threads x 4 x chunk`` bytes, so a save's job drops them all when it
 has ended (:func:`release_scratch`); the next save allocates them again.
+
+Large buffers (these, and the packs of encoded frames: ``save/encode.py``) are anonymous memory maps
+(:func:`host_empty`), so freeing one gives its pages back to the system at once. From ``malloc`` they did not
+always go back: glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which blocks
+of that size come from its heaps, whose freed memory ``malloc_trim`` cannot return while a live block sits above it.
+Between saves of a 40 MB state that kept 1.2-2.1x the state resident; with memory maps 1.13-1.18x
+(``benchmarks/checkpoint.py``'s memory table). The snapshot's copies stay with ``malloc``: fresh maps page-fault on
+every save, which doubled the training stall.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 import weakref
 
 import numpy as np
 
-__all__ = ["scratch", "release_scratch"]
+__all__ = ["scratch", "release_scratch", "host_empty", "is_host_buffer"]
+
+#: from this size on, :func:`host_empty` maps memory of its own rather than asking ``malloc``
+MAP_BYTES = 1 << 20
+
+
+def host_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised ``uint8`` host buffer; from :data:`MAP_BYTES` on an anonymous memory map of its own, whose
+    pages go back to the system when the last reference to it goes."""
+    if nbytes < MAP_BYTES:
+        return np.empty(nbytes, dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+
+
+def is_host_buffer(a: np.ndarray) -> bool:
+    """Whether ``a`` is a whole buffer of :func:`host_empty` (or numpy's own), not a view of other memory (a
+    tensor's, a slice of a larger buffer)."""
+    b = a.base  # (numpy wraps the map in a memoryview)
+    return b is None or isinstance(getattr(b, "obj", b), mmap.mmap)
+
 
 _local = threading.local()
 
@@ -43,7 +71,7 @@ def scratch(slot: str, nbytes: int) -> np.ndarray:
     bufs = held.by_slot
     b = bufs.get(slot)
     if b is None or b.nbytes < nbytes:
-        b = bufs[slot] = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
+        b = bufs[slot] = host_empty(max(nbytes, 1 << 16))
     return b[:nbytes]
 
 

@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .._progress import Progress
+from ..format._scratch import host_empty
 from ..format.codec import encode_chunk
 from ..format.manifest import object_key
 from ..stores import Store
@@ -94,7 +97,7 @@ class ChunkEncoder:
         self._pack_n = 0
         self._pack_lock = threading.Lock()
 
-    def _put(self, key: str, blob: bytes) -> None:
+    def _put(self, key: str, blob: bytes | memoryview) -> None:
         if self.uploads is None:
             self._put_now(key, blob)
             return
@@ -120,7 +123,7 @@ class ChunkEncoder:
         for f in futs:
             f.result()
 
-    def _put_now(self, key: str, blob: bytes) -> None:
+    def _put_now(self, key: str, blob: bytes | memoryview) -> None:
         t0 = time.thread_time()
         try:
             self._put_store(key, blob)
@@ -128,19 +131,26 @@ class ChunkEncoder:
             if self.uploads is not None:  # (inline, the encoding thread's own count has it)
                 self.counters.spent(time.thread_time() - t0)
 
-    def _put_store(self, key: str, blob: bytes) -> None:
+    def _put_store(self, key: str, blob: bytes | memoryview) -> None:
         if self.store.put(key, blob, create_only=True):
             self.counters.wrote(len(blob))
         else:
             self.store.touch(key)  # found there: perhaps an orphan a concurrent gc is about to delete
 
     def _upload_pack(self, items: list[tuple[Entry, bytes]]) -> None:
-        blob = b"".join(f for _, f in items)
-        key = object_key(self._h(blob))
+        # the pack (up to pack_max_mb) in memory of its own, whose pages go back to the system once it is written
+        # (format/_scratch.host_empty): a b"".join of it stayed in malloc's heaps between saves
+        buf = host_empty(sum(len(f) for _, f in items))
+        offs = []
         off = 0
-        for e, f in items:
-            e.update(obj=key, off=off)
+        for _e, f in items:
+            buf[off : off + len(f)] = np.frombuffer(f, dtype=np.uint8)
+            offs.append(off)
             off += len(f)
+        blob = buf.data
+        key = object_key(self._h(blob))
+        for (e, _f), o in zip(items, offs, strict=True):
+            e.update(obj=key, off=o)
         self._put(key, blob)
 
     def _add_to_pack(self, entry: Entry, frame: bytes) -> None:
