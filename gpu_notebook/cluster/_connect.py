@@ -133,30 +133,40 @@ def connect(
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
-        before = _child_pids()
         try:
-            ctx: Any = ray.init(  # type: ignore[no-redef]
-                address="local",
-                num_cpus=int(cpus) if float(cpus).is_integer() else None,
-                num_gpus=num_gpus,
-                include_dashboard=dashboard,
-                object_store_memory=store,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-                configure_logging=True,
-                # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their
-                # own, so on a 2-core laptop those idle workers only take CPU from the start (README, "Small machines")
-                _system_config=NO_PRESTART,
-            )
-        # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError with its text
-        except Exception as exc:  # noqa: BLE001
-            _abort_local_start(ray, before)
-            raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
-        except (
-            BaseException
-        ):  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
-            _abort_local_start(ray, before)
-            raise
+            for attempt in (1, 2):
+                before = _child_pids()
+                try:
+                    ctx: Any = ray.init(  # type: ignore[no-redef]
+                        address="local",
+                        num_cpus=int(cpus) if float(cpus).is_integer() else None,
+                        num_gpus=num_gpus,
+                        include_dashboard=dashboard,
+                        object_store_memory=store,
+                        logging_level=logging.WARNING,
+                        log_to_driver=False,
+                        configure_logging=True,
+                        # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of
+                        # their own, so on a 2-core laptop those idle workers only take CPU from the start (README,
+                        # "Small machines")
+                        _system_config=NO_PRESTART,
+                    )
+                    break
+                # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError
+                except Exception as exc:  # noqa: BLE001
+                    _abort_local_start(ray, before)
+                    if attempt == 1 and _slow_node_start(exc):
+                        say(
+                            "Ray's node did not register within Ray's own 30 s (is the machine busy?); "
+                            "starting it once more"
+                        )
+                        continue
+                    raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
+                except (
+                    BaseException
+                ):  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+                    _abort_local_start(ray, before)
+                    raise
         finally:
             auth_log.setLevel(level)
         url = _dashboard_url(ctx) if dashboard else ""
@@ -279,6 +289,12 @@ def _cmdline(pid: int) -> str:
             return " ".join(psutil.Process(pid).cmdline())
         except Exception:  # noqa: BLE001 - psutil missing, or the process gone or not ours: no command line
             return ""
+
+
+def _slow_node_start(exc: BaseException) -> bool:
+    """Whether a local ``ray.init`` failed because its raylet took longer than Ray's fixed 30 s to register (a busy
+    or slow machine: a Binder pod, a laptop compiling something); a second start usually makes it."""
+    return "timed out during startup" in str(exc)
 
 
 def _abort_local_start(ray: Any, before: set[int]) -> None:
