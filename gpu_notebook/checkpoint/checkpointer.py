@@ -495,9 +495,8 @@ class Checkpointer:
         if h is not None and h._future is not None:
             if not cf.wait([h._future], timeout)[0]:
                 raise cf.TimeoutError()
-            tidy = (
-                self._tidy
-            )  # (set by the job before its handle resolved) the release of the memory it freed
+            # the release of the memory the save freed (set by its job before the handle resolved)
+            tidy = self._tidy
             if tidy is not None and not cf.wait([tidy], timeout)[0]:
                 raise cf.TimeoutError()
         self._raise_pending()

@@ -133,24 +133,24 @@ def connect(
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
+        init_kw = dict(
+            address="local",
+            num_cpus=int(cpus) if float(cpus).is_integer() else None,
+            num_gpus=num_gpus,
+            include_dashboard=dashboard,
+            object_store_memory=store,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            configure_logging=True,
+            # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their own,
+            # so on a 2-core laptop those idle workers only take CPU from the start (README, "Small machines")
+            _system_config=NO_PRESTART,
+        )
         try:
             for attempt in (1, 2):
                 before = _child_pids()
                 try:
-                    ctx: Any = ray.init(  # type: ignore[no-redef]
-                        address="local",
-                        num_cpus=int(cpus) if float(cpus).is_integer() else None,
-                        num_gpus=num_gpus,
-                        include_dashboard=dashboard,
-                        object_store_memory=store,
-                        logging_level=logging.WARNING,
-                        log_to_driver=False,
-                        configure_logging=True,
-                        # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of
-                        # their own, so on a 2-core laptop those idle workers only take CPU from the start (README,
-                        # "Small machines")
-                        _system_config=NO_PRESTART,
-                    )
+                    ctx: Any = ray.init(**init_kw)  # type: ignore[no-redef]
                     break
                 # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError
                 except Exception as exc:  # noqa: BLE001
@@ -162,9 +162,8 @@ def connect(
                         )
                         continue
                     raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
-                except (
-                    BaseException
-                ):  # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+                # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+                except BaseException:
                     _abort_local_start(ray, before)
                     raise
         finally:

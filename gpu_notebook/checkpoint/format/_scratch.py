@@ -9,7 +9,7 @@ Large buffers (these, and the packs of encoded frames: ``save/encode.py``) are a
 (:func:`host_empty`), so freeing one gives its pages back to the system at once. From ``malloc`` they did not
 always go back: glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which blocks
 of that size come from its heaps, whose freed memory ``malloc_trim`` cannot return while a live block sits above it.
-Between saves of a 40 MB state that kept 1.2-2.1x the state resident; with memory maps 1.13-1.18x
+Between saves of a 40 MB state that kept 1.2-2.1x the state resident; with memory maps 1.15-1.19x
 (``benchmarks/checkpoint.py``'s memory table). The snapshot's copies stay with ``malloc``: fresh maps page-fault on
 every save, which doubled the training stall.
 """
