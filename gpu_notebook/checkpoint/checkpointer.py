@@ -36,6 +36,7 @@ from .format.manifest import (
     hash_fn,
     open_format,
 )
+from .format.tree import no_gc
 from .format.validate import MAX_CHAIN
 from .gc import collect
 from .inspect import Inspector
@@ -135,7 +136,7 @@ class Checkpointer:
         What :meth:`maybe_save` writes on a notice: ``"auto"`` (a full base if it fits in half the time left,
         else a delta), ``"full"`` or ``"delta"``.
     hash
-        ``"blake3"`` (format version 4, the default when the package is installed) or ``"sha256"`` (version 2).
+        ``"blake3"`` (format version 5, the default when the package is installed) or ``"sha256"`` (version 2).
     read_only
         Only read the store (list, show, diff, restore): nothing is written, not even the store's ``FORMAT``
         marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
@@ -612,6 +613,24 @@ class Checkpointer:
         if self._current:
             _registry.set_active_checkpointer(self)
         self._wait_inflight()
+        with no_gc():  # (a walk over every tensor: see no_gc)
+            return self._restore(
+                ckpt_id, step, into, allow_pickle, verify, missing_ok, map_location, fallback, rng, per_rank
+            )
+
+    def _restore(
+        self,
+        ckpt_id: str | None,
+        step: int | None,
+        into: Any,
+        allow_pickle: bool | None,
+        verify: bool,
+        missing_ok: bool,
+        map_location: Any,
+        fallback: bool,
+        rng: bool,
+        per_rank: str | int,
+    ) -> Any:
         try:
             doc = self._inspect.resolve(ckpt_id, step)
         except NoCheckpointError:

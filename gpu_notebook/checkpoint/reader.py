@@ -1,4 +1,4 @@
-"""A standalone reader of gpu_notebook checkpoints: numpy and zstandard only (blake3 to verify formats 3 and 4).
+"""A standalone reader of gpu_notebook checkpoints: numpy and zstandard only (blake3 to verify formats 3 to 5).
 
 Copy this one file anywhere: it imports nothing of gpu_notebook, nor ray, boto3 or torch (torch only when
 tensors are asked for, boto3 only for ``s3://``). It follows ``docs/checkpoint-format.md``: the store layout,
@@ -31,7 +31,7 @@ import numpy as np
 __all__ = ["read", "list_checkpoints", "Reader", "ReaderError", "decode_frame"]
 
 #: the newest format version this reader knows
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 _HDR = struct.Struct("<4sBBBBQ")
 _EXT = struct.Struct("<BBq")
 _PLANE = struct.Struct("<BQ")
@@ -322,6 +322,8 @@ class Reader:
             raise ReaderError(f"manifest {checkpoint_id} is damaged (its id does not match)")
         if int(doc.get("version", 0)) > FORMAT_VERSION:
             raise ReaderError(f"checkpoint {checkpoint_id} is of format version {doc['version']}")
+        for part in [*doc.get("shards", []), *(doc.get("per_rank") or [])]:
+            _expand_groups(part, checkpoint_id)
         return doc
 
     def list(self) -> list[dict[str, Any]]:
@@ -437,6 +439,30 @@ class Reader:
                 raw = self._bytes(doc, name, leaf, hasher)
             out[name] = _array(raw, leaf, tensors)
         return out
+
+
+def _expand_groups(part: dict[str, Any], checkpoint_id: str) -> None:
+    """Format 5 lists the members of a group of small tensors in the group (``names`` and ``shapes``, in the order
+    of their bytes there): list them as leaves, as format 4 did."""
+    for key, g in (part.get("groups") or {}).items():
+        names, shapes = g.pop("names", None), g.pop("shapes", None)
+        if names is None:
+            continue
+        if not isinstance(names, list) or not isinstance(shapes, list) or len(names) != len(shapes):
+            raise ReaderError(f"group {key} of checkpoint {checkpoint_id}: its names and shapes do not match")
+        size, off = _np_dtype(g["dtype"]).itemsize, 0
+        for name, shape in zip(names, shapes, strict=True):
+            n = int(np.prod(shape, dtype=np.int64)) * size
+            part["leaves"][name] = {
+                "kind": "tensor",
+                "dtype": g["dtype"],
+                "shape": shape,
+                "nbytes": n,
+                "chunks": [],
+                "group": key,
+                "goff": off,
+            }
+            off += n
 
 
 def _array(raw: np.ndarray, leaf: dict[str, Any], tensors: str) -> Any:

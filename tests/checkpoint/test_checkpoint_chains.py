@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -178,16 +179,50 @@ def test_a_module_with_many_small_parameters_restores_into_itself(tmp_path: Path
     assert all(_same_bits(model.state_dict()[k], v) for k, v in want.items())
 
 
-def test_a_member_outside_its_group_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["columnar", "format 4"])
+def test_a_member_outside_its_group_is_refused(tmp_path: Path, form: str) -> None:
+    from gpu_notebook.checkpoint.format.validate import expand_groups
+
     g = torch.Generator().manual_seed(6)
     with _ck(tmp_path) as ck:
         info = ck.save(_small_state(g), 0, block=True).result()
     assert info is not None
     path = tmp_path / "manifests" / f"{info.id}.json"
     doc = json.loads(path.read_text())
-    doc["shards"][0]["leaves"]["f5"]["goff"] = 10**9
+    shard = doc["shards"][0]
+    members = shard["groups"]["float32"]
+    assert "f5" not in shard["leaves"] and "f5" in members["names"]  # format 5: listed in its group
+    if form == "columnar":
+        members["shapes"][members["names"].index("f5")] = [10**9]
+    else:  # the members listed as leaves, as format 4 lists them
+        expand_groups(shard, "test")
+        doc["version"] = 4
+        shard["leaves"]["f5"]["goff"] = 10**9
     path.write_text(json.dumps(doc))
     with pytest.raises(IntegrityError, match="f5.*does not lie within its group 'float32'"):
+        _ck(tmp_path).restore(info.id)
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        (lambda m: m["shapes"].pop(), "'names' and 'shapes' are not two lists of the same length"),
+        (lambda m: m["names"].__setitem__(1, m["names"][0]), "not a new tensor name"),
+        (lambda m: m["shapes"].__setitem__(0, [-1]), "has a shape that is not a list"),
+        (lambda m: m["shapes"].__setitem__(0, []), "hold .* bytes, not the group's"),
+    ],
+    ids=["lengths", "duplicate", "negative", "short"],
+)
+def test_damaged_columnar_members_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
+    g = torch.Generator().manual_seed(6)
+    with _ck(tmp_path) as ck:
+        info = ck.save(_small_state(g), 0, block=True).result()
+    assert info is not None
+    path = tmp_path / "manifests" / f"{info.id}.json"
+    doc = json.loads(path.read_text())
+    damage(doc["shards"][0]["groups"]["float32"])
+    path.write_text(json.dumps(doc))
+    with pytest.raises(IntegrityError, match=message):
         _ck(tmp_path).restore(info.id)
 
 

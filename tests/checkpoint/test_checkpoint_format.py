@@ -27,7 +27,7 @@ def _objects(root: Path) -> list[Path]:
     return [f for f in (root / "objects").rglob("*") if f.is_file()]
 
 
-@pytest.mark.parametrize("name,version", [("blake3", 4), ("sha256", 2)])
+@pytest.mark.parametrize("name,version", [("blake3", 5), ("sha256", 2)])
 def test_object_keys_are_the_hash_of_their_bytes(tmp_path: Path, name: str, version: int) -> None:
     ck = Checkpointer(tmp_path, hash=name, preemption=None, progress=False)
     try:
@@ -49,7 +49,7 @@ def test_object_keys_are_the_hash_of_their_bytes(tmp_path: Path, name: str, vers
         assert json.loads((tmp_path / "FORMAT").read_text())["version"] == version
     finally:
         ck.close()
-    assert FORMAT_VERSION == 4
+    assert FORMAT_VERSION == 5
 
 
 def test_version_2_store_is_read_and_continued_with_a_full_base(tmp_path: Path) -> None:
@@ -57,7 +57,7 @@ def test_version_2_store_is_read_and_continued_with_a_full_base(tmp_path: Path) 
     st = _state()
     old.save(st, 0, block=True)
     old.close()
-    new = Checkpointer(tmp_path, preemption=None, progress=False)  # BLAKE3 (version 4)
+    new = Checkpointer(tmp_path, preemption=None, progress=False)  # BLAKE3 (version 5)
     try:
         assert new.hash == "blake3"
         got = new.restore()
@@ -66,7 +66,7 @@ def test_version_2_store_is_read_and_continued_with_a_full_base(tmp_path: Path) 
             st["w"][:10] += 1.0
         info = new.save(st, 1, block=True).result()
         assert info is not None and info.is_base  # no chain across hash functions
-        assert new.manifest(info.id)["version"] == 4
+        assert new.manifest(info.id)["version"] == 5
         assert torch.equal(new.restore(info.id)["w"], st["w"])
         assert torch.equal(new.restore(new.list()[0].id)["w"], got["w"])  # the version-2 one still reads
     finally:

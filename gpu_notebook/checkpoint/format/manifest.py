@@ -28,10 +28,11 @@ from .validate import check_manifest
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
 FORMAT_NAME = "gpu_notebook.checkpoint"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: the hash function of each format version: object keys and the chunk fields ``raw`` and ``hash`` (version 4
-#: adds optional manifest fields to version 3: a reader treats every one of them as absent in older manifests)
-HASH_OF_VERSION = {1: "sha256", 2: "sha256", 3: "blake3", 4: "blake3"}
+#: adds optional manifest fields to version 3: a reader treats every one of them as absent in older manifests;
+#: version 5 lists the members of a group of small tensors in the group, columnar, instead of one leaf each)
+HASH_OF_VERSION = {1: "sha256", 2: "sha256", 3: "blake3", 4: "blake3", 5: "blake3"}
 
 
 def doc_hash(doc: dict[str, Any]) -> str:
@@ -172,6 +173,14 @@ def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
     return doc
 
 
+def n_leaves(shard: dict[str, Any]) -> int:
+    """How many tensors and values a shard holds (a group's members counted, listed in the group as a writer of
+    format 5 lists them, or as leaves)."""
+    return len(shard.get("leaves", {})) + sum(
+        len(g.get("names", ())) for g in (shard.get("groups") or {}).values()
+    )
+
+
 def walk_chunks(entry: dict[str, Any]) -> list[dict[str, Any]]:
     """A chunk entry and its delta bases, newest first."""
     out = []
@@ -251,7 +260,7 @@ class CheckpointInfo:
             replicated=bool(doc.get("replicated", True)),
             raw_bytes=int(st.get("raw_bytes", 0)),
             new_bytes=int(st.get("new_bytes", 0)),
-            n_tensors=sum(len(s.get("leaves", {})) for s in doc.get("shards", [])),
+            n_tensors=sum(n_leaves(s) for s in doc.get("shards", [])),
             restore_bytes=max((_shard_restore_bytes(s) for s in doc.get("shards", [])), default=0),
             extra={"stats": st, "writer": doc.get("writer", {})},
             seq=doc["seq"] if isinstance(doc.get("seq"), int) else seq_of(doc["id"]),

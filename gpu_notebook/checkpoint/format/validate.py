@@ -37,6 +37,7 @@ __all__ = [
     "FRAME_SLACK",
     "check_manifest",
     "check_shard",
+    "expand_groups",
     "check_restore",
     "available_memory",
 ]
@@ -70,6 +71,14 @@ _OBJECT_KEY = re.compile(r"objects/([0-9a-f]{2})/\1[0-9a-f]{6,126}")
 _LEAF_TAGS = ("$tensor", "$ndarray", "$pickle")
 
 Entry = dict[str, Any]
+
+
+def _sizes(shape: list[Any]) -> bool:
+    """Every item of ``shape`` is a JSON integer of at least 0 (the loop of :func:`_int`, for 10,000 shapes)."""
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return False
+    return True
 
 
 def _int(v: Any, lo: int = 0) -> TypeGuard[int]:
@@ -129,7 +138,49 @@ def check_shard(shard: Any, where: str) -> None:
         _check_leaf(f"group {key}", {**g, "kind": "tensor", "shape": shape}, where)
     for name, lf in leaves.items():
         _check_leaf(name, lf, where, groups)
+    expand_groups(shard, where)  # (format 5: the members, listed in their group, checked as they are listed)
     _check_tree(shard.get("tree"), leaves, where)
+
+
+def expand_groups(shard: dict[str, Any], where: str) -> None:
+    """List the members of a shard's groups (format 5: columnar in their group, ``names`` and ``shapes`` in the
+    order their bytes lie there) as leaves again, as format 4 listed them: ``{"kind": "tensor", "dtype", "shape",
+    "nbytes", "chunks": [], "group", "goff"}``, the group's ``names`` and ``shapes`` removed. Each member is checked
+    on the way (a new name, a shape, its bytes within the group's, the members' bytes together the group's).
+    Groups of format 4 (no ``names``) are left alone."""
+    groups, leaves = shard.get("groups") or {}, shard["leaves"]
+    for key, g in groups.items():
+        if "names" not in g:
+            continue
+        names, shapes, dtype, total = g.get("names"), g.get("shapes"), g["dtype"], g["nbytes"]
+        what = f"group {key!r} of {where}"
+        if not isinstance(names, list) or not isinstance(shapes, list) or len(names) != len(shapes):
+            raise IntegrityError(f"{what}: its 'names' and 'shapes' are not two lists of the same length")
+        size, off = ITEMSIZE[dtype], 0
+        for name, shape in zip(names, shapes, strict=True):
+            if type(name) is not str or name in leaves:
+                raise IntegrityError(f"{what} lists a member {name!r} that is not a new tensor name")
+            if type(shape) is not list or len(shape) > MAX_DIMS or not _sizes(shape):
+                raise IntegrityError(
+                    f"tensor {name!r} of {where} has a shape that is not a list of at most {MAX_DIMS} sizes: "
+                    f"{shape!r}"
+                )
+            n = math.prod(shape) * size
+            if off + n > total:
+                raise IntegrityError(f"tensor {name!r} of {where} does not lie within its {what}")
+            leaves[name] = {
+                "kind": "tensor",
+                "dtype": dtype,
+                "shape": shape,
+                "nbytes": n,
+                "chunks": [],
+                "group": key,
+                "goff": off,
+            }
+            off += n
+        if off != total:
+            raise IntegrityError(f"the members of {what} hold {off} bytes, not the group's {total}")
+        del g["names"], g["shapes"]
 
 
 def _check_leaf(name: str, lf: Any, where: str, groups: dict[str, Any] | None = None) -> None:
@@ -163,7 +214,7 @@ def _leaf_problem(lf: Any, groups: dict[str, Any] | None) -> str | None:
     if dtype not in ITEMSIZE:
         return f"has an unknown dtype {dtype!r}"
     shape = lf.get("shape")
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_int(d) for d in shape):
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not _sizes(shape):
         return f"has a shape that is not a list of at most {MAX_DIMS} sizes: {shape!r}"
     nbytes = lf.get("nbytes")
     if not _int(nbytes):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -86,23 +87,46 @@ def decode_shard(
     groups = shard.get("groups") or {}
     encoded = {name: lf for name, lf in leaves.items() if "group" not in lf}
     encoded.update((GROUP_PREFIX + key, g) for key, g in groups.items())
-    for key in groups:
-        members = [name for name, lf in leaves.items() if lf.get("group") == key]
-        few = ", ".join(repr(m) for m in members[:3]) + (
-            f" and {len(members) - 3} more" if len(members) > 3 else ""
-        )
-        dec.labels[GROUP_PREFIX + key] = f"the group of {len(members)} small {key} tensors ({few})"
-    dec.plan(encoded)
-    dec.run(prog)
+    members: dict[str, list[tuple[str, Entry]]] = {key: [] for key in groups}
     for name, lf in leaves.items():
         if "group" in lf:
-            goff = int(lf["goff"])
-            dec.datas[name] = dec.datas[GROUP_PREFIX + lf["group"]][goff : goff + int(lf["nbytes"])]
+            members[lf["group"]].append((name, lf))
+    for key, mem in members.items():
+        few = ", ".join(repr(m) for m, _ in mem[:3]) + (f" and {len(mem) - 3} more" if len(mem) > 3 else "")
+        dec.labels[GROUP_PREFIX + key] = f"the group of {len(mem)} small {key} tensors ({few})"
+    dec.plan(encoded)
+    dec.run(prog)
     values = {
         name: leaf_from_bytes({**lf, "name": name}, dec.datas[name], allow_pickle=allow_pickle)
-        for name, lf in leaves.items()
+        for name, lf in encoded.items()
+        if name in leaves
     }
+    for key, mem in members.items():
+        if mem:
+            values.update(_members(dec.datas[GROUP_PREFIX + key], groups[key]["dtype"], mem))
     return values, dec.datas
+
+
+def _members(data: np.ndarray, dtype: str, mem: list[tuple[str, Entry]]) -> Iterator[tuple[str, Any]]:
+    """The tensors of a group's members: views of its decoded bytes (one ``torch.split`` when they lie one after
+    the other, as a writer lays them out; else a slice each)."""
+    import torch
+
+    tdt = getattr(torch, dtype)
+    size = torch.empty(0, dtype=tdt).element_size()
+    offs = [int(lf["goff"]) for _, lf in mem]
+    counts = [int(lf["nbytes"]) // size for _, lf in mem]
+    if offs[0] == 0 and all(o == a + n * size for o, a, n in zip(offs[1:], offs, counts, strict=False)):
+        flat = torch.from_numpy(data).view(tdt)
+        pieces = torch.split(flat[: sum(counts)], counts)
+        for (name, lf), t in zip(mem, pieces, strict=True):
+            shape = lf["shape"]
+            yield name, t if len(shape) == 1 else t.view(shape)
+        return
+    for (name, lf), o in zip(
+        mem, offs, strict=True
+    ):  # pragma: no cover - no writer lays a group out otherwise
+        yield name, leaf_from_bytes({**lf, "name": name}, data[o : o + int(lf["nbytes"])])
 
 
 class _ShardDecoder:

@@ -89,12 +89,12 @@ def _chunk_docs(enc_leaves: list[Leaf], entries: dict[int, Entry], chunk_bytes: 
 
 
 def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[str, Any]:
-    """This rank's shard: per leaf its kind, dtype, shape, size and chunk entries (a grouped leaf: its group and
-    offset there instead), and the ``groups`` (per dtype its size and chunk entries) when there are any."""
+    """This rank's shard: per leaf its kind, dtype, shape, size and chunk entries, and the ``groups`` (small tensors
+    saved together: per dtype its size, chunk entries and its members, columnar: their names and shapes in the
+    order their bytes lie in the group) when there are any. A reader lists the members as leaves again
+    (``validate.expand_groups``)."""
     leaves_doc: dict[str, Any] = {}
     groups: dict[str, Any] = {}
-    # id of a group leaf -> its key (a state of small tensors has thousands of members)
-    keys: dict[int, str] = {}
     for leaf in snap.leaves:
         g = leaf.group
         if g is None:
@@ -106,18 +106,16 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
                 "chunks": chunk_docs[leaf.name]["chunks"],
             }
             continue
-        key = keys.get(id(g))
-        if key is None:
-            key = keys[id(g)] = g.name[len(GROUP_PREFIX) :]
-            groups[key] = {"dtype": g.dtype, "nbytes": g.nbytes, "chunks": chunk_docs[g.name]["chunks"]}
-        leaves_doc[leaf.name] = {
-            "kind": leaf.kind,
-            "dtype": leaf.dtype,
-            "shape": leaf.shape,
-            "nbytes": leaf.data.nbytes,
-            "chunks": [],
-            "group": key,
-            "goff": leaf.goff,
+        key = g.name[len(GROUP_PREFIX) :]
+        if key in groups:
+            continue
+        assert g.members is not None
+        groups[key] = {
+            "dtype": g.dtype,
+            "nbytes": g.nbytes,
+            "chunks": chunk_docs[g.name]["chunks"],
+            "names": [m.name for m in g.members],
+            "shapes": [m.shape for m in g.members],
         }
     shard: dict[str, Any] = {"rank": rank, "tree": snap.tree, "leaves": leaves_doc}
     if groups:
