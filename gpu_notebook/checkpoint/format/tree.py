@@ -233,14 +233,12 @@ class _Flattener:
         if t.layout is not self.strided:
             return None
         dtype = self.grouped_dtypes.get(t.dtype)
-        if (
+        if (  # (the grouped dtypes are neither complex, so never conjugate views, nor quantized)
             dtype is None
             or not 0 < t.nbytes < self.group_bytes
             or not t.is_cpu
             or not t.is_contiguous()
-            or t.is_conj()
             or t.is_neg()
-            or t.is_quantized
         ):
             return None
         leaf = Leaf(path, "tensor", dtype, list(t.shape), _EMPTY)
