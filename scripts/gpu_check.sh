@@ -11,7 +11,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_USAGE_STATS_ENABLED=0
 status=0
 if [ -d .gpu_wheels ]; then  # carried wheels (scripts/gpu_wheels.sh): the checkpoint codec's zstandard and blake3
     echo "== wheels from .gpu_wheels"
-    "$PY" -m pip install -q --no-index --find-links .gpu_wheels --target /tmp/gnb-wheels zstandard blake3 \
+    "$PY" -m pip install -q --no-index --find-links .gpu_wheels --target /tmp/gnb-wheels zstandard blake3 xxhash \
         && export PYTHONPATH="/tmp/gnb-wheels:$PYTHONPATH" || echo "!! could not install the carried wheels"
 fi
 if command -v gcc >/dev/null && "$PY" -c "import numpy" 2>/dev/null; then  # the codec's C kernels, in place

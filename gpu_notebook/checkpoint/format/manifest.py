@@ -57,6 +57,21 @@ def hash_fn(name: str) -> Callable[[Any], str]:
     raise ValueError(f"unknown hash {name!r}: 'blake3' or 'sha256'")
 
 
+def check_fn() -> Callable[[Any], str] | None:
+    """The restore check of a chunk's decoded bytes: XXH3-128 (hex), which a writer records as the chunk field
+    ``xxh3`` and a reader compares instead of BLAKE3-hashing the bytes again (``raw``: 6 GB/s on one core here,
+    against 60 GB/s); None without the ``xxhash`` package (a writer records none, a reader checks ``raw``).
+
+    It guards against what a store or a codec can get wrong (flipped bits, a wrong base, a truncated frame), as
+    zstd's own XXH64 checksums do; like ``raw``, it is no protection against a store that rewrites the manifest
+    too."""
+    try:
+        import xxhash
+    except ImportError:
+        return None
+    return xxhash.xxh3_128_hexdigest  # type: ignore[no-any-return]
+
+
 def blake3_available() -> bool:
     try:
         import blake3  # noqa: F401

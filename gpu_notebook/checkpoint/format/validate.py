@@ -266,6 +266,8 @@ def _chain_problem(entry: Any) -> tuple[int, str] | None:
             return level, f"names an object {obj!r} that is not an object key"
         if not isinstance(e.get("raw"), str) or not isinstance(e.get("hash"), str):
             return level, "has no 'raw' or 'hash' hash"
+        if not isinstance(e.get("xxh3", ""), str):
+            return level, f"has an 'xxh3' check {e['xxh3']!r} that is not a hex digest"
         chain.append(e)
         e = e.get("base")
     # the recorded depth of each frame: the number of bases below it (0: a full frame); absent in old manifests

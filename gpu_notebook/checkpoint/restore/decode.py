@@ -30,7 +30,7 @@ import numpy as np
 from .._errors import CheckpointError, IntegrityError, ObjectMissingError
 from .._progress import Progress
 from ..format.codec import decode_chunk
-from ..format.manifest import doc_hash, hash_fn, walk_chunks
+from ..format.manifest import check_fn, doc_hash, hash_fn, walk_chunks
 from ..format.tree import GROUP_PREFIX, leaf_from_bytes
 from ..format.validate import check_restore
 from ..stores import Store
@@ -148,6 +148,7 @@ class _ShardDecoder:
         self.pack_max = pack_max
         self.verify = verify
         self.hv = hash_fn(doc_hash(doc))  # the hash this checkpoint was written with
+        self.check = check_fn()  # the fast check of decoded bytes (a chunk's ``xxh3``), or None
         self.datas: dict[str, np.ndarray] = {}
         self.labels: dict[str, str] = {}  # how errors name a group (of small tensors saved together)
         self.chains: list[_Chain] = []
@@ -283,10 +284,18 @@ class _ShardDecoder:
         ch.level += 1
         if ch.level == len(ch.chain):
             # a delta's decoded bytes depend on every byte of its base: checking the end checks the chain
-            if self.verify and self.hv(ch.dst.data) != ch.entry["raw"]:
+            if self.verify and not self._intact(ch):
                 raise self._diagnose(ch.name, ch.idx, ch.entry)
             assert self.prog is not None
             self.prog.add(int(ch.entry["len"]))
+
+    def _intact(self, ch: _Chain) -> bool:
+        """Whether a decoded chunk holds the bytes that were saved: its XXH3-128 where the writer recorded one
+        (and ``xxhash`` is here), else its hash (``raw``)."""
+        want = ch.entry.get("xxh3")
+        if want is not None and self.check is not None:
+            return bool(self.check(ch.dst.data) == want)
+        return bool(self.hv(ch.dst.data) == ch.entry["raw"])
 
     # ---------------------------------------------------------------- scheduling
     def _wait_for(self, ch: _Chain) -> bool:

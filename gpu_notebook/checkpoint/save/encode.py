@@ -16,7 +16,7 @@ import numpy as np
 from .._progress import Progress
 from ..format._scratch import host_empty
 from ..format.codec import encode_chunk
-from ..format.manifest import object_key
+from ..format.manifest import check_fn, object_key
 from ..stores import Store
 from .lineage import Lineage
 from .plan import Chunk, Plan
@@ -76,6 +76,7 @@ class ChunkEncoder:
         self.plan = plan
         self.store = store
         self._h = hash_fn
+        self._check = check_fn()  # the restore check of a chunk's raw bytes (``xxh3``), or None
         self.level = level
         self.pack_bytes = pack_bytes  # frames smaller than this go into packs
         self.pack_at = pack_at  # a pack is uploaded once it would grow past this
@@ -207,6 +208,8 @@ class ChunkEncoder:
         if hint is None and "hint" in chosen:
             self.hints[kind] = (chosen["hint"], self.seq)
         entry: Entry = {"raw": h, "len": c.len, "t": t, "size": len(frame)}
+        if self._check is not None:
+            entry["xxh3"] = self._check(raw.data)
         if t in ("xor", "sub") and base_entry is not None:
             entry["base"] = base_entry
             entry["depth"] = int(base_entry.get("depth", 0)) + 1
