@@ -162,6 +162,37 @@ def test_small_tensors_are_saved_in_one_group_per_dtype(tmp_path: Path) -> None:
     assert base.n_tensors == len(state)
 
 
+def test_a_group_lays_out_its_1d_then_0d_then_other_members_and_restores_each(tmp_path: Path) -> None:
+    """Members of every rank interleaved in the state: the group holds the 1-D ones first (one torch.cat of them as
+    they are), then the 0-D ones, then the rest, each kind in the state's order; the manifest lists them in that
+    order, and a restore (and a delta over it) gives every member back bit-exact, with its shape."""
+    g = torch.Generator().manual_seed(8)
+    state: dict[str, torch.Tensor] = {}
+    for i in range(12):
+        state[f"m{i}"] = torch.randn(3, 4, generator=g)  # 2-D
+        state[f"v{i}"] = torch.randn(5 + i, generator=g)  # 1-D
+        state[f"s{i}"] = torch.tensor(float(i) + 0.25)  # 0-D
+        state[f"c{i}"] = torch.randn(2, 2, 2, generator=g)[:, :, :1].contiguous()  # 3-D
+    with _ck(tmp_path) as ck:
+        base = ck.save(state, 0, block=True).result()
+        state["v3"] += 1
+        state["s5"] += 1
+        state["m7"][0, 0] = 9.0
+        delta = ck.save(state, 1, block=True).result()
+    assert base is not None and delta is not None
+    raw = json.loads((tmp_path / "manifests" / f"{base.id}.json").read_text())
+    grp = raw["shards"][0]["groups"]["float32"]
+    want = [f"v{i}" for i in range(12)] + [f"s{i}" for i in range(12)]
+    want += [n for i in range(12) for n in (f"m{i}", f"c{i}")]
+    assert grp["names"] == want
+    assert grp["shapes"] == [list(state[n].shape) for n in want]
+    reader = _ck(tmp_path)
+    got = reader.restore(delta.id)
+    assert set(got) == set(state) and all(_same_bits(got[k], v) for k, v in state.items())
+    leaves = reader.manifest(base.id)["shards"][0]["leaves"]
+    assert leaves["s0"]["goff"] == sum(state[f"v{i}"].nbytes for i in range(12))
+
+
 def test_a_module_with_many_small_parameters_restores_into_itself(tmp_path: Path) -> None:
     torch.manual_seed(5)
     model = torch.nn.Sequential(*[torch.nn.LayerNorm(32) for _ in range(20)], torch.nn.Linear(32, 4))
