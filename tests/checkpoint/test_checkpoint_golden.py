@@ -68,3 +68,18 @@ def test_a_golden_store_resumes_and_a_new_save_follows_it(tmp_path: Path) -> Non
     again = ck.restore()
     assert torch.equal(again["t"]["f32"], state["t"]["f32"])
     ck.close()
+
+
+@pytest.mark.parametrize("store", STORES, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_the_standalone_reader_reads_every_golden_checkpoint(store: Path) -> None:
+    """``gpu_notebook/checkpoint/reader.py`` (one file, no gpu_notebook imports) reads every past format too, with
+    every chunk verified: format 5's columnar group members come back as the tensors they were."""
+    from gpu_notebook.checkpoint import reader
+
+    describe = _describe()
+    expected = json.loads((store / "expected.json").read_text())
+    r = reader.Reader(str(store))
+    for want in expected["checkpoints"]:
+        got = r.read(want["id"], tensors="torch")
+        assert got["step"] == want["step"]
+        assert describe(got) == want["state"], want["id"]
