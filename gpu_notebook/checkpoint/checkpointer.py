@@ -36,7 +36,6 @@ from .format.manifest import (
     hash_fn,
     open_format,
 )
-from .format.tree import no_gc
 from .format.validate import MAX_CHAIN
 from .gc import collect
 from .inspect import Inspector
@@ -613,24 +612,6 @@ class Checkpointer:
         if self._current:
             _registry.set_active_checkpointer(self)
         self._wait_inflight()
-        with no_gc():  # (a walk over every tensor: see no_gc)
-            return self._restore(
-                ckpt_id, step, into, allow_pickle, verify, missing_ok, map_location, fallback, rng, per_rank
-            )
-
-    def _restore(
-        self,
-        ckpt_id: str | None,
-        step: int | None,
-        into: Any,
-        allow_pickle: bool | None,
-        verify: bool,
-        missing_ok: bool,
-        map_location: Any,
-        fallback: bool,
-        rng: bool,
-        per_rank: str | int,
-    ) -> Any:
         try:
             doc = self._inspect.resolve(ckpt_id, step)
         except NoCheckpointError:

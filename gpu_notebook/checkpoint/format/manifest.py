@@ -23,6 +23,7 @@ from typing import Any
 
 from ..._display import fmt_bytes
 from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, ObjectMissingError, StoreError
+from ._nogc import no_gc
 from .validate import check_manifest
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
@@ -168,6 +169,7 @@ def open_format(store: Any, version: int, *, read_only: bool, write_marker: bool
     check_version(existing, f"store {store.url}")
 
 
+@no_gc()  # (10,000 tensors make a manifest of some 100,000 objects: see no_gc)
 def read_manifest(store: Any, ckpt_id: str) -> dict[str, Any]:
     """Fetch and validate one manifest."""
     key = manifest_key(ckpt_id)

@@ -22,17 +22,16 @@ later, a chunk, a frame and a manifest entry of its own.
 from __future__ import annotations
 
 import base64
-import contextlib
-import gc
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .._errors import UnsafeValueError
+from ._nogc import no_gc
 
 __all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES", "GROUP_PREFIX", "encodable"]
 
@@ -189,21 +188,6 @@ def flatten(
     finally:
         wait_for_copies(f.pending)
     return tree, f.leaves
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Python's cyclic collector off for a walk over every tensor of a state (a flatten, a restore's manifest and
-    values): such a walk makes a few objects per tensor and frees none, so with the collector on a state of
-    10,000 small tensors set off a full collection (a scan of every object of the process, up to twice the walk's
-    own time) in one walk out of two. Nothing these walks make is cyclic garbage."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 class _Flattener:

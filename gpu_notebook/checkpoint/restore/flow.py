@@ -12,6 +12,7 @@ import numpy as np
 
 from .._errors import CheckpointError, IntegrityError, ObjectMissingError
 from .._rng import set_rng_state
+from ..format._nogc import no_gc
 from ..format.manifest import read_manifest
 from ..format.tree import unflatten
 from ..inspect import Inspector
@@ -63,6 +64,7 @@ def _older(
     return older[:n_older], True  # the same candidates on every rank
 
 
+@no_gc()  # (a walk over every tensor: see no_gc)
 def restore_checkpoint(
     doc: dict[str, Any],
     *,
