@@ -210,16 +210,20 @@ def test_a_module_with_many_small_parameters_restores_into_itself(tmp_path: Path
     assert all(_same_bits(model.state_dict()[k], v) for k, v in want.items())
 
 
+def _saved_small_manifest(tmp_path: Path) -> tuple[Any, Path, dict[str, Any]]:
+    """A checkpoint of ``_small_state``: its info, its manifest's path and the manifest as written."""
+    with _ck(tmp_path) as ck:
+        info = ck.save(_small_state(torch.Generator().manual_seed(6)), 0, block=True).result()
+    assert info is not None
+    path = tmp_path / "manifests" / f"{info.id}.json"
+    return info, path, json.loads(path.read_text())
+
+
 @pytest.mark.parametrize("form", ["columnar", "format 4"])
 def test_a_member_outside_its_group_is_refused(tmp_path: Path, form: str) -> None:
     from gpu_notebook.checkpoint.format.validate import expand_groups
 
-    g = torch.Generator().manual_seed(6)
-    with _ck(tmp_path) as ck:
-        info = ck.save(_small_state(g), 0, block=True).result()
-    assert info is not None
-    path = tmp_path / "manifests" / f"{info.id}.json"
-    doc = json.loads(path.read_text())
+    info, path, doc = _saved_small_manifest(tmp_path)
     shard = doc["shards"][0]
     members = shard["groups"]["float32"]
     assert "f5" not in shard["leaves"] and "f5" in members["names"]  # format 5: listed in its group
@@ -245,12 +249,7 @@ def test_a_member_outside_its_group_is_refused(tmp_path: Path, form: str) -> Non
     ids=["lengths", "duplicate", "negative", "short"],
 )
 def test_damaged_columnar_members_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
-    g = torch.Generator().manual_seed(6)
-    with _ck(tmp_path) as ck:
-        info = ck.save(_small_state(g), 0, block=True).result()
-    assert info is not None
-    path = tmp_path / "manifests" / f"{info.id}.json"
-    doc = json.loads(path.read_text())
+    info, path, doc = _saved_small_manifest(tmp_path)
     damage(doc["shards"][0]["groups"]["float32"])
     path.write_text(json.dumps(doc))
     with pytest.raises(IntegrityError, match=message):

@@ -113,7 +113,7 @@ def _members(data: np.ndarray, dtype: str, mem: list[tuple[str, Entry]]) -> Iter
     import torch
 
     tdt = getattr(torch, dtype)
-    size = torch.empty(0, dtype=tdt).element_size()
+    size = tdt.itemsize
     offs = [int(lf["goff"]) for _, lf in mem]
     counts = [int(lf["nbytes"]) // size for _, lf in mem]
     if offs[0] == 0 and all(o == a + n * size for o, a, n in zip(offs[1:], offs, counts, strict=False)):
