@@ -196,6 +196,10 @@ class _ShardDecoder:
         self._group_reads()
 
     def _group_reads(self) -> None:
+        # a read brings at most pack_max bytes; from an object the store says is not cached (a local file, cold),
+        # at most the store's read_bytes: each read is read ahead as a whole, so decoding starts sooner
+        cold_max = min(self.pack_max, int(getattr(self.store, "read_bytes", 0) or self.pack_max))
+        cached = getattr(self.store, "cached", None)
         frames_of: dict[str, dict[int, int]] = {}  # object -> frame offset -> size
         age: dict[str, int] = {}  # object -> how far from the end of a chain its oldest frame is
         for ch in self.chains:
@@ -205,11 +209,14 @@ class _ShardDecoder:
                 age[e["obj"]] = max(age.get(e["obj"], 0), len(ch.chain) - 1 - k)
         order = sorted(frames_of, key=lambda key: -age[key])  # stable: then by first use
         for key in order:
+            read_max = (
+                cold_max if cold_max < self.pack_max and cached and cached(key) is False else self.pack_max
+            )
             lo = hi = -1
             members: list[int] = []
             for off, size in sorted(frames_of[key].items()):
                 end = off + size
-                if members and (end - lo > self.pack_max or off - hi > _GAP_BYTES):
+                if members and (end - lo > read_max or off - hi > _GAP_BYTES):
                     self.groups.append((key, lo, hi))
                     members = []
                 if not members:
