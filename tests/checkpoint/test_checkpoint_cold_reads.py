@@ -121,3 +121,27 @@ def test_a_cold_restore_reads_small_pieces_and_a_warm_one_big_reads(
     got = restore()  # every object is in the page cache now
     assert all(torch.equal(got[k], later[k]) for k in later)
     assert max(reads) > LocalStore.read_bytes and len(reads) < len(cold), (reads, cold)
+
+
+def test_reads_are_requested_in_the_order_the_chains_need_them(tmp_path: Path) -> None:
+    """Each chunk's base frame and delta frame lie in different objects; the reads that bring them are requested
+    one after the other, chain by chain (biggest first), so that chains finish while later reads still come in."""
+    from gpu_notebook.checkpoint.format.manifest import read_manifest
+    from gpu_notebook.checkpoint.restore.decode import _ShardDecoder
+
+    root = tmp_path / "ckpt"
+    state = _state(0)
+    with Checkpointer(root, progress=False, pack_max_mb=1.5) as ck:  # a read per frame or two
+        ck.save(state, 1).result()
+        info = ck.save({k: v + 1e-3 for k, v in state.items()}, 2).result()
+    assert info is not None
+    store = LocalStore(root)
+    doc = read_manifest(store, info.id)
+    dec = _ShardDecoder(doc, store, threads=2, pack_max=int(1.5 * 2**20), verify=True)
+    dec.plan(doc["shards"][0]["leaves"])
+    assert all(len(ch.chain) == 2 for ch in dec.chains)  # chains of one: a base and a delta each
+    assert len({dec.groups[gi][0] for ch in dec.chains for gi in ch.groups}) >= 2  # in two objects at least
+    seen: list[int] = []  # the reads in the order the chains first need them
+    for ch in dec.chains:
+        seen.extend(gi for gi in ch.groups if gi not in seen)
+    assert seen == sorted(seen) == list(range(len(dec.groups)))

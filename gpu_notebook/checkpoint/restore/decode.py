@@ -5,16 +5,17 @@ memory of the tensor handed back: the base frame into it, then each delta over i
 weights) are decoded once and copied.
 
 Read-ahead: every frame this restore needs, grouped into ranged reads of nearby frames of one object (at most
-``pack_max`` bytes, gaps under ``_GAP_BYTES``), requested at once by their own pool (I/O bound: as many in flight
-as the store allows), the objects holding the oldest frames of the chains first (the first thing every chain
-decodes); a read's bytes are dropped once its last frame is decoded. (Reads are not split further: a save's
-several packs already come down in parallel, and some S3-compatible servers read a whole object for every ranged
-GET.)
+``pack_max`` bytes, gaps under ``_GAP_BYTES``; at most the store's ``read_bytes`` from an object it says is not
+cached, e.g. a local file after a restart, which it reads ahead as a whole), requested at once by their own pool
+(I/O bound: as many in flight as the store allows), in the order the chains need them (the biggest chains first;
+a chain's base and its delta together); a read's bytes are dropped once its last frame is decoded. (Reads from S3
+are not split further: a save's several packs already come down in parallel, and some S3-compatible servers read
+a whole object for every ranged GET.)
 
 A chain's next frame is decoded as soon as its bytes are here, by whichever thread is free; a thread goes on with
-the same chain while it can (its bytes are still in the cache). With a local store everything is here at once:
-each chain is decoded start to end in one go; from S3 the old frames (fetched first) are decoded while the newer
-ones are still coming in.
+the same chain while it can (its bytes are still in the cache). With a warm local store everything is here at
+once: each chain is decoded start to end in one go; from S3 or a cold disk chains are done one after another
+while later reads are still coming in.
 """
 
 from __future__ import annotations
@@ -226,6 +227,17 @@ class _ShardDecoder:
                 self.group_of[(key, off)] = len(self.groups)
             if members:
                 self.groups.append((key, lo, hi))
+        # requested in the order the chains need them: a chain's base and delta come in together, so chains
+        # are done one after another while the reads go on (from a cold cache, 5-10% sooner than all the
+        # bases first)
+        first = [len(self.chains)] * len(self.groups)
+        for ci, ch in enumerate(self.chains):
+            for e in ch.chain:
+                gi = self.group_of[(e["obj"], int(e["off"]))]
+                first[gi] = min(first[gi], ci)
+        order_of = {g: i for i, g in enumerate(sorted(range(len(self.groups)), key=lambda g: (first[g], g)))}
+        self.groups = [self.groups[g] for g in sorted(order_of, key=order_of.__getitem__)]
+        self.group_of = {k: order_of[g] for k, g in self.group_of.items()}
         self.left = [0] * len(self.groups)
         for ch in self.chains:
             ch.groups = [self.group_of[(e["obj"], int(e["off"]))] for e in ch.chain]
