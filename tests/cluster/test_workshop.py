@@ -167,6 +167,11 @@ def test_broker_policy_on_a_simulated_clock() -> None:
         b.detach("kept", "job-kept", "kernel exit")
         assert kept["state"] == "detached"
         assert b.join("kept", "job-new")["group"] == {"size": 1}
+        # the new kernel takes the workers over slower than the silence limit (6 beats): running, not gone
+        clock.t += 10
+        b.started("kept", "job-new", {"size": 1})
+        b.tick()
+        assert kept["state"] == "running" and kept["kernel"] == "alive"
         assert b.stop_student("kept").endswith("(stopped by the teacher)")
         with pytest.raises(KeyError, match="no student 'nobody'"):
             b.stop_student("nobody")
@@ -282,7 +287,9 @@ def test_workshop_journey(ray_session, ip, tmp_path) -> None:
         # the restarted kernel took over the same workers: x is still there on every rank
         assert "reconnected to your worker group (2 worker(s)" in seen[0]["out"], seen[0]
         assert "[rank 0] got 42" in seen[1]["out"] and "[rank 1] got 42" in seen[1]["out"], seen[1]
-        # the teacher view: usage, utilisation, cost and state of every student
+        # the teacher view: usage, utilisation, cost and state of every student (its kernel seen by the broker
+        # again: a heartbeat, every 0.5 s here, may come late on a loaded machine)
+        ws.wait_until("alice", ("running",), 20)
         with capture_output() as cap:
             ip.run_cell("%gpu_cluster students --text")
         table = cap.stdout
