@@ -175,12 +175,15 @@ def _rss() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256) -> dict[str, Any]:
+def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256, reuse: bool = False) -> dict[str, Any]:
     """Host memory of the saves of one Checkpointer (a base, then deltas): the process's resident set above what
     it was before (after a tiny first save: imports and threads, reported apart), sampled every 2 ms, as a
     multiple of the state's bytes; peak (during the saves) and steady (after each save's job has ended: what stays
     between saves, the deltas' base and any buffers kept). ``width``: the model's width (256: about 40 MB of
-    state with AdamW's moments; 512: about 150 MB, where the fixed costs of the encoding threads weigh less)."""
+    state with AdamW's moments; 512: about 150 MB, where the fixed costs of the encoding threads weigh less).
+    ``reuse``: the Checkpointer's ``reuse_buffers`` (it keeps the snapshot's buffers between saves). Also each
+    save's training stall, and a plain host copy of the state (``clone()`` of every tensor, twice in a row: the
+    second's, into memory the heap holds) after each save, in the same process."""
     if not os.path.exists("/proc/self/statm"):
         return {}
     torch.manual_seed(0)
@@ -210,18 +213,32 @@ def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256) -> dict[s
         base = _rss()
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        steady = []
+        steady: list[float] = []
+        stalls: list[float] = []
+        copies: list[float] = []
         raw = 0
-        with Checkpointer(work, progress=False, preemption=None) as ck:
+        tensors = [*model.state_dict().values()] + [
+            v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+        ]
+        with Checkpointer(work, progress=False, preemption=None, reuse_buffers=reuse) as ck:
             for i in range(2 + repeat):
                 with torch.no_grad():
                     for p in model.parameters():
                         p.mul_(1 + 1e-6)
-                info = ck.save(state, i).result()
+                t0 = time.perf_counter()
+                handle = ck.save(state, i)
+                stalls.append(time.perf_counter() - t0)
+                info = handle.result()
                 assert info is not None
                 raw = info.raw_bytes
                 ck.wait()  # the handle resolves before the save's job has dropped its snapshot: steady is after
                 steady.append((_rss() - base) / raw)
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    copy = [t.clone() for t in tensors]
+                    took = time.perf_counter() - t0
+                    del copy
+                copies.append(took)
         stop.set()
         sampler.join()
         return {
@@ -229,6 +246,9 @@ def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256) -> dict[s
             "steady": steady[2:],
             "state_mb": raw / 1e6,
             "fixed_mb": (base - before_warm) / 1e6,
+            "reuse": reuse,
+            "stall_s": stalls[2:],
+            "host_copy_s": copies[2:],
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -239,14 +259,23 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
     rows = [m for m in rows if m]
     if not rows:
         return "(host memory: no /proc here)"
+
+    def stall(m: dict[str, Any]) -> str:
+        if not m.get("stall_s"):
+            return ""
+        ms = [[1e3 * x for x in m[k]] for k in ("stall_s", "host_copy_s")]
+        return " / ".join(_spread(v, "{:.1f}", " ms") for v in ms)
+
     return "\n".join(
         [
-            "| host memory of the saves above the process's before them, / the state's bytes | peak | steady |",
-            "| --- | ---: | ---: |",
+            "| host memory of the saves above the process's before them, / the state's bytes | peak | steady | "
+            "training stall per save / host copy |",
+            "| --- | ---: | ---: | ---: |",
             *(
-                f"| {m['state_mb']:.0f} MB state, a base then deltas (after a first save's fixed "
+                f"| {m['state_mb']:.0f} MB state, a base then deltas"
+                f"{', reuse_buffers=True' if m.get('reuse') else ''} (after a first save's fixed "
                 f"{m.get('fixed_mb', 0):.0f} MB: imports, threads) | {m['peak']:.2f}x | "
-                f"{_spread(m['steady'], unit='x')} |"
+                f"{_spread(m['steady'], unit='x')} | {stall(m)} |"
                 for m in rows
             ),
         ]

@@ -30,7 +30,8 @@ saved by Checkpointers that differ only in how deltas chain; ALL bytes written o
 checkpoint after the first, against ``torch.save``'s file of the same state, and every checkpoint's local restore
 time against ``torch.load`` of that file. Then host memory during saves (the process's resident set above what it
 was before the Checkpointer, sampled every 2 ms, as a multiple of the state's bytes: peak and steady, i.e. after
-the saves), and 10,000 tensors of 1 KB (save speed, manifest size at chain depth 1 and 9, restore time).
+the saves, with each save's training stall next to a plain host copy; the 40 MB state also with
+``reuse_buffers=True``), and 10,000 tensors of 1 KB (save speed, manifest size at chain depth 1 and 9, restore time).
 
 Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
 every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
@@ -672,10 +673,11 @@ def main() -> None:
     ap.add_argument(
         "--memory-width", type=int, default=256, help=argparse.SUPPRESS
     )  # (... its model's width)
+    ap.add_argument("--memory-reuse", action="store_true", help=argparse.SUPPRESS)  # (... reuse_buffers=True)
     args = ap.parse_args()
     global REPEAT, SAVE_TWINS, COLD
     if args.memory_only:  # in a fresh process: nothing freed earlier is there for the saves to reuse
-        print(json.dumps(R.memory(args.quick, TinyGPT, REPEAT, args.memory_width)))
+        print(json.dumps(R.memory(args.quick, TinyGPT, REPEAT, args.memory_width, args.memory_reuse)))
         return
     if args.quick:  # a smoke run: fewer runs of everything
         REPEAT, SAVE_TWINS, COLD = 2, 2, False
@@ -701,13 +703,16 @@ def main() -> None:
         print(R.runs_table(sweep))
         child = [sys.executable, __file__, "--memory-only"] + (["--quick"] if args.quick else [])
         t1 = time.time()
-        mem = [  # each size in a fresh process; the larger state (about 150 MB) in a full run only
+        # each size in a fresh process; the larger state (about 150 MB) in a full run only; then the 40 MB state
+        # with reuse_buffers=True (the snapshot's buffers kept: a shorter stall for more memory)
+        cases = [[str(w)] for w in ((256,) if args.quick else (256, 512))] + [["256", "--memory-reuse"]]
+        mem = [
             json.loads(
                 subprocess.run(
-                    [*child, "--memory-width", str(w)], capture_output=True, text=True, check=True
+                    [*child, "--memory-width", *case], capture_output=True, text=True, check=True
                 ).stdout
             )
-            for w in ((256,) if args.quick else (256, 512))
+            for case in cases
         ]
         took["memory"] = time.time() - t1
         t1 = time.time()

@@ -67,6 +67,10 @@ def test_quick_run_prints_every_table(tmp_path: pathlib.Path) -> None:
         assert row["bytes"] <= MEASURED_RUNS[key] * MARGIN, (key, row["bytes"])
         assert row["restore_median"] > 0
     assert doc["memory"] and all(m["peak"] > 0 and m["steady"] for m in doc["memory"])
+    assert all(m["stall_s"] and m["host_copy_s"] for m in doc["memory"])  # the stall next to a host copy
+    # reuse_buffers=True keeps the snapshot's buffers between saves: about one more copy of the state
+    default, reused = (next(m for m in doc["memory"] if m["reuse"] is r) for r in (False, True))
+    assert min(reused["steady"]) > max(default["steady"]) + 0.5, (default["steady"], reused["steady"])
     small = doc["small"]
     assert (
         small["manifest_kb"]["n"] <= small["manifest_kb"]["1"] * 1.01
