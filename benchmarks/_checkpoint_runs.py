@@ -40,6 +40,12 @@ def timed(fn: Callable[[], Any]) -> float:
 _time = timed
 
 
+def host_copy_s(tensors: list[torch.Tensor], n: int) -> list[float]:
+    """``n`` plain host copies of the state (``clone()`` of every tensor, each dropped before the next): the least
+    a snapshot costs."""
+    return [timed(lambda: [t.clone() for t in tensors]) for _ in range(n)]
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
@@ -233,12 +239,7 @@ def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256, reuse: bo
                 raw = info.raw_bytes
                 ck.wait()  # the handle resolves before the save's job has dropped its snapshot: steady is after
                 steady.append((_rss() - base) / raw)
-                for _ in range(2):
-                    t0 = time.perf_counter()
-                    copy = [t.clone() for t in tensors]
-                    took = time.perf_counter() - t0
-                    del copy
-                copies.append(took)
+                copies.append(host_copy_s(tensors, 2)[-1])
         stop.set()
         sampler.join()
         return {

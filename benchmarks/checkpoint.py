@@ -321,8 +321,7 @@ def evict(files: list[Path]) -> None:
 
 def host_copy_s(sd: dict[str, Any]) -> list[float]:
     """A plain host copy of the state (``clone()`` of every tensor): the least a snapshot costs."""
-    ts = list(_flat_tensors(sd).values())
-    return [_time(lambda: [t.clone() for t in ts]) for _ in range(REPEAT)]
+    return R.host_copy_s(list(_flat_tensors(sd).values()), REPEAT)
 
 
 # ------------------------------------------------------------------------------------------- S3 restore
@@ -704,7 +703,7 @@ def main() -> None:
         child = [sys.executable, __file__, "--memory-only"] + (["--quick"] if args.quick else [])
         t1 = time.time()
         # each size in a fresh process; the larger state (about 150 MB) in a full run only; then the 40 MB state
-        # with reuse_buffers=True (the snapshot's buffers kept: a shorter stall for more memory)
+        # with reuse_buffers=True (the snapshot's buffers kept between saves, for more memory)
         cases = [[str(w)] for w in ((256,) if args.quick else (256, 512))] + [["256", "--memory-reuse"]]
         mem = [
             json.loads(

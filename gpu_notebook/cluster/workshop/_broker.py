@@ -228,8 +228,9 @@ class Broker:
             rec = self._record(student)
             if rec["state"] in HOLDING:
                 # seen now: a reconnect slower than the silence limit must not be taken for a gone kernel
-                rec.update(group=dict(group), job_id=job_id, state="running", kernel="alive")
-                rec["last_seen"] = self.clock()
+                rec.update(
+                    group=dict(group), job_id=job_id, state="running", kernel="alive", last_seen=self.clock()
+                )
 
     def heartbeat(self, student: str, job_id: str, busy: bool, last_activity: float) -> dict[str, Any]:
         """A kernel reports in. Returns ``{"stop": why}`` when its cluster must stop (``"keep": True`` when
