@@ -65,16 +65,17 @@ def agree_min(value: int) -> int | None:
     return None if got is None else got[0]
 
 
-def agree_save(seq: int, token: str) -> tuple[int, str]:
+def agree_save(seq: int, token: str, base: bool = False) -> tuple[int, str, bool]:
     """What the ranks of a save that several write agree on when it starts (one collective, on the training
-    thread): the counter in its id (the largest of the ranks', so that no rank reuses an id), and a nonce
-    naming this save (16 hex digits; the smallest of the ranks' random draws). Without a process group: ``seq``
-    and the session ``token`` (the ranks cannot draw a nonce together; the token, from the rendezvous
-    environment, is the same on every rank and tells runs apart as far as that environment does)."""
-    got = agree_min_all([-int(seq), secrets.randbits(62)])
+    thread): the counter in its id (the largest of the ranks', so that no rank reuses an id), a nonce
+    naming this save (16 hex digits; the smallest of the ranks' random draws), and whether it is a full base
+    (where any rank's ``base`` says so). Without a process group: ``seq``, the session ``token`` (the ranks
+    cannot draw a nonce together; the token, from the rendezvous environment, is the same on every rank and
+    tells runs apart as far as that environment does) and ``base``."""
+    got = agree_min_all([-int(seq), secrets.randbits(62), 0 if base else 1])
     if got is None:
-        return int(seq), token
-    return -got[0], f"{got[1]:016x}"
+        return int(seq), token, bool(base)
+    return -got[0], f"{got[1]:016x}", got[2] == 0
 
 
 def agree_min_all(values: list[int]) -> list[int] | None:

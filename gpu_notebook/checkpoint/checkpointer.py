@@ -24,7 +24,7 @@ from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._export import export_method
-from ._group import agree_min, agree_save, rank_world, session_token
+from ._group import agree_min, rank_world, session_token
 from ._progress import Progress
 from .format.codec import notice_fallback
 from .format.manifest import (
@@ -32,7 +32,6 @@ from .format.manifest import (
     CheckpointInfo,
     CheckpointList,
     blake3_available,
-    commit_id,
     hash_fn,
     open_format,
 )
@@ -40,7 +39,6 @@ from .format.validate import MAX_CHAIN
 from .gc import collect
 from .inspect import Inspector
 from .per_rank import has_per_rank
-from .per_rank import take as take_snapshot
 from .policy import Preemption, due
 from .restore.flow import restore_checkpoint
 from .results import DiffResult, GcResult, ShowResult
@@ -50,6 +48,8 @@ from .save.lease import hold_lease
 from .save.lineage import Lineage
 from .save.order import CommitOrder
 from .save.persist import SaveOptions, persist, persist_with_retries
+from .save.spread import Spread
+from .save.start import start_save
 from .snapshot import BufferPool, Snapshot, release_memory
 from .stores import Store, open_store
 
@@ -115,6 +115,11 @@ class Checkpointer:
         In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
         rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
         own either way: every rank saves them in its per-rank section (see ``docs/checkpoint.md``).
+    spread
+        A replicated state in a job with a process group: the ranks share the work of a save (True, the
+        default): each copies and encodes its part of the big tensors, so that no rank stalls for the whole
+        copy or encodes the whole state; rank 0 still writes the manifest (see ``docs/checkpoint.md``).
+        False: rank 0 copies and encodes it all.
     rng
         Save every rank's RNG states (Python, numpy, torch CPU and CUDA) in its per-rank section:
         ``restore(rng=True)`` puts them back. None (the default): in a multi-rank job with a process group.
@@ -172,6 +177,7 @@ class Checkpointer:
         threads: int | None = None,
         reuse_buffers: bool = False,
         sharded: bool = False,
+        spread: bool = True,
         rng: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -218,6 +224,9 @@ class Checkpointer:
         self.sharded = bool(sharded) and self.world_size > 1
         # (by default only with a process group: without one the ranks cannot name a save together)
         self.rng = self.world_size > 1 and dist_ok if rng is None else bool(rng)
+        # a replicated state's saves shared out between the ranks (they agree on each save through the group)
+        self.spread = bool(spread) and self.world_size > 1 and not self.sharded and dist_ok
+        self._spread = Spread(self.rank, self.world_size)  # which rank encodes each big tensor
         self._token = session_token(self.world_size, dist_ok)
         self._seq = 0  # saves started (it ages the encoding hints)
         self._order = CommitOrder(self.store, self._version)  # the place of the next commit, and its parent
@@ -337,16 +346,7 @@ class Checkpointer:
                 return SaveHandle(None, step, None, skipped=True)
             self._wait_inflight()
             self._raise_pending()
-        # the ranks' parts meet under one id: agree on its counter (it could drift apart), and name this save
-        place = self._order.propose()
-        seq, nonce = agree_save(place, self._token) if multi else (place, "")
-        self._order.proposed(seq)
-        snap = take_snapshot(
-            self._buffers, state, step, self.allow_pickle, self.sharded or self.rank == 0, self.rng
-        )
-        snap.nonce, snap.writers = nonce, multi
-        snap.full = bool(full)
-        ckpt_id = commit_id(seq)
+        snap, ckpt_id = start_save(self, state, step, full, multi)
         # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
         # and updated in place from the background; shown first from there, it could land under another cell
         snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)

@@ -71,6 +71,7 @@ class RankSnapshot(Snapshot):
         self.section: Any = None  # the per-rank section's tree (its leaves are among ``leaves``), or None
         self.nonce = ""  # names this save on every rank (agreed through the process group)
         self.writers = False  # every rank writes a record of this save and rank 0 commits them together
+        self.spread = False  # the ranks share the encoding of the replicated state (see ``save.spread``)
 
 
 _GONE = object()
@@ -135,11 +136,17 @@ def _rename(node: Any, prefix: str) -> Any:
 
 
 def take(
-    buffers: BufferPool, state: Any, step: int, allow_pickle: bool, shared: bool, rng: bool
+    buffers: BufferPool,
+    state: Any,
+    step: int,
+    allow_pickle: bool,
+    shared: bool,
+    rng: bool,
+    spread: Any = None,
 ) -> RankSnapshot:
     """The snapshot of ``state`` (on the training thread): its shared part (only if ``shared``: on a rank
-    that writes it) and this rank's per-rank section (its :class:`PerRank` values, and its RNG states if
-    ``rng``)."""
+    that writes it; with ``spread``, a ``save.spread.Spread``, only what this rank encodes of it) and this
+    rank's per-rank section (its :class:`PerRank` values, and its RNG states if ``rng``)."""
     t0 = time.perf_counter()
     found: list[tuple[Path, Any]] = []
     rest = _split(state, [], found) if _holds_marker(state) else state
@@ -148,7 +155,12 @@ def take(
     if shared:
         shared_state = None if rest is _GONE else rest
         tree, leaves = flatten(
-            shared_state, allow_pickle, copy=True, alloc=buffers.alloc, group_bytes=GROUP_BYTES
+            shared_state,
+            allow_pickle,
+            copy=True,
+            alloc=buffers.alloc,
+            group_bytes=GROUP_BYTES,
+            spread=spread,
         )
     section_tree = None
     if found or rng:

@@ -83,7 +83,8 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(lf.nbytes for lf in self.leaves)
+        """The bytes this snapshot holds (of a spread one: those this rank encodes)."""
+        return sum(lf.nbytes for lf in self.leaves if not lf.remote)
 
 
 class BufferPool:

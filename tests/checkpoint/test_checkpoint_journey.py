@@ -22,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gpu_notebook.checkpoint import Checkpointer, PreemptionWatcher
 
 torch.manual_seed(0)  # the same weights on every rank
-model = DDP(torch.nn.Linear(8, 4))
+# a weight of 2 MiB and its two AdamW moments: big enough to be spread, each rank saving its share
+model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 1024), torch.nn.Linear(1024, 512)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 torch.manual_seed(100 + rank)  # then each rank its own random stream (dropout masks, augmentation...)
 
@@ -86,6 +87,11 @@ def test_rewind_then_preemption_then_resume(ip: Any, shared: Any, tmp_path: Path
     store = str(tmp_path / "ckpt")
     _ok(ip.run_cell(SETUP))
     _ok(ip.run_cell(FIRST_RUN.format(store=store)))
+    from gpu_notebook.checkpoint import Checkpointer
+
+    first = Checkpointer(store, rank=0, world_size=2, preemption=None, current=False).manifest()
+    shares = {p["rank"]: p["raw_bytes"] for p in first["stats"]["ranks"]}
+    assert shares[1] > 2**20, shares  # the default save is spread: rank 1 copied and encoded its share
     with FakeMetadataServer("aws") as md:
         md.preempt()  # the notice is there when the rewound run reaches step 5: it saves then and stops
         _ok(ip.run_cell(REWIND.format(store=store, url=md.url)))

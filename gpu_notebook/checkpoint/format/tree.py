@@ -64,10 +64,14 @@ class Leaf:
     )
     goff: int = 0  # ... at this offset
     members: list[Leaf] | None = None  # a group leaf: its members, in the order of their bytes in it
+    #: another rank encodes this leaf (a spread snapshot of a replicated state, see ``Spread``): ``data`` is
+    #: empty and ``size`` holds its byte count
+    remote: bool = False
+    size: int = -1
 
     @property
     def nbytes(self) -> int:
-        return int(self.data.nbytes)
+        return self.size if self.remote else int(self.data.nbytes)
 
     @property
     def width(self) -> int:
@@ -78,6 +82,20 @@ class Leaf:
 def _key_str(k: Any) -> str:
     s = str(k)
     return s.replace("/", "%2F")
+
+
+def _tensor_dtype(name: str, t: Any) -> str:
+    """The format's name of tensor ``t``'s dtype; :class:`UnsafeValueError` for a tensor it cannot hold."""
+    import torch
+
+    if t.is_sparse or t.layout != torch.strided:
+        raise UnsafeValueError(f"{name}: sparse tensors are not supported by the checkpoint format")
+    if getattr(t, "is_quantized", False):
+        raise UnsafeValueError(f"{name}: quantized tensors are not supported by the checkpoint format")
+    dtype = str(t.dtype).replace("torch.", "")
+    if dtype not in DTYPES:
+        raise UnsafeValueError(f"{name}: dtype {t.dtype} is not supported by the checkpoint format")
+    return dtype
 
 
 def _tensor_leaf(
@@ -96,13 +114,7 @@ def _tensor_leaf(
     """
     import torch
 
-    if t.is_sparse or t.layout != torch.strided:
-        raise UnsafeValueError(f"{name}: sparse tensors are not supported by the checkpoint format")
-    if getattr(t, "is_quantized", False):
-        raise UnsafeValueError(f"{name}: quantized tensors are not supported by the checkpoint format")
-    dtype = str(t.dtype).replace("torch.", "")
-    if dtype not in DTYPES:
-        raise UnsafeValueError(f"{name}: dtype {t.dtype} is not supported by the checkpoint format")
+    dtype = _tensor_dtype(name, t)
     t = t.detach()
     if t.is_conj():
         t = t.resolve_conj()
@@ -158,6 +170,7 @@ def flatten(
     copy: bool = True,
     alloc: Callable[..., np.ndarray] | None = None,
     group_bytes: int = 0,
+    spread: Any = None,
 ) -> tuple[Any, list[Leaf]]:
     """Split ``state`` into a JSON-safe tree and a list of leaves (copied: a point-in-time snapshot).
 
@@ -176,6 +189,11 @@ def flatten(
     group_bytes
         With ``copy`` and ``alloc``: contiguous CPU tensors under this many bytes are copied into group
         buffers, one per dtype (see the module docstring); 0: none are.
+    spread
+        A replicated state whose encoding the ranks share (a ``save.spread.Spread``: its ``rank``, ``min_bytes``
+        and ``owner(name, nbytes)``): this rank copies the tensors of at least ``min_bytes`` it owns, and rank 0
+        everything else; the other leaves are ``remote`` (listed, not copied). The walk, names included, is the
+        same on every rank.
 
     Raises
     ------
@@ -184,6 +202,7 @@ def flatten(
     """
     f = _Flattener(allow_pickle, copy, alloc)
     f.group_bytes = group_bytes if copy and alloc is not None else 0
+    f.spread = spread
     try:
         with no_gc():
             tree = f.walk(state, "")
@@ -204,6 +223,7 @@ class _Flattener:
         self.seen_names: set[str] = set()
         self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
         self.group_bytes = 0
+        self.spread: Any = None  # a spread snapshot: which rank encodes each big tensor (see ``flatten``)
         self.grouped: dict[str, list[tuple[Leaf, Any]]] = {}  # dtype -> (member leaf, its tensor), in order
         # torch's plain tensor class and strided layout, where torch is loaded (a state without torch values
         # needs neither, and importing torch here would cost seconds): the walk's fast path for the commonest leaf
@@ -280,23 +300,48 @@ class _Flattener:
         self.grouped = {}
 
     def add_leaf(self, leaf: Leaf) -> str:
-        name = leaf.name
+        leaf.name = self.unique(leaf.name)
+        self.leaves.append(leaf)
+        return leaf.name
+
+    def unique(self, path: str) -> str:
+        """The name of the leaf at ``path``: the path, made unique (two keys can map to one path)."""
+        name = path
         i = 1
         while name in self.seen_names:
-            name = f"{leaf.name}~{i}"
+            name = f"{path}~{i}"
             i += 1
-        leaf.name = name
         self.seen_names.add(name)
-        self.leaves.append(leaf)
         return name
+
+    def tensor(self, t: Any, path: str) -> Any:
+        """The node of a plain tensor: copied alone, into its group (a small one), or, in a spread snapshot, left
+        to the rank that encodes it."""
+        sp = self.spread
+        if sp is not None:
+            nbytes = t.numel() * t.element_size()
+            if nbytes >= sp.min_bytes or sp.rank:  # (rank 0 encodes every small tensor, in its groups)
+                name = self.unique(path)
+                if nbytes >= sp.min_bytes and sp.owner(name, nbytes) == sp.rank:
+                    leaf = _tensor_leaf(name, t, self.copy, self.alloc, self.pending)
+                else:
+                    leaf = Leaf(name, "tensor", _tensor_dtype(name, t), list(t.shape), _EMPTY, remote=True)
+                    leaf.size = nbytes
+                self.leaves.append(leaf)
+                return {"$tensor": name}
+        if self.group_bytes:
+            node = self.tiny(t, path)
+            if node is not None:
+                return node
+        return {"$tensor": self.add_leaf(_tensor_leaf(path, t, self.copy, self.alloc, self.pending))}
+
+    def remote(self, path: str, kind: str, dtype: str, shape: list[int], nbytes: int) -> str:
+        """A leaf another rank of a spread snapshot encodes (rank 0: everything but the big tensors)."""
+        return self.add_leaf(Leaf(path, kind, dtype, shape, _EMPTY, remote=True, size=nbytes))
 
     def walk(self, obj: Any, path: str) -> Any:
         if type(obj) is self.tensor_type and self.tensor_type is not None:  # the commonest leaf, first
-            if self.group_bytes:
-                node = self.tiny(obj, path)
-                if node is not None:
-                    return node
-            return {"$tensor": self.add_leaf(_tensor_leaf(path, obj, self.copy, self.alloc, self.pending))}
+            return self.tensor(obj, path)
         if obj is None or isinstance(obj, bool | str):
             return obj
         if isinstance(obj, int):
@@ -338,6 +383,8 @@ class _Flattener:
     def _ndarray(self, obj: np.ndarray, path: str) -> Any:
         if obj.dtype.name not in DTYPES or obj.dtype.hasobject:
             return self.pickled(obj, path)
+        if self.spread is not None and self.spread.rank:
+            return {"$ndarray": self.remote(path, "ndarray", obj.dtype.name, list(obj.shape), obj.nbytes)}
         arr = np.ascontiguousarray(obj).astype(obj.dtype.newbyteorder("<"), copy=True)
         return {
             "$ndarray": self.add_leaf(
@@ -352,11 +399,7 @@ class _Flattener:
         if isinstance(obj, torch.Tensor):
             if type(obj) is not torch.Tensor and not isinstance(obj, torch.nn.Parameter):
                 return self.pickled(obj, path)
-            if self.group_bytes:
-                node = self.tiny(obj, path)
-                if node is not None:
-                    return node
-            return {"$tensor": self.add_leaf(_tensor_leaf(path, obj, self.copy, self.alloc, self.pending))}
+            return self.tensor(obj, path)
         if isinstance(obj, torch.dtype):
             return {"$dtype": str(obj).replace("torch.", "")}
         if isinstance(obj, torch.device):
@@ -390,6 +433,8 @@ class _Flattener:
                 f"{path or '<root>'}: a {type(obj).__qualname__} has no safe representation; store plain values, "
                 "tensors, arrays or objects with state_dict(), or pass allow_pickle=True"
             )
+        if self.spread is not None and self.spread.rank:  # (its size is not known without pickling it)
+            return {"$pickle": self.remote(path, "pickle", "uint8", [0], 0)}
         import pickle
 
         raw = np.frombuffer(pickle.dumps(obj, protocol=5), dtype=np.uint8).copy()

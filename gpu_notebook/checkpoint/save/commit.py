@@ -35,6 +35,7 @@ from ..per_rank import split_section
 from ..snapshot import Snapshot
 from ..stores import Store
 from .order import CommitOrder
+from .spread import fill_remote_chunks, own_chunks
 
 __all__ = ["Committer", "CommitFailedError", "writer_info"]
 
@@ -96,6 +97,10 @@ def _get_json(store: Store, key: str) -> dict[str, Any] | None:
     except ValueError:  # a partial write of a store without atomic writes: not there yet
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def _own(stats: dict[str, Any]) -> dict[str, Any]:
+    return {k: stats[k] for k in ("raw_bytes", "new_bytes", "stall_s", "cpu_s") if k in stats}
 
 
 @dataclass
@@ -169,6 +174,10 @@ class Committer:
             rec: dict[str, Any] = {"attempt": self._name, "rank": self.rank, "stats": stats}
             if self.sharded:
                 rec["shard"] = shard
+            elif getattr(snap, "spread", False):
+                rec["chunks"] = own_chunks(
+                    shard
+                )  # (rank 0 has the rest of the shard: it walked the same state)
             if section is not None:
                 rec["section"] = section
             self._put_record(ckpt_id, rec)
@@ -177,11 +186,19 @@ class Committer:
         sections = [] if section is None else [section]
         replicated = self.world_size == 1 or not self.sharded
         if self._writers:
-            for rec in self._gather(ckpt_id, stats):
+            recs = self._gather(ckpt_id, stats)
+            for rec in recs:
                 if self.sharded:
                     shards.append(rec["shard"])
                 if rec.get("section") is not None:
                     sections.append(rec["section"])
+            if getattr(snap, "spread", False):
+                try:
+                    fill_remote_chunks(shard, [rec.get("chunks") or {} for rec in recs], ckpt_id)
+                except CheckpointError as e:
+                    err = self._fail(str(e), retryable=False)
+                    self.failed(ckpt_id, err)
+                    raise err from None
         if self.sharded:
             sig = [{n: [c["raw"] for c in lf["chunks"]] for n, lf in s["leaves"].items()} for s in shards]
             replicated = all(s == sig[0] for s in sig) and all(s["tree"] == shards[0]["tree"] for s in shards)
@@ -313,6 +330,10 @@ class Committer:
         except CommitFailedError as e:
             self.failed(ckpt_id, e)
             raise
+        # each rank's own figures (what its save took from it: the stall, the CPU time), then their sums
+        stats["ranks"] = [{"rank": 0, **_own(stats)}] + [
+            {"rank": r["rank"], **_own(r["stats"])} for r in recs
+        ]
         for rec in recs:
             for k in ("raw_bytes", "new_bytes", "new_objects", "reused_bytes"):
                 stats[k] += rec["stats"].get(k, 0)

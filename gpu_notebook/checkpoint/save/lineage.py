@@ -46,13 +46,15 @@ class Lineage:
         self.last_delta_bytes = 0  # bytes written by the last delta
         #: chunk kind (leaf, index, dtype, delta?) -> (encoding choice, the save counter it was chosen at)
         self.hints: dict[tuple[str, int, str, bool], tuple[Any, int]] = {}
+        #: a spread save's base was committed with no leaf of this rank's (its part is empty, not missing)
+        self.empty_part = False
 
     def next_is_base(self, full: bool, full_every: int, max_restore_ratio: float | None) -> bool:
         """Whether the next save is a full base: asked for, nothing to compute a delta against, ``full_every``
         reached, or restoring another delta would cost too much."""
         return (
             full
-            or not self.shadow
+            or not (self.shadow or self.empty_part)
             or self.since_base + 1 >= full_every
             or self.rollup_due()
             or self.restore_too_costly(max_restore_ratio)
@@ -77,11 +79,18 @@ class Lineage:
         return full > 0 and chains + self.new_bytes.get(False, 0) > max_restore_ratio * full
 
     def committed(
-        self, leaves: list[Leaf], leaves_doc: dict[str, Any], ckpt_id: str, is_base: bool, new_bytes: int = 0
+        self,
+        leaves: list[Leaf],
+        leaves_doc: dict[str, Any],
+        ckpt_id: str,
+        is_base: bool,
+        new_bytes: int = 0,
+        spread: bool = False,
     ) -> dict[str, dict[str, Any]]:
         """A save of ``leaves`` was committed as ``ckpt_id`` (writing ``new_bytes``): a base (or, with
         ``delta_against="previous"``, any save) becomes what the next delta is computed against. Returns what no
-        delta needs any more (whose buffers can be reused): the shadow it replaces, or a delta's own snapshot."""
+        delta needs any more (whose buffers can be reused): the shadow it replaces, or a delta's own snapshot.
+        ``spread``: this rank's part of a spread save (``leaves`` may then be none at all)."""
         self.recent = {e["raw"]: e for lf in leaves_doc.values() for e in lf["chunks"]}
         self.parent = ckpt_id
         if is_base:
@@ -94,6 +103,7 @@ class Lineage:
         if self.against_base and not is_base and self.shadow:
             return {leaf.name: {"data": leaf.data} for leaf in leaves}
         old = self.shadow
+        self.empty_part = spread and not leaves
         self.shadow = {
             leaf.name: {
                 "dtype": leaf.dtype,
@@ -118,6 +128,7 @@ class Lineage:
         mine = (not doc.get("sharded") or shard["rank"] == rank) and doc_hash(doc) == hash_name
         self.recent = {}
         self.run_bytes = None
+        self.empty_part = False
         if mine and self.against_base and depth:
             self.shadow = {}  # a restored delta is no base for chains of one: the next save is a full base
             self.parent = doc["id"]

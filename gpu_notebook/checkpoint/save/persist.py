@@ -102,8 +102,9 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
                 "kind": leaf.kind,
                 "dtype": leaf.dtype,
                 "shape": leaf.shape,
-                "nbytes": leaf.data.nbytes,
-                "chunks": chunk_docs[leaf.name]["chunks"],
+                "nbytes": leaf.nbytes,
+                # (a leaf another rank encodes: its entries come with that rank's record, see spread.py)
+                "chunks": None if leaf.remote else chunk_docs[leaf.name]["chunks"],
             }
             continue
         key = g.name[len(GROUP_PREFIX) :]
@@ -140,14 +141,19 @@ def persist(
     """
     t_start = time.perf_counter()
     cpu_start = time.thread_time()
-    is_base = lineage.next_is_base(snap.full, opts.full_every, opts.max_restore_ratio)
+    spread = bool(getattr(snap, "spread", False))
+    # (a spread save's kind was agreed by the ranks when it started: a base where any rank's part called for one)
+    is_base = (
+        snap.full if spread else lineage.next_is_base(snap.full, opts.full_every, opts.max_restore_ratio)
+    )
     total = snap.nbytes
     prog = snap.progress or Progress(f"checkpoint {ckpt_id}", total, opts.progress)
     prog.restart()  # (a retry counts again from 0)
     # per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk of this
     # save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint) and upload a
     # big frame directly (small ones are collected into packs)
-    enc_leaves = encodable(snap.leaves)  # (small tensors travel in their group)
+    # (small tensors travel in their group; a spread save's leaves of other ranks are theirs to encode)
+    enc_leaves = [lf for lf in encodable(snap.leaves) if not lf.remote]
     plan = plan_save(enc_leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)
     expect = lineage.new_bytes.get(is_base) or lineage.new_bytes.get(
         not is_base
@@ -185,7 +191,9 @@ def persist(
     lineage.last_raw = total
     prog.finish()
     # the committed snapshot becomes the base of the next delta; the old base's buffers are reused
-    old = lineage.committed(enc_leaves, chunk_docs, info.id if info else ckpt_id, is_base, n.new_bytes)
+    # (a spread save: what every rank wrote, as the manifest says, so that every rank's rollup rule decides alike)
+    new = int(info.extra["stats"].get("new_bytes", n.new_bytes)) if spread and info else n.new_bytes
+    old = lineage.committed(enc_leaves, chunk_docs, info.id if info else ckpt_id, is_base, new, spread)
     buffers.recycle(old)
     if not old:  # the first save: the next one has no buffers to recycle yet; fault them in next, on the save
         # thread but after this save's handle has resolved (its caller need not wait for them)
