@@ -75,3 +75,36 @@ def test_quick_run_prints_every_table(tmp_path: pathlib.Path) -> None:
     assert (
         small["manifest_kb"]["n"] <= small["manifest_kb"]["1"] * 1.01
     )  # no growth with the saves since the base
+
+
+def test_the_spread_benchmark_compares_rank_0_alone_with_spread_saves(tmp_path: pathlib.Path) -> None:
+    """``benchmarks/checkpoint_spread.py --quick``: 2 gloo ranks; its table and, per save, each rank's share."""
+    out_json = tmp_path / "spread.json"
+    script = SCRIPT.with_name("checkpoint_spread.py")
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--json", str(out_json)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for row in (
+        "training stall per save",
+        "CPU time of rank 0's save",
+        "one host copy",
+        "bytes written per delta",
+    ):
+        assert f"| {row}" in proc.stdout, proc.stdout
+    doc = json.loads(out_json.read_text())
+    alone, spread = doc["rank 0 alone"], doc["spread"]
+    assert len(alone) == len(spread) >= 4
+    for a, s in zip(alone, spread, strict=True):
+        assert (
+            a["new"] == s["new"] and a["raw_bytes"] == s["raw_bytes"]
+        )  # the same checkpoint, written otherwise
+        ra = {r["rank"]: r["raw_bytes"] for r in a["ranks"]}
+        rs = {r["rank"]: r["raw_bytes"] for r in s["ranks"]}
+        assert ra[1] < 0.01 * a["raw_bytes"]  # alone: rank 1 saves its RNG states only
+        assert (
+            0.3 < rs[1] / s["raw_bytes"] < 0.7
+        )  # spread: about half of the state is rank 1's to copy and encode
