@@ -325,8 +325,8 @@ class _Flattener:
                 if nbytes >= sp.min_bytes and sp.owner(name, nbytes) == sp.rank:
                     leaf = _tensor_leaf(name, t, self.copy, self.alloc, self.pending)
                 else:
-                    leaf = Leaf(name, "tensor", _tensor_dtype(name, t), list(t.shape), _EMPTY, remote=True)
-                    leaf.size = nbytes
+                    dtype = _tensor_dtype(name, t)  # (an unsupported tensor fails the save on every rank)
+                    leaf = Leaf(name, "tensor", dtype, list(t.shape), _EMPTY, remote=True, size=nbytes)
                 self.leaves.append(leaf)
                 return {"$tensor": name}
         if self.group_bytes:

@@ -174,10 +174,10 @@ class Committer:
             rec: dict[str, Any] = {"attempt": self._name, "rank": self.rank, "stats": stats}
             if self.sharded:
                 rec["shard"] = shard
-            elif getattr(snap, "spread", False):
-                rec["chunks"] = own_chunks(
-                    shard
-                )  # (rank 0 has the rest of the shard: it walked the same state)
+            elif getattr(
+                snap, "spread", False
+            ):  # (rank 0 has the rest of the shard: it walked the same state)
+                rec["chunks"] = own_chunks(shard)
             if section is not None:
                 rec["section"] = section
             self._put_record(ckpt_id, rec)
