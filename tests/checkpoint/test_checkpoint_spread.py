@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from gpu_notebook.checkpoint import Checkpointer
+from gpu_notebook.checkpoint import Checkpointer, CheckpointError
 from gpu_notebook.checkpoint.save.spread import SPREAD_MIN, Spread, fill_remote_chunks
 
 STEPS = 5  # saves of each store: base, delta, delta, base (full_every=3), delta
@@ -173,10 +173,17 @@ def test_owners_are_sticky_and_balanced_within_one_tensor() -> None:
     assert [a.owner(n, s) for n, s in sizes] == first
 
 
-def test_rank_0_fills_in_the_other_ranks_chunks_and_refuses_a_gap() -> None:
-    shard = {"leaves": {"a": {"chunks": [{"raw": "x"}]}, "b": {"chunks": None}}, "groups": {}}
-    fill_remote_chunks(shard, [{"b": [{"raw": "y"}], "zzz": [{"raw": "z"}]}], "c1")
+def test_rank_0_fills_in_the_other_ranks_chunks_and_refuses_a_gap_or_another_shape() -> None:
+    def leaf(chunks: Any = None) -> dict[str, Any]:
+        return {"dtype": "float32", "shape": [4, 2], "chunks": chunks}
+
+    shard = {"leaves": {"a": leaf([{"raw": "x"}]), "b": leaf()}, "groups": {}}
+    fill_remote_chunks(shard, {1: {"b": leaf([{"raw": "y"}]), "zzz": leaf([{"raw": "z"}])}}, "c1")
     assert shard["leaves"]["b"]["chunks"] == [{"raw": "y"}] and "zzz" not in shard["leaves"]
-    gap = {"leaves": {"a": {"chunks": None}}}
-    with pytest.raises(Exception, match="no rank encoded 1 tensor.*'a'.*the same on every rank"):
-        fill_remote_chunks(gap, [{}], "c2")
+    with pytest.raises(CheckpointError, match="no rank encoded 1 tensor.*'a'.*the same on every rank"):
+        fill_remote_chunks({"leaves": {"a": leaf()}}, {1: {}}, "c2")
+    other = {**leaf([{"raw": "y"}]), "shape": [2, 4]}
+    with pytest.raises(
+        CheckpointError, match=r"'a' .* float32 \[4, 2\] on rank 0 and float32 \[2, 4\] on rank 3"
+    ):
+        fill_remote_chunks({"leaves": {"a": leaf()}}, {3: {"a": other}}, "c3")

@@ -194,7 +194,7 @@ class Committer:
                     sections.append(rec["section"])
             if getattr(snap, "spread", False):
                 try:
-                    fill_remote_chunks(shard, [rec.get("chunks") or {} for rec in recs], ckpt_id)
+                    fill_remote_chunks(shard, {rec["rank"]: rec.get("chunks") or {} for rec in recs}, ckpt_id)
                 except CheckpointError as e:
                     err = self._fail(str(e), retryable=False)
                     self.failed(ckpt_id, err)

@@ -52,24 +52,40 @@ class Spread:
 
 
 def own_chunks(shard: dict[str, Any]) -> dict[str, Any]:
-    """A rank's part of a spread save, from its shard: the chunk entries of the leaves it encoded."""
-    return {n: lf["chunks"] for n, lf in shard["leaves"].items() if lf.get("chunks") is not None}
+    """A rank's part of a spread save, from its shard: per leaf it encoded, its dtype, shape and chunk entries."""
+    return {
+        n: {"dtype": lf["dtype"], "shape": lf["shape"], "chunks": lf["chunks"]}
+        for n, lf in shard["leaves"].items()
+        if lf.get("chunks") is not None
+    }
 
 
-def fill_remote_chunks(shard: dict[str, Any], parts: list[dict[str, Any]], ckpt_id: str) -> None:
-    """Rank 0: put the chunk entries the other ranks encoded (``parts``, from their records) into its shard;
-    :class:`CheckpointError` when a leaf was encoded by no rank (the ranks walked different states)."""
+def fill_remote_chunks(shard: dict[str, Any], parts: dict[int, dict[str, Any]], ckpt_id: str) -> None:
+    """Rank 0: put the chunk entries the other ranks encoded (``parts``, by rank, from their records) into its
+    shard; :class:`CheckpointError` when a leaf was encoded by no rank, or another rank's tensor of that name has
+    another dtype or shape (the ranks walked different states)."""
     leaves = shard["leaves"]
-    for part in parts:
-        for name, chunks in part.items():
+    for rank, part in sorted(parts.items()):
+        for name, got in part.items():
             lf = leaves.get(name)
-            if lf is not None and lf.get("chunks") is None:
-                lf["chunks"] = chunks
+            if lf is None or lf.get("chunks") is not None:
+                continue
+            if [got["dtype"], got["shape"]] != [lf["dtype"], lf["shape"]]:
+                raise CheckpointError(
+                    f"checkpoint {ckpt_id}: tensor {name!r} of the replicated state is {lf['dtype']} "
+                    f"{lf['shape']} on rank 0 and {got['dtype']} {got['shape']} on rank {rank}; " + _ADVICE
+                )
+            lf["chunks"] = got["chunks"]
     missing = [n for n, lf in leaves.items() if lf.get("chunks") is None]
     missing += [GROUP_PREFIX + k for k, g in (shard.get("groups") or {}).items() if g.get("chunks") is None]
     if missing:
         raise CheckpointError(
             f"checkpoint {ckpt_id}: no rank encoded {len(missing)} tensor(s) of the replicated state (first: "
-            f"{missing[0]!r}); are the states the same on every rank? Pass sharded=True where each rank holds "
-            "its own, or spread=False to have rank 0 write the state alone"
+            f"{missing[0]!r}); " + _ADVICE
         )
+
+
+_ADVICE = (
+    "are the states the same on every rank? Pass sharded=True where each rank holds its own, or spread=False "
+    "to have rank 0 write the state alone"
+)
