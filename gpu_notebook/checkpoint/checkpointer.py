@@ -320,8 +320,8 @@ class Checkpointer:
         if self._current:
             _registry.set_active_checkpointer(self)
         self._raise_pending()
-        # several ranks write this save: a sharded one, or a replicated one with per-rank sections
-        multi = self.world_size > 1 and (self.sharded or self.rng or has_per_rank(state))
+        # several ranks write this save: a sharded one, a spread one, or a replicated one with per-rank sections
+        multi = self.world_size > 1 and (self.sharded or self.rng or self.spread or has_per_rank(state))
         if step is None:
             s = state.get("step") if isinstance(state, dict) else None
             step = int(s) if isinstance(s, int | np.integer) else self._next_auto_step(multi)

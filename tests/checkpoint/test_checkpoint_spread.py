@@ -76,6 +76,10 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         # that rank 1 encoded as full frames, or the other way round)
         info = spread.save({"model": model.module, "optim": opt, "step": 99}, full=(rank == 1), block=True)
         out["asked_base"] = info.result().is_base
+        # without RNG states (nothing of its own on any rank) the save is spread all the same
+        norng = Checkpointer(f"{root}/norng", rng=False, progress=False, preemption=None, commit_timeout_s=60)
+        got = norng.save({"model": model.module, "step": 0}, block=True).result()
+        out["norng_ranks"] = got.extra["stats"]["ranks"]
         dist.barrier()
         # a state that is not the same on every rank: rank 1 holds another big tensor first, so the ranks split
         # the tensors otherwise and some of rank 0's are encoded by no rank
@@ -150,6 +154,11 @@ def test_the_ranks_share_the_encoding_and_commit_what_rank_0_alone_would(runs: s
 
 def test_a_full_base_asked_by_one_rank_is_agreed_by_all(runs: str) -> None:
     assert [_res(runs, r)["asked_base"] for r in range(2)] == [True, True]
+
+
+def test_a_save_without_rng_states_is_spread_too(runs: str) -> None:
+    parts = {p["rank"]: p["raw_bytes"] for p in _res(runs, 0)["norng_ranks"]}
+    assert 0.3 < parts[1] / (parts[0] + parts[1]) < 0.7, parts
 
 
 def test_states_that_differ_between_the_ranks_fail_the_save_on_every_rank(runs: str) -> None:
