@@ -8,8 +8,13 @@ import os
 import secrets
 import sys
 import uuid
+from typing import Any
 
-__all__ = ["rank_world", "session_token", "agree_min", "agree_save"]
+from ._errors import CheckpointError, StoreError
+from .format.manifest import SHARD_PREFIX
+from .stores.local import LocalStore
+
+__all__ = ["rank_world", "session_token", "join_session", "agree_min", "agree_save"]
 
 
 def rank_world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
@@ -56,6 +61,49 @@ def session_token(world_size: int, dist_ok: bool) -> str:
         seed = ":".join(os.environ.get(k, "") for k in env)
         tok = hashlib.sha256(seed.encode()).hexdigest()[:8]
     return tok
+
+
+def join_session(world_size: int, dist_ok: bool, rank: int, store: Any, writable: bool) -> str:
+    """The session token (see :func:`session_token`); in a job with a process group that saves to a local folder,
+    first a check that every rank sees the same folder (:func:`check_shared`)."""
+    token = session_token(world_size, dist_ok)
+    if world_size > 1 and dist_ok and isinstance(store, LocalStore):
+        check_shared(store, token, rank, writable)
+    return token
+
+
+def check_shared(store: Any, token: str, rank: int, writable: bool) -> None:
+    """Every rank of the job sees what rank 0 writes into ``store`` (a local folder): else :class:`CheckpointError`
+    on every rank, at once. The ranks of a save meet in the store (their parts, the commit), so on several
+    machines a folder that is not shared between them would fail every save, after ``commit_timeout_s``.
+
+    Rank 0 writes a probe (under ``shards/``, where gc clears what a crash leaves); after one all-reduce (its
+    write happens before the others look) the other ranks look for it; a second all-reduce tells every rank
+    whether all saw it. Nothing is checked where rank 0 may not write (``read_only``)."""
+    key = f"{SHARD_PREFIX}probe-{token}.json"
+    wrote = 0
+    if rank == 0 and writable:
+        try:
+            store.put(key, b"{}", create_only=True)
+            wrote = 1
+        except StoreError:  # (the first save says what is wrong with the store)
+            wrote = 0
+    got = agree_min_all([-wrote])
+    if got is None or got[0] == 0:
+        return
+    seen = 1 if rank == 0 else int(store.exists(key))
+    all_seen = agree_min(seen)
+    if rank == 0:
+        try:
+            store.delete(key)
+        except StoreError:
+            pass
+    if all_seen == 0:
+        raise CheckpointError(
+            f"the checkpoint folder {store.url} is not shared between the ranks: a rank does not see what rank 0 "
+            "writes there (each machine has a folder of its own). The ranks of a save meet in the store: use "
+            "s3://bucket/prefix, or a shared file system mounted at the same path on every machine"
+        )
 
 
 def agree_min(value: int) -> int | None:

@@ -24,7 +24,7 @@ from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
 from ._export import export_method
-from ._group import agree_min, rank_world, session_token
+from ._group import agree_min, join_session, rank_world
 from ._progress import Progress
 from .format.codec import notice_fallback
 from .format.manifest import (
@@ -227,7 +227,7 @@ class Checkpointer:
         # a replicated state's saves shared out between the ranks (they agree on each save through the group)
         self.spread = bool(spread) and self.world_size > 1 and not self.sharded and dist_ok
         self._spread = Spread(self.rank, self.world_size)  # which rank encodes each big tensor
-        self._token = session_token(self.world_size, dist_ok)
+        self._token = join_session(self.world_size, dist_ok, self.rank, self.store, not self.read_only)
         self._seq = 0  # saves started (it ages the encoding hints)
         self._order = CommitOrder(self.store, self._version)  # the place of the next commit, and its parent
         self._auto_step: int | None = None  # the next step of a save given none (after the store's newest)

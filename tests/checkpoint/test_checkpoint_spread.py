@@ -91,6 +91,16 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         except CheckpointSaveError as e:
             out["odd"] = str(e)
         out["odd_listed"] = [c.id for c in odd.list()]
+        # a local folder that is not shared between the ranks' machines (each rank a folder of its own here): the
+        # ranks of a save could never meet in it; every rank is told so when the Checkpointer is made
+        from gpu_notebook.checkpoint import CheckpointError
+
+        try:
+            Checkpointer(f"{root}/node-{rank}", progress=False, preemption=None)
+            out["unshared"] = "made"
+        except CheckpointError as e:
+            out["unshared"] = str(e)
+        out["probes_left"] = sorted(p.name for p in Path(f"{root}/node-0").rglob("probe-*"))
     finally:
         Path(f"{root}/result-{rank}.json").write_text(json.dumps(out))
         dist.destroy_process_group()
@@ -167,6 +177,15 @@ def test_states_that_differ_between_the_ranks_fail_the_save_on_every_rank(runs: 
         assert res["odd"] != "saved" and res["odd_listed"] == [], (r, res["odd"])
     assert "the same on every rank" in _res(runs, 0)["odd"] and "spread=False" in _res(runs, 0)["odd"]
     assert "rank 0 failed" in _res(runs, 1)["odd"]
+
+
+def test_a_folder_not_shared_between_the_ranks_is_refused_on_every_rank_at_once(runs: str) -> None:
+    for r in range(2):
+        msg = _res(runs, r)["unshared"]
+        assert "is not shared between the ranks" in msg and "s3://" in msg, (r, msg)
+    assert _res(runs, 0)["probes_left"] == []  # rank 0's probe is gone
+    # the shared folders of the other checks passed the same check (they saved)
+    assert _res(runs, 0)["infos"] and _res(runs, 1)["infos"]
 
 
 def test_owners_are_sticky_and_balanced_within_one_tensor() -> None:
