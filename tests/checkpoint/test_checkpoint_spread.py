@@ -91,6 +91,25 @@ def _rank_main(rank: int, world: int, root: str) -> None:
         except CheckpointSaveError as e:
             out["odd"] = str(e)
         out["odd_listed"] = [c.id for c in odd.list()]
+        # rank 1's first upload fails: the attempt fails on both ranks, and the retry commits both ranks' tensors
+        from gpu_notebook.checkpoint import LocalStore, StoreError
+
+        class Flaky(LocalStore):
+            failed = False
+
+            def put(self, key, data, create_only=True):  # type: ignore[no-untyped-def]
+                if key.startswith("objects/") and not Flaky.failed:
+                    Flaky.failed = True
+                    raise StoreError("injected: rank 1's first upload fails")
+                return super().put(key, data, create_only)
+
+        store = Flaky(f"{root}/flaky") if rank == 1 else LocalStore(f"{root}/flaky")
+        flaky = Checkpointer(
+            store, retry_backoff_s=0.05, progress=False, preemption=None, commit_timeout_s=60
+        )
+        got = flaky.save({"model": model.module, "step": 0}, block=True).result()
+        out["flaky"] = {"ranks": got.extra["stats"]["ranks"], "failed": Flaky.failed}
+        dist.barrier()
         # a local folder that is not shared between the ranks' machines (each rank a folder of its own here): the
         # ranks of a save could never meet in it; every rank is told so when the Checkpointer is made
         from gpu_notebook.checkpoint import CheckpointError
@@ -177,6 +196,18 @@ def test_states_that_differ_between_the_ranks_fail_the_save_on_every_rank(runs: 
         assert res["odd"] != "saved" and res["odd_listed"] == [], (r, res["odd"])
     assert "the same on every rank" in _res(runs, 0)["odd"] and "spread=False" in _res(runs, 0)["odd"]
     assert "rank 0 failed" in _res(runs, 1)["odd"]
+
+
+def test_a_failed_part_is_retried_on_every_rank_and_the_retry_holds_both_ranks_tensors(runs: str) -> None:
+    flaky = [_res(runs, r)["flaky"] for r in range(2)]
+    assert flaky[1]["failed"] and not flaky[0]["failed"]  # (only rank 1's store failed, once)
+    parts = {p["rank"]: p["raw_bytes"] for p in flaky[0]["ranks"]}
+    assert parts[1] > 0.3 * (parts[0] + parts[1])
+    ck = Checkpointer(f"{runs}/flaky", preemption=None, progress=False)
+    assert ck.manifest()["attempt"].endswith("-1")  # the second attempt was committed
+    got = ck.restore(per_rank="drop")
+    for k, v in torch.load(f"{runs}/model-0.pt").items():
+        assert torch.equal(got["model"][k], v), k
 
 
 def test_a_folder_not_shared_between_the_ranks_is_refused_on_every_rank_at_once(runs: str) -> None:
