@@ -59,6 +59,7 @@ from torch.futures import Future
 
 from gpu_notebook.checkpoint._errors import CheckpointError, NoCheckpointError, ObjectMissingError
 from gpu_notebook.checkpoint.format import codec
+from gpu_notebook.checkpoint.format._scratch import heap_empty
 from gpu_notebook.checkpoint.format.manifest import blake3_available, hash_fn
 from gpu_notebook.checkpoint.stores import Store, open_store
 
@@ -521,7 +522,7 @@ class DCPReader(StorageReader):
         return data
 
     def _item_bytes(self, item: dict[str, Any], frames: dict[str, np.ndarray]) -> np.ndarray:
-        out = np.empty(item["nbytes"], np.uint8)
+        out = heap_empty(item["nbytes"])  # (as torch allocates: no huge-page advice, see _scratch.heap_empty)
         pos = 0
         for c in item["chunks"]:
             n = c["n"]

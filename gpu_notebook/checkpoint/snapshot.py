@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ._progress import Progress
-from .format._scratch import is_host_buffer, release_scratch
+from .format._scratch import heap_empty, is_host_buffer, release_scratch
 from .format.tree import Leaf, flatten
 
 __all__ = ["Snapshot", "BufferPool", "GROUP_BYTES", "release_memory", "trim_heap"]
@@ -126,7 +126,7 @@ class BufferPool:
                     return a
             except Exception:  # noqa: BLE001 - out of page-locked memory, no driver: use pageable memory
                 pass
-        return np.empty(nbytes, dtype=np.uint8)
+        return heap_empty(nbytes)
 
     def prefault(self, leaves: list[Leaf]) -> None:
         """Ordinary host buffers for the next snapshot, their pages touched (a fresh allocation page-faults on
@@ -142,7 +142,7 @@ class BufferPool:
                 or not is_host_buffer(d)
             ):
                 continue
-            buf = np.empty(d.nbytes, dtype=np.uint8)
+            buf = heap_empty(d.nbytes)
             buf.fill(0)
             self._free.setdefault(d.nbytes, []).append(buf)
 

@@ -17,12 +17,14 @@ every save, which doubled the training stall.
 from __future__ import annotations
 
 import mmap
+import sys
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
-__all__ = ["scratch", "release_scratch", "host_empty", "is_host_buffer"]
+__all__ = ["scratch", "release_scratch", "host_empty", "heap_empty", "is_host_buffer"]
 
 #: from this size on, :func:`host_empty` maps memory of its own rather than asking ``malloc``
 MAP_BYTES = 1 << 20
@@ -36,11 +38,41 @@ def host_empty(nbytes: int) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
 
 
+#: numpy advises the kernel to back arrays of this size and more with huge pages (``MADV_HUGEPAGE``)
+NUMPY_HUGEPAGE_BYTES = 1 << 22
+
+
+def heap_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised ``uint8`` buffer from the C heap, as torch allocates (``clone()``, ``torch.load``): a
+    snapshot's copies and a restore's tensors.
+
+    Not numpy's ``np.empty`` from 4 MiB on: numpy advises huge pages for those, and where the kernel's
+    ``transparent_hugepage/defrag`` is ``madvise`` (the default of Ubuntu and Debian), each first touch of such a
+    buffer may wait for the kernel to compact memory into a free huge page. On this VM, copying into a fresh
+    10 MiB buffer took 12.9 ms at the median (1.3-16 ms) with numpy's advice and 2.2 ms without; the 10,000
+    small tensors' group of a snapshot 27 ms against 7."""
+    if nbytes >= NUMPY_HUGEPAGE_BYTES:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            return torch.empty(nbytes, dtype=torch.uint8).numpy()  # type: ignore[no-any-return]
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 def is_host_buffer(a: np.ndarray) -> bool:
-    """Whether ``a`` is a whole buffer of :func:`host_empty` (or numpy's own), not a view of other memory (a
-    tensor's, a slice of a larger buffer)."""
-    b = a.base  # (numpy wraps the map in a memoryview)
-    return b is None or isinstance(getattr(b, "obj", b), mmap.mmap)
+    """Whether ``a`` is a whole buffer of :func:`host_empty` or :func:`heap_empty` (or numpy's own), not a view
+    of other memory (a tensor's, a slice of a larger buffer)."""
+    b: Any = a.base  # (numpy wraps the map in a memoryview; torch's numpy() has the tensor as its base)
+    if b is None or isinstance(getattr(b, "obj", b), mmap.mmap):
+        return True
+    torch = sys.modules.get("torch")
+    return (
+        torch is not None
+        and type(b) is torch.Tensor
+        and b.dtype == torch.uint8
+        and b.dim() == 1
+        and b.numel() == a.nbytes
+        and b.data_ptr() == a.ctypes.data
+    )
 
 
 _local = threading.local()

@@ -30,6 +30,7 @@ import numpy as np
 
 from .._errors import CheckpointError, IntegrityError, ObjectMissingError
 from .._progress import Progress
+from ..format._scratch import heap_empty
 from ..format.codec import decode_chunk
 from ..format.manifest import check_fn, doc_hash, hash_fn, walk_chunks
 from ..format.tree import GROUP_PREFIX, leaf_from_bytes
@@ -180,7 +181,7 @@ class _ShardDecoder:
                 raise IntegrityError(
                     f"tensor {name!r} of checkpoint {self.doc['id']} has chunks that do not add up to {n} bytes"
                 )
-            self.datas[name] = np.empty(n, dtype=np.uint8)
+            self.datas[name] = heap_empty(n)
             off = 0
             for i, c in enumerate(lf["chunks"]):
                 ln = int(c["len"])
