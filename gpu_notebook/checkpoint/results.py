@@ -86,8 +86,18 @@ class ShowResult:
             f"  parent={info.parent} world_size={info.world_size} writer={w.get('lib')} "
             f"{w.get('version', '')} host={w.get('host', '')}",
             f"  snapshot stall {st.get('stall_s', 0):.3f} s, persist {st.get('persist_s', 0):.3f} s, "
-            f"{st.get('new_objects', 0)} new object(s)",
+            f"CPU {st.get('cpu_s', 0):.3f} s, {st.get('new_objects', 0)} new object(s)",
         ]
+        ranks = st.get("ranks") or []
+        if len(ranks) > 1:  # several ranks wrote it: what each one's part took from it
+            lines.append(
+                "  per rank: "
+                + "; ".join(
+                    f"{r.get('rank')}: {fmt_bytes(int(r.get('raw_bytes', 0)))}, stall {r.get('stall_s', 0):.3f} s, "
+                    f"CPU {r.get('cpu_s', 0):.3f} s"
+                    for r in ranks
+                )
+            )
         rs = self.restore
         if rs:
             raw = max(1, int(st.get("raw_bytes", 0)))

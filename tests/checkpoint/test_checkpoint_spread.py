@@ -172,6 +172,9 @@ def test_the_ranks_share_the_encoding_and_commit_what_rank_0_alone_would(runs: s
         assert {n: [c["raw"] for c in lf["chunks"]] for n, lf in s["leaves"].items()} == {
             n: [c["raw"] for c in lf["chunks"]] for n, lf in a["leaves"].items()
         }
+    # what each rank's part took from it, shown by show()
+    shown = repr(spread.show(infos[-1]["id"]))
+    assert "per rank: 0: " in shown and "; 1: " in shown and "CPU" in shown, shown
     # the chunks of both ranks' tensors are in the one shard: a single process restores it bit-exact
     want = torch.load(f"{runs}/model-0.pt")
     got = Checkpointer(f"{runs}/spread", preemption=None, progress=False).restore(per_rank="drop", step=4)
