@@ -479,44 +479,45 @@ def _array(raw: np.ndarray, leaf: dict[str, Any], tensors: str) -> Any:
     return raw.view(_np_dtype(leaf["dtype"])).reshape(shape)
 
 
-def _unflatten(tree: Any, values: dict[str, Any], tensors: str) -> Any:
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        if len(node) == 1:
-            ((tag, val),) = node.items()
-            if tag.startswith("$"):
-                if tag == "$dict":
-                    return {_hashable(walk(k)): walk(v) for k, v in val}
-                if tag == "$tuple":
-                    return tuple(walk(v) for v in val)
-                if tag == "$float":
-                    return float(val)
-                if tag == "$bytes":
-                    return base64.b64decode(val)
-                if tag in ("$tensor", "$ndarray"):
-                    return values[val]
-                if tag == "$pickle":
-                    raise ReaderError(f"{val} was pickled: this reader never unpickles (use gpu_notebook)")
-                if tag == "$state":
-                    return walk(val["value"])
-                if tag in ("$dtype", "$device", "$size"):
-                    if tensors == "torch":
-                        import torch
+def _unflatten(node: Any, values: dict[str, Any], tensors: str) -> Any:
+    # (calls itself at module level: a closure that called itself would be a reference cycle keeping every
+    # tensor read alive until the cyclic collector ran)
+    if isinstance(node, list):
+        return [_unflatten(v, values, tensors) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) == 1:
+        ((tag, val),) = node.items()
+        if tag.startswith("$"):
+            if tag == "$dict":
+                return {
+                    _hashable(_unflatten(k, values, tensors)): _unflatten(v, values, tensors) for k, v in val
+                }
+            if tag == "$tuple":
+                return tuple(_unflatten(v, values, tensors) for v in val)
+            if tag == "$float":
+                return float(val)
+            if tag == "$bytes":
+                return base64.b64decode(val)
+            if tag in ("$tensor", "$ndarray"):
+                return values[val]
+            if tag == "$pickle":
+                raise ReaderError(f"{val} was pickled: this reader never unpickles (use gpu_notebook)")
+            if tag == "$state":
+                return _unflatten(val["value"], values, tensors)
+            if tag in ("$dtype", "$device", "$size"):
+                if tensors == "torch":
+                    import torch
 
-                        cls = {
-                            "$dtype": lambda v: getattr(torch, v),
-                            "$device": torch.device,
-                            "$size": torch.Size,
-                        }
-                        return cls[tag](val)
-                    return tuple(val) if tag == "$size" else str(val)
-                raise ReaderError(f"unknown tree tag {tag!r}")
-        return {k: walk(v) for k, v in node.items()}
-
-    return walk(tree)
+                    cls = {
+                        "$dtype": lambda v: getattr(torch, v),
+                        "$device": torch.device,
+                        "$size": torch.Size,
+                    }
+                    return cls[tag](val)
+                return tuple(val) if tag == "$size" else str(val)
+            raise ReaderError(f"unknown tree tag {tag!r}")
+    return {k: _unflatten(v, values, tensors) for k, v in node.items()}
 
 
 def _hashable(k: Any) -> Any:

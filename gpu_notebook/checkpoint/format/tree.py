@@ -63,7 +63,9 @@ class Leaf:
         None  # the group leaf whose buffer holds this leaf's bytes (see the module docstring)
     )
     goff: int = 0  # ... at this offset
-    members: list[Leaf] | None = None  # a group leaf: its members, in the order of their bytes in it
+    #: a group leaf: its members' names and shapes, in the order of their bytes in it (not the member leaves:
+    #: they point to their group, and a cycle would hold the group's buffer until the cyclic collector ran)
+    members: list[tuple[str, list[int]]] | None = None
     #: another rank encodes this leaf (a spread snapshot of a replicated state, see ``Spread``): ``data`` is
     #: empty and ``size`` holds its byte count
     remote: bool = False
@@ -255,7 +257,7 @@ class _Flattener:
         """Copy the small tensors into their group buffers, one per dtype: the 1-D ones first (one ``torch.cat``
         of them as they are), then the 0-D ones (one ``torch.stack``), then the others (one ``torch.cat`` of a
         flat view of each: a view costs about a microsecond, ten times the rest of a member's copy). The group
-        leaf lists its members in the order of their bytes (``Leaf.members``)."""
+        leaf lists its members (names, shapes) in the order of their bytes (``Leaf.members``)."""
         if not self.grouped:
             return
         import torch
@@ -295,7 +297,7 @@ class _Flattener:
             for leaf, _ in ordered:
                 leaf.group, leaf.goff = group, off
                 off += leaf.size
-            group.members = [leaf for leaf, _ in ordered]
+            group.members = [(leaf.name, leaf.shape) for leaf, _ in ordered]
         self.grouped = {}
 
     def add_leaf(self, leaf: Leaf) -> str:
@@ -498,46 +500,48 @@ def leaf_from_bytes(meta: dict[str, Any], data: np.ndarray, allow_pickle: bool =
 
 def unflatten(tree: Any, values: dict[str, Any]) -> Any:
     """Rebuild the state from the tree and the decoded leaves (``$state`` nodes become their state dicts)."""
+    return _unflatten_node(tree, values)
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        if len(node) == 1:
-            ((tag, val),) = node.items()
-            if tag.startswith("$"):
-                if tag == "$dict":
-                    return {_hashable(walk(k)): walk(v) for k, v in val}
-                if tag == "$tuple":
-                    return tuple(walk(v) for v in val)
-                if tag == "$float":
-                    return float(val)
-                if tag == "$bytes":
-                    return base64.b64decode(val)
-                if tag in ("$tensor", "$ndarray", "$pickle"):
-                    return values[val]
-                if tag == "$dtype":
-                    import torch
 
-                    dt = getattr(torch, val, None) if isinstance(val, str) else None
-                    if not isinstance(dt, torch.dtype):  # a name from the store: only ever a dtype
-                        raise ValueError(f"$dtype {val!r} is not a torch dtype")
-                    return dt
-                if tag == "$device":
-                    import torch
+def _unflatten_node(node: Any, values: dict[str, Any]) -> Any:
+    # (a module-level function, not a closure that calls itself: such a closure is a reference cycle that would
+    # keep ``values``, every restored tensor, alive after the caller drops them, until the cyclic collector ran)
+    if isinstance(node, list):
+        return [_unflatten_node(v, values) for v in node]
+    if not isinstance(node, dict):
+        return node
+    if len(node) == 1:
+        ((tag, val),) = node.items()
+        if tag.startswith("$"):
+            if tag == "$dict":
+                return {_hashable(_unflatten_node(k, values)): _unflatten_node(v, values) for k, v in val}
+            if tag == "$tuple":
+                return tuple(_unflatten_node(v, values) for v in val)
+            if tag == "$float":
+                return float(val)
+            if tag == "$bytes":
+                return base64.b64decode(val)
+            if tag in ("$tensor", "$ndarray", "$pickle"):
+                return values[val]
+            if tag == "$dtype":
+                import torch
 
-                    return torch.device(val)
-                if tag == "$size":
-                    import torch
+                dt = getattr(torch, val, None) if isinstance(val, str) else None
+                if not isinstance(dt, torch.dtype):  # a name from the store: only ever a dtype
+                    raise ValueError(f"$dtype {val!r} is not a torch dtype")
+                return dt
+            if tag == "$device":
+                import torch
 
-                    return torch.Size(val)
-                if tag == "$state":
-                    return walk(val["value"])
-                raise ValueError(f"unknown tree tag {tag!r}")
-        return {k: walk(v) for k, v in node.items()}
+                return torch.device(val)
+            if tag == "$size":
+                import torch
 
-    return walk(tree)
+                return torch.Size(val)
+            if tag == "$state":
+                return _unflatten_node(val["value"], values)
+            raise ValueError(f"unknown tree tag {tag!r}")
+    return {k: _unflatten_node(v, values) for k, v in node.items()}
 
 
 def _hashable(k: Any) -> Any:
@@ -547,19 +551,19 @@ def _hashable(k: Any) -> Any:
 def tree_leaf_names(tree: Any) -> list[str]:
     """All leaf names a tree references."""
     out: list[str] = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, list):
-            for v in node:
-                walk(v)
-        elif isinstance(node, dict):
-            if len(node) == 1:
-                ((tag, val),) = node.items()
-                if tag in ("$tensor", "$ndarray", "$pickle"):
-                    out.append(val)
-                    return
-            for v in node.values():
-                walk(v)
-
-    walk(tree)
+    _leaf_names(tree, out)
     return out
+
+
+def _leaf_names(node: Any, out: list[str]) -> None:
+    if isinstance(node, list):
+        for v in node:
+            _leaf_names(v, out)
+    elif isinstance(node, dict):
+        if len(node) == 1:
+            ((tag, val),) = node.items()
+            if tag in ("$tensor", "$ndarray", "$pickle"):
+                out.append(val)
+                return
+        for v in node.values():
+            _leaf_names(v, out)

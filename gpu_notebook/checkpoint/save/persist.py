@@ -115,8 +115,8 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
             "dtype": g.dtype,
             "nbytes": g.nbytes,
             "chunks": chunk_docs[g.name]["chunks"],
-            "names": [m.name for m in g.members],
-            "shapes": [m.shape for m in g.members],
+            "names": [name for name, _ in g.members],
+            "shapes": [shape for _, shape in g.members],
         }
     shard: dict[str, Any] = {"rank": rank, "tree": snap.tree, "leaves": leaves_doc}
     if groups:
