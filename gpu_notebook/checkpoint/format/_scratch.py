@@ -26,6 +26,10 @@ import numpy as np
 
 __all__ = ["scratch", "release_scratch", "host_empty", "heap_empty", "is_host_buffer"]
 
+#: private anonymous maps, as malloc makes: Python's default, a shared one, is shared memory (shmem), whose first
+#: touch costs more (a fresh 40 MB: 18 ms against 14 here)
+_PRIVATE = getattr(mmap, "MAP_PRIVATE", None)  # (None on Windows: no flags there)
+
 #: from this size on, :func:`host_empty` maps memory of its own rather than asking ``malloc``
 MAP_BYTES = 1 << 20
 
@@ -35,7 +39,8 @@ def host_empty(nbytes: int) -> np.ndarray:
     pages go back to the system when the last reference to it goes."""
     if nbytes < MAP_BYTES:
         return np.empty(nbytes, dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=np.uint8)
+    m = mmap.mmap(-1, nbytes) if _PRIVATE is None else mmap.mmap(-1, nbytes, flags=_PRIVATE)
+    return np.frombuffer(m, dtype=np.uint8)
 
 
 #: numpy advises the kernel to back arrays of this size and more with huge pages (``MADV_HUGEPAGE``)
