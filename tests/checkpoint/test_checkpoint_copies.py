@@ -71,28 +71,3 @@ def test_training_right_after_save_returns_changes_no_saved_byte(tmp_path: Path)
         want = {"w": [t.clone() for t in state["w"]], "b": [t.clone() for t in state["b"]]}
     assert any(t.name.startswith("gnb-ckpt-copy") for t in threading.enumerate())
     ck.close()
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="fork")
-def test_a_child_forked_after_a_snapshot_copies_on_a_thread_of_its_own() -> None:
-    import os
-
-    c = Copies(batch_bytes=1)
-    c.add(torch.zeros(4), torch.ones(4), 16)
-    c.finish()  # the parent's copy thread exists
-    pid = os.fork()
-    if pid == 0:  # the child: the parent's thread is not here; a snapshot must not wait for it forever
-        import signal
-
-        signal.alarm(20)  # (killed, not hung, where it would)
-        try:
-            d = torch.zeros(4)
-            c2 = Copies(batch_bytes=1)
-            c2.add(d, torch.ones(4), 16)
-            c2.finish()
-            os._exit(0 if torch.equal(d, torch.ones(4)) else 1)
-        except BaseException:  # noqa: BLE001
-            os._exit(2)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0

@@ -15,7 +15,6 @@ own copies.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import threading
 from typing import Any
 
@@ -26,16 +25,14 @@ __all__ = ["Copies"]
 BATCH_BYTES = 4 << 20
 
 _pool: cf.ThreadPoolExecutor | None = None
-_pool_pid = 0  # the process that started it (a child forked since has no such thread: it starts its own)
 _pool_lock = threading.Lock()
 
 
 def _copy_pool() -> cf.ThreadPoolExecutor:
-    global _pool, _pool_pid
+    global _pool
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
+        if _pool is None:
             _pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="gnb-ckpt-copy")
-            _pool_pid = os.getpid()
         return _pool
 
 
