@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from .._errors import UnsafeValueError
-from ._copies import Copies
 from ._nogc import no_gc
 
 __all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES", "GROUP_PREFIX", "encodable"]
@@ -108,7 +107,6 @@ def _tensor_leaf(
     copy: bool,
     alloc: Callable[..., np.ndarray] | None = None,
     pending: set[Any] | None = None,
-    copies: Copies | None = None,
 ) -> Leaf:
     """A leaf holding a host copy of tensor ``t``.
 
@@ -134,13 +132,8 @@ def _tensor_leaf(
                 # torch's copy, on its intra-op threads as clone() is (one per core; one for several ranks on a
                 # host: torchrun's OMP_NUM_THREADS=1, which %%distributed's workers get too). Our own encoding
                 # threads are idle here: a save waits for the one before it. A single-threaded memcpy (np.copyto,
-                # until 2026-12-05) made the stall of a 40 MB state 7-8 ms against 5-6.5. With ``copies``, made
-                # on their own thread while the walk goes on (see _copies.py)
-                dst, src = torch.from_numpy(buf), t.reshape(-1).view(torch.uint8)
-                if copies is not None:
-                    copies.add(dst, src, nbytes)
-                else:
-                    dst.copy_(src)
+                # until 2026-12-05) made the stall of a 40 MB state 7-8 ms against 5-6.5
+                torch.from_numpy(buf).copy_(t.reshape(-1).view(torch.uint8))
             else:
                 torch.from_numpy(buf).view(t.dtype).view(t.shape).copy_(t)
         else:
@@ -213,18 +206,12 @@ def flatten(
     f = _Flattener(allow_pickle, copy, alloc)
     f.group_bytes = group_bytes if copy and alloc is not None else 0
     f.spread = spread
-    if copy and alloc is not None:
-        f.copies = Copies()  # the copies of CPU tensors run on their own thread while the walk goes on
     try:
         with no_gc():
             tree = f.walk(state, "")
             f.copy_groups()
     finally:
-        try:
-            if f.copies is not None:
-                f.copies.finish()
-        finally:
-            wait_for_copies(f.pending)
+        wait_for_copies(f.pending)
     return tree, f.leaves
 
 
@@ -238,7 +225,6 @@ class _Flattener:
         self.leaves: list[Leaf] = []
         self.seen_names: set[str] = set()
         self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
-        self.copies: Copies | None = None  # CPU copies made on their own thread (see _copies.py)
         self.group_bytes = 0
         self.spread: Any = None  # a spread snapshot: which rank encodes each big tensor (see ``flatten``)
         self.grouped: dict[str, list[tuple[Leaf, Any]]] = {}  # dtype -> (member leaf, its tensor), in order
@@ -338,7 +324,7 @@ class _Flattener:
             if nbytes >= sp.min_bytes or sp.rank:  # (rank 0 encodes every small tensor, in its groups)
                 name = self.unique(path)
                 if nbytes >= sp.min_bytes and sp.owner(name, nbytes) == sp.rank:
-                    leaf = _tensor_leaf(name, t, self.copy, self.alloc, self.pending, self.copies)
+                    leaf = _tensor_leaf(name, t, self.copy, self.alloc, self.pending)
                 else:
                     dtype = _tensor_dtype(name, t)  # (an unsupported tensor fails the save on every rank)
                     leaf = Leaf(name, "tensor", dtype, list(t.shape), _EMPTY, remote=True, size=nbytes)
@@ -348,9 +334,7 @@ class _Flattener:
             node = self.tiny(t, path)
             if node is not None:
                 return node
-        return {
-            "$tensor": self.add_leaf(_tensor_leaf(path, t, self.copy, self.alloc, self.pending, self.copies))
-        }
+        return {"$tensor": self.add_leaf(_tensor_leaf(path, t, self.copy, self.alloc, self.pending))}
 
     def remote(self, path: str, kind: str, dtype: str, shape: list[int], nbytes: int) -> str:
         """A leaf another rank of a spread snapshot encodes (rank 0: everything but the big tensors)."""
