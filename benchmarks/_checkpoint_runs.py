@@ -188,8 +188,8 @@ def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256, reuse: bo
     between saves, the deltas' base and any buffers kept). ``width``: the model's width (256: about 40 MB of
     state with AdamW's moments; 512: about 150 MB, where the fixed costs of the encoding threads weigh less).
     ``reuse``: the Checkpointer's ``reuse_buffers`` (it keeps the snapshot's buffers between saves). Also each
-    save's training stall, and a plain host copy of the state (``clone()`` of every tensor, twice in a row: the
-    second's, into memory the heap holds) after each save, in the same process."""
+    save's training stall, and a plain host copy of the state (``clone()`` of every tensor) at the same point of
+    the loop after each save (after the same update of the parameters), in the same process."""
     if not os.path.exists("/proc/self/statm"):
         return {}
     torch.manual_seed(0)
@@ -239,7 +239,13 @@ def memory(quick: bool, model_cls: Any, repeat: int, width: int = 256, reuse: bo
                 raw = info.raw_bytes
                 ck.wait()  # the handle resolves before the save's job has dropped its snapshot: steady is after
                 steady.append((_rss() - base) / raw)
-                copies.append(host_copy_s(tensors, 2)[-1])
+                # the reference: a host copy at the same point of the same loop (after the same update of the
+                # parameters, into memory as the heap has it then). Before 2026-12-05 it was the second of two
+                # clones in a row, whose source the first had just read: a warmer copy than any save can make
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.mul_(1 + 1e-6)
+                copies.append(host_copy_s(tensors, 1)[0])
         stop.set()
         sampler.join()
         return {
