@@ -23,8 +23,8 @@ the file plus downloading it with boto3 (the faster of one ``get_object`` and th
 whose parallel ranged GETs are what a big file on AWS wants but cost moto a whole-object read each) against ours
 from a copy of the store on the same server. Training stall is set against a plain host copy of the same state
 (``clone()`` of every tensor, one taken after each of the saves, interleaved with them; in brackets the later
-of clones in a row, whose source the one before had just read, into the memory it had just freed), and the CPU time a save takes from the process (its threads' scheduler counters,
-``stats.cpu_s``) is reported per save.
+of clones in a row, whose source the one before had just read, into the memory it had just freed), and the CPU
+time a save takes from the process (its threads' scheduler counters, ``stats.cpu_s``) is reported per save.
 
 The runs table: one training run per state (fp32, bf16, frozen fine-tuning), a checkpoint every 10 steps, each
 saved by Checkpointers that differ only in how deltas chain; ALL bytes written over the run (bases included) per
@@ -320,11 +320,12 @@ def evict(files: list[Path]) -> None:
             os.close(fd)
 
 
-def host_copy_s(sd: dict[str, Any]) -> list[float]:
-    """A plain host copy of the state (``clone()`` of every tensor, dropped): the least a snapshot costs. One, taken
-    between the saves it is set against (each after a save and its restore, as each save is): until 2026-12-05 three
-    clones in a row, the later two of a source the first had just read and into the memory it had just freed."""
-    return R.host_copy_s(list(_flat_tensors(sd).values()), 1)
+def host_copy_s(sd: dict[str, Any], n: int = 1) -> list[float]:
+    """``n`` plain host copies of the state in a row (``clone()`` of every tensor, each dropped): the least a
+    snapshot costs. The stall is set against one at a time, taken between the saves (each after a save and its
+    restore, as each save is); until 2026-12-05 against three in a row, the later two of a source the first had
+    just read and into the memory it had just freed (still shown, in brackets)."""
+    return R.host_copy_s(list(_flat_tensors(sd).values()), n)
 
 
 # ------------------------------------------------------------------------------------------- S3 restore
@@ -507,9 +508,8 @@ def measure(
     ck_delta = cks_delta[0]
     ck_full = Checkpointer(work / f"full-{tag}", progress=False)
     full = ours(ck_full, state, state["step"])
-    copies = host_copy_s(
-        sd
-    )  # (a clone right after each delta save and its restore: the same point of the loop)
+    # the host copies: one right after each save and its restore (the point of the loop where each save is taken)
+    copies = host_copy_s(sd)
     delta = ours(ck_delta, state, state["step"])
     copies += host_copy_s(sd)
     for j in range(1, len(cks_delta)):  # the same saves again (twins), interleaved
@@ -524,7 +524,7 @@ def measure(
     res["ours, delta"] = delta
     delta["first_mb_s"] = first_mb_s
     delta["host_copy_s"] = copies
-    delta["warm_copy_s"] = R.host_copy_s(list(_flat_tensors(sd).values()), REPEAT)[1:]  # clones in a row
+    delta["warm_copy_s"] = host_copy_s(sd, REPEAT)[1:]  # the later of clones in a row
     ts_file = bdir / "ts.pt"
     if s3 is not None:
         k0, v0 = next(iter(state["model"].state_dict().items()))

@@ -9,6 +9,7 @@ or training step (1.8-2.7 ms each on the benchmark's 40 MB state), and until it 
 from __future__ import annotations
 
 import gc
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,7 +56,7 @@ def ours(objs: list[Any]) -> list[Any]:
         for o in objs
         if isinstance(o, (torch.Tensor, np.ndarray))
         or type(o).__module__.startswith("gpu_notebook")
-        or (callable(o) and getattr(o, "__module__", "") or "").startswith("gpu_notebook")
+        or (isinstance(o, types.FunctionType) and (o.__module__ or "").startswith("gpu_notebook"))
     ]
 
 
