@@ -9,10 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from gpu_notebook.checkpoint import Checkpointer, IntegrityError
+from gpu_notebook.checkpoint.format.tree import GROUP_PREFIX
+from gpu_notebook.checkpoint.snapshot import BufferPool
 
 
 def _ck(root: Path, **kw: object) -> Checkpointer:
@@ -160,6 +163,21 @@ def test_small_tensors_are_saved_in_one_group_per_dtype(tmp_path: Path) -> None:
         if ckpt_id == delta.id:
             assert all(_same_bits(got[k], v) for k, v in state.items())
     assert base.n_tensors == len(state)
+
+
+def test_a_snapshot_holds_one_leaf_per_group_not_one_per_member() -> None:
+    """The members of a group have no leaf of their own (10,000 small tensors: one leaf to hash, encode and list,
+    not 10,001): the group leaf lists their names and shapes in the order of their bytes, and holds those bytes."""
+    state: dict[str, torch.Tensor] = {f"t{i}": torch.full((3,), float(i)) for i in range(100)}
+    state["big"] = torch.zeros(1 << 15)
+    state["t7"] = state["t7"].reshape(1, 3)  # (a 2-D member: after the 1-D ones)
+    snap = BufferPool().take(state, 0, False)
+    assert sorted(lf.name for lf in snap.leaves) == sorted(["big", GROUP_PREFIX + "float32"])
+    group = next(lf for lf in snap.leaves if lf.members is not None)
+    order = [i for i in range(100) if i != 7] + [7]
+    assert group.members == [(f"t{i}", [3] if i != 7 else [1, 3]) for i in order]
+    assert np.array_equal(group.data.view(np.float32), np.repeat(np.array(order, dtype=np.float32), 3))
+    assert snap.nbytes == sum(t.nbytes for t in state.values())
 
 
 def test_a_group_lays_out_its_1d_then_0d_then_other_members_and_restores_each(tmp_path: Path) -> None:

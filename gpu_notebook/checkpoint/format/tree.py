@@ -14,9 +14,10 @@ Tree nodes: JSON scalars as themselves; lists as JSON lists; everything else as 
 
 Groups: with ``group_bytes``, small contiguous CPU tensors (norm weights, biases, step counters: most of a
 model's tensors and little of its bytes) are copied together, per dtype, into one buffer: a
-*group* leaf (named ``GROUP_PREFIX + dtype``) that the save encodes as one tensor; each member leaf's bytes are
-the group's at an offset (``Leaf.group``, ``Leaf.goff``, ``Leaf.size``). Per tensor this costs an offset instead
-of a buffer, a copy call and, later, a chunk, a frame and a manifest entry of its own.
+*group* leaf (named ``GROUP_PREFIX + dtype``) that the save encodes as one tensor; the group lists its members
+(``Leaf.members``: their names and shapes, in the order of their bytes in it), which have no leaf of their own. Per
+tensor this costs a name and a shape instead of a leaf, a buffer, a copy call and, later, a chunk, a frame and a
+manifest entry of its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from .._errors import UnsafeValueError
 from ._nogc import no_gc
 
-__all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES", "GROUP_PREFIX", "encodable"]
+__all__ = ["Leaf", "flatten", "unflatten", "leaf_from_bytes", "DTYPES", "GROUP_PREFIX"]
 
 #: the name of a group leaf is this and its dtype (a leaf's own name is a path: it never starts with a NUL)
 GROUP_PREFIX = "\x00group/"
@@ -59,17 +60,13 @@ class Leaf:
     dtype: str
     shape: list[int]
     data: np.ndarray  # uint8, contiguous, owned copy (the snapshot)
-    group: Leaf | None = (
-        None  # the group leaf whose buffer holds this leaf's bytes (see the module docstring)
-    )
-    goff: int = 0  # ... at this offset
-    #: a group leaf: its members' names and shapes, in the order of their bytes in it (not the member leaves:
-    #: they point to their group, and a cycle would hold the group's buffer until the cyclic collector ran)
+    #: a group leaf (kind "group"): its members' names and shapes, in the order of their bytes in it (the members
+    #: have no leaf of their own: at 10,000 small tensors a leaf each cost 3 ms per save in the walk alone)
     members: list[tuple[str, list[int]]] | None = None
     #: another rank encodes this leaf (a spread snapshot of a replicated state, see ``Spread``): ``data`` is
     #: empty and ``size`` holds its byte count
     remote: bool = False
-    #: its byte count where ``data`` does not hold its bytes (-1: it does): a remote leaf, a group's member
+    #: its byte count where ``data`` does not hold its bytes (-1: it does): a remote leaf
     size: int = -1
 
     @property
@@ -155,18 +152,6 @@ def _tensor_leaf(
     return Leaf(name, "tensor", dtype, list(t.shape), data)
 
 
-def encodable(leaves: list[Leaf]) -> list[Leaf]:
-    """What a save encodes: the leaves that are in no group, and each group leaf once."""
-    out: list[Leaf] = []
-    groups: dict[int, Leaf] = {}
-    for leaf in leaves:
-        if leaf.group is None:
-            out.append(leaf)
-        else:
-            groups.setdefault(id(leaf.group), leaf.group)
-    return out + list(groups.values())
-
-
 def flatten(
     state: Any,
     allow_pickle: bool = False,
@@ -227,7 +212,7 @@ class _Flattener:
         self.pending: set[Any] = set()  # devices with asynchronous copies to host in flight
         self.group_bytes = 0
         self.spread: Any = None  # a spread snapshot: which rank encodes each big tensor (see ``flatten``)
-        self.grouped: dict[str, list[tuple[Leaf, Any]]] = {}  # dtype -> (member leaf, its tensor), in order
+        self.grouped: dict[str, list[tuple[str, Any]]] = {}  # dtype -> (member name, its tensor), in order
         # torch's plain tensor class and strided layout, where torch is loaded (a state without torch values
         # needs neither, and importing torch here would cost seconds): the walk's fast path for the commonest leaf
         torch = sys.modules.get("torch")
@@ -249,9 +234,9 @@ class _Flattener:
         # (the grouped dtypes are neither complex, so never conjugate views, nor quantized)
         if not 0 < nbytes < self.group_bytes or not t.is_cpu or not t.is_contiguous() or t.is_neg():
             return None
-        leaf = Leaf(path, "tensor", dtype, list(t.shape), _EMPTY, size=nbytes)
-        self.grouped.setdefault(dtype, []).append((leaf, t))
-        return {"$tensor": self.add_leaf(leaf)}
+        name = self.unique(path)
+        self.grouped.setdefault(dtype, []).append((name, t))
+        return {"$tensor": name}
 
     def copy_groups(self) -> None:
         """Copy the small tensors into their group buffers, one per dtype: the 1-D ones first (one ``torch.cat``
@@ -265,39 +250,33 @@ class _Flattener:
         assert self.alloc is not None
         for dtype, members in self.grouped.items():
             if len(members) < GROUP_MIN:  # a few small tensors: each its own leaf (a group buys nothing)
-                for leaf, t in members:
-                    tensor_leaf = _tensor_leaf(leaf.name, t, self.copy, self.alloc, self.pending)
-                    leaf.data = tensor_leaf.data
+                for name, t in members:
+                    self.leaves.append(_tensor_leaf(name, t, self.copy, self.alloc, self.pending))
                 continue
-            by_dims: tuple[list[tuple[Leaf, Any]], ...] = ([], [], [])  # 1-D, 0-D, others
+            by_dims: tuple[list[tuple[str, Any]], ...] = ([], [], [])  # 1-D, 0-D, others
             for m in members:
-                nd = len(m[0].shape)
+                nd = m[1].dim()
                 by_dims[0 if nd == 1 else 1 if nd == 0 else 2].append(m)
-            ordered = [m for part in by_dims for m in part]
-            total = sum(leaf.size for leaf, _ in ordered)
-            buf = self.alloc(total)
-            group = Leaf(GROUP_PREFIX + dtype, "group", dtype, [total // DTYPES[dtype]], buf)
+            counts = [sum(t.numel() for _, t in part) for part in by_dims]  # elements of each part
+            buf = self.alloc(sum(counts) * DTYPES[dtype])
+            group = Leaf(GROUP_PREFIX + dtype, "group", dtype, [sum(counts)], buf)
             out = torch.from_numpy(buf).view(getattr(torch, dtype))
             at = 0
             with torch.no_grad():
-                for k, part in enumerate(by_dims):
+                for k, (part, n) in enumerate(zip(by_dims, counts, strict=True)):
                     if not part:
                         continue
-                    n = sum(leaf.size for leaf, _ in part) // DTYPES[dtype]
+                    ts = [t for _, t in part]
                     dst = out[at : at + n]
                     if k == 0:
-                        torch.cat([t for _, t in part], out=dst)
+                        torch.cat(ts, out=dst)
                     elif k == 1:
-                        torch.stack([t for _, t in part], out=dst)
+                        torch.stack(ts, out=dst)
                     else:
-                        torch.cat([t.reshape(-1) for _, t in part], out=dst)
+                        torch.cat([t.reshape(-1) for t in ts], out=dst)
                     at += n
-            # a member's bytes are its group's from ``goff`` (no view of its own: 10,000 views cost 4 ms)
-            off = 0
-            for leaf, _ in ordered:
-                leaf.group, leaf.goff = group, off
-                off += leaf.size
-            group.members = [(leaf.name, leaf.shape) for leaf, _ in ordered]
+            group.members = [(name, list(t.shape)) for part in by_dims for name, t in part]
+            self.leaves.append(group)
         self.grouped = {}
 
     def add_leaf(self, leaf: Leaf) -> str:

@@ -126,7 +126,9 @@ class Committer:
     order: CommitOrder | None = None  # where the commit goes in the store's commit order (None: at ckpt_id)
 
     def _write_manifest(self, doc: dict[str, Any]) -> bool:
-        data = json.dumps(doc, separators=(",", ":")).encode()
+        # (no check for cycles: the manifest is a tree this library built; the check costs a quarter of the
+        # encoding, 2-3 ms for a state of 10,000 tensors)
+        data = json.dumps(doc, separators=(",", ":"), check_circular=False).encode()
         return self.store.put(manifest_key(str(doc["id"])), data, create_only=True)
 
     def begin(self, snap: Snapshot, ckpt_id: str) -> None:

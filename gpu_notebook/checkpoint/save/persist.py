@@ -16,7 +16,7 @@ from typing import Any
 
 from .._progress import Progress
 from ..format.manifest import CheckpointInfo
-from ..format.tree import GROUP_PREFIX, Leaf, encodable
+from ..format.tree import GROUP_PREFIX, Leaf
 from ..snapshot import BufferPool, Snapshot
 from ..stores import Store
 from .commit import Committer
@@ -96,8 +96,7 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
     leaves_doc: dict[str, Any] = {}
     groups: dict[str, Any] = {}
     for leaf in snap.leaves:
-        g = leaf.group
-        if g is None:
+        if leaf.members is None:
             leaves_doc[leaf.name] = {
                 "kind": leaf.kind,
                 "dtype": leaf.dtype,
@@ -107,16 +106,12 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
                 "chunks": None if leaf.remote else chunk_docs[leaf.name]["chunks"],
             }
             continue
-        key = g.name[len(GROUP_PREFIX) :]
-        if key in groups:
-            continue
-        assert g.members is not None
-        groups[key] = {
-            "dtype": g.dtype,
-            "nbytes": g.nbytes,
-            "chunks": chunk_docs[g.name]["chunks"],
-            "names": [name for name, _ in g.members],
-            "shapes": [shape for _, shape in g.members],
+        groups[leaf.name[len(GROUP_PREFIX) :]] = {
+            "dtype": leaf.dtype,
+            "nbytes": leaf.nbytes,
+            "chunks": chunk_docs[leaf.name]["chunks"],
+            "names": [name for name, _ in leaf.members],
+            "shapes": [shape for _, shape in leaf.members],
         }
     shard: dict[str, Any] = {"rank": rank, "tree": snap.tree, "leaves": leaves_doc}
     if groups:
@@ -153,7 +148,7 @@ def persist(
     # save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint) and upload a
     # big frame directly (small ones are collected into packs)
     # (small tensors travel in their group; a spread save's leaves of other ranks are theirs to encode)
-    enc_leaves = [lf for lf in encodable(snap.leaves) if not lf.remote]
+    enc_leaves = [lf for lf in snap.leaves if not lf.remote]
     plan = plan_save(enc_leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)
     expect = lineage.new_bytes.get(is_base) or lineage.new_bytes.get(
         not is_base
