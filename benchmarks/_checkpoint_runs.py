@@ -291,16 +291,19 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
 
 def small_tensors(quick: bool, repeat: int) -> dict[str, Any]:
     """10,000 tensors of 1 KB: save speed of a full checkpoint (3 fresh Checkpointers) and of a delta, the
-    manifest's size after 1 and after 9 deltas (``quick``: 4; chains of one: the same), and the restore time."""
+    manifest's size after 1 and after 9 deltas (``quick``: 4; chains of one: the same), and the restore time;
+    ``torch.save`` and ``torch.load`` of the same state alongside, interleaved with ours."""
     g = torch.Generator().manual_seed(0)
     state = {f"t{i}": torch.randn(256, generator=g) for i in range(10_000)}
     raw = sum(t.nbytes for t in state.values())
     work = Path(tempfile.mkdtemp(prefix="gnb-ckpt-small-"))
-    full_s, delta_s, restore_s = [], [], []
+    ts_file = work / "torch.pt"
+    full_s, delta_s, restore_s, ts_save_s, ts_load_s = [], [], [], [], []
     manifests: dict[int, int] = {}
     try:
         depth = 3 if quick else 9
         for j in range(2 if quick else max(3, repeat)):
+            ts_save_s.append(_time(lambda: torch.save(state, ts_file)))
             with Checkpointer(work / str(j), progress=False, preemption=None) as ck:
                 full_s.append(_time(lambda: ck.save(state, 0).result()))  # noqa: B023
                 for step in range(1, depth + 1 if j == 0 else 2):
@@ -314,6 +317,8 @@ def small_tensors(quick: bool, repeat: int) -> dict[str, Any]:
                         manifests[step] = (work / "0" / "manifests" / f"{info.id}.json").stat().st_size
                 got = ck.restore()
                 assert all(torch.equal(got[k], v) for k, v in list(state.items())[:50])
+                torch.save(state, ts_file)  # (the state restored, for the load beside it)
+                ts_load_s.append(_time(lambda: torch.load(ts_file, weights_only=True)))
                 restore_s.append(_time(lambda: ck.restore()))  # noqa: B023
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -322,17 +327,22 @@ def small_tensors(quick: bool, repeat: int) -> dict[str, Any]:
         "delta_mb_s": [raw / t / 1e6 for t in delta_s],
         "manifest_kb": {"1": manifests[1] / 1024, "n": manifests[depth] / 1024, "depth": depth},
         "restore_s": restore_s,
+        "torch_save_mb_s": [raw / t / 1e6 for t in ts_save_s],
+        "torch_load_s": ts_load_s,
     }
 
 
 def small_table(r: dict[str, Any]) -> str:
     mk = r["manifest_kb"]
+    per_run = ratios(r["restore_s"], r["torch_load_s"])
     return "\n".join(
         [
             f"| 10,000 tensors of 1 KB | save MB/s, full | save MB/s, delta | manifest after 1 / {mk['depth']} deltas "
-            "| restore s |",
-            "| --- | ---: | ---: | ---: | ---: |",
+            "| restore s | restore / torch.load |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |",
             f"| ours | {_spread(r['full_mb_s'], '{:.0f}')} | {_spread(r['delta_mb_s'], '{:.0f}')} | "
-            f"{mk['1']:.0f} / {mk['n']:.0f} KB | {_spread(r['restore_s'], '{:.3f}')} |",
+            f"{mk['1']:.0f} / {mk['n']:.0f} KB | {_spread(r['restore_s'], '{:.3f}')} | {_spread(per_run, unit='x')} |",
+            f"| torch.save / torch.load | {_spread(r['torch_save_mb_s'], '{:.0f}')} | - | - | "
+            f"{_spread(r['torch_load_s'], '{:.3f}')} | 1.00x |",
         ]
     )

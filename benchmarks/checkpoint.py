@@ -32,7 +32,8 @@ checkpoint after the first, against ``torch.save``'s file of the same state, and
 time against ``torch.load`` of that file. Then host memory during saves (the process's resident set above what it
 was before the Checkpointer, sampled every 2 ms, as a multiple of the state's bytes: peak and steady, i.e. after
 the saves, with each save's training stall next to a plain host copy; the 40 MB state also with
-``reuse_buffers=True``), and 10,000 tensors of 1 KB (save speed, manifest size at chain depth 1 and 9, restore time).
+``reuse_buffers=True``), and 10,000 tensors of 1 KB (save speed, manifest size at chain depth 1 and 9, restore time,
+``torch.save`` and ``torch.load`` of the same state alongside).
 
 Workloads: (a) full training in fp32 and in pure bf16 (parameters and AdamW state in bf16), checkpoints
 every 10 and every 100 steps (after a short warm-up at a higher learning rate, as in fine-tuning);
