@@ -75,6 +75,8 @@ def test_quick_run_prints_every_table(tmp_path: pathlib.Path) -> None:
     assert (
         small["manifest_kb"]["n"] <= small["manifest_kb"]["1"] * 1.01
     )  # no growth with the saves since the base
+    assert "| torch.save / torch.load |" in proc.stdout  # the baseline of the small tensors, in the same run
+    assert len(small["torch_load_s"]) == len(small["restore_s"]) and min(small["torch_save_mb_s"]) > 0
 
 
 def test_the_spread_benchmark_compares_rank_0_alone_with_spread_saves(tmp_path: pathlib.Path) -> None:
