@@ -110,3 +110,37 @@ def test_the_spread_benchmark_compares_rank_0_alone_with_spread_saves(tmp_path: 
         assert (
             0.3 < rs[1] / s["raw_bytes"] < 0.7
         )  # spread: about half of the state is rank 1's to copy and encode
+
+
+def test_the_fp32_bytes_analysis_splits_the_state_and_bounds_a_predictive_codec(
+    tmp_path: pathlib.Path,
+) -> None:
+    """``benchmarks/checkpoint_fp32_bytes.py --quick``: each third of an AdamW fp32 state saved on its own by the real
+    Checkpointer (restored bit for bit), and the least-squares bound on what an Adam-aware codec could save."""
+    out_json = tmp_path / "fp32.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.with_name("checkpoint_fp32_bytes.py")),
+            "--quick",
+            "--json",
+            str(out_json),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    assert "restore bit-exact: yes" in proc.stdout
+    doc = json.loads(out_json.read_text())
+    rows = doc["rows"]
+    assert set(rows) == {"parameters", "exp_avg", "exp_avg_sq"}
+    for kind, r in rows.items():
+        assert r["exact"] == 1.0 and 0.5 < r["full"] < 1.0 and 0.0 < r["delta"] < 1.0, (kind, r)
+    # the parameters and the second moment gain from their base; the first moment, renewed by 10 steps of
+    # gradients (beta1 ** 10 = 0.35), does not
+    assert rows["parameters"]["delta"] < 0.9 * rows["parameters"]["full"]
+    assert rows["exp_avg"]["delta"] > 0.97 * rows["exp_avg"]["full"]
+    for p in doc["predict"].values():
+        assert 0.0 <= p["r2"] <= 1.0 and p["bits_saved"] >= 0.0
+    assert doc["best_delta"] <= doc["delta_all"]
