@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -99,6 +100,7 @@ class ClusterManager(Generic[C]):
         # Run our exit hook before Ray's own (registered by ray.init, later than ours): atexit is LIFO.
         atexit.unregister(self.stop_all)
         atexit.register(self.stop_all, "kernel exit")
+        _hook_kernel_shutdown(self)
         with self._lock:
             self._clusters[cluster.name] = cluster
             self._current = cluster.name
@@ -146,6 +148,26 @@ class ClusterManager(Generic[C]):
                 c is not cluster and c.connection is cluster.connection for c in self._clusters.values()
             )
 
+    def kernel_shutdown(self) -> builtins.list[str]:
+        """Stop every cluster as at kernel exit, when the Jupyter kernel is asked to shut down or restart.
+
+        ipykernel answers that request by signalling each child process of the kernel, SIGTERM and then SIGKILL,
+        and retrying for up to 4.4 s while any is left. A local Ray's processes (its GCS, raylet and workers) are
+        such children, some outlive the SIGTERMs, and the dead ones stay unreaped zombies that still count. So
+        the kernel is still alive when jupyter_client sends it SIGTERM (2.5 s) and SIGKILL (5 s). It dies
+        killed before any ``atexit`` hook (this manager's :meth:`stop_all` among them) runs, and Ray's crash
+        report lands in the server's log. Stopped first (a local Ray shuts down in about 1.5 s and reaps its
+        processes), the clusters leave no children, and the kernel exits at once.
+        """
+        out = []
+        for c in self.list():
+            try:
+                stop = getattr(c, "kernel_shutdown", None)
+                out.append(stop() if callable(stop) else c.stop("kernel exit"))
+            except Exception as exc:  # noqa: BLE001 - one cluster failing to stop must not keep the others running
+                out.append(f"cluster {c.name!r}: stop failed: {exc}")
+        return out
+
     def stop_all(self, reason: str = "kernel exit") -> builtins.list[str]:
         out = []
         for c in self.list():
@@ -157,6 +179,29 @@ class ClusterManager(Generic[C]):
 
 
 _MANAGER: ClusterManager[Any] | None = None
+_HOOKED_KERNELS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _hook_kernel_shutdown(manager: ClusterManager[Any]) -> None:
+    """In a Jupyter kernel (ipykernel), run :meth:`ClusterManager.kernel_shutdown` when the kernel is asked to
+    shut down or restart, before ipykernel ends its child processes. ``Kernel.do_shutdown`` is ipykernel's
+    documented place for that; it is wrapped on the kernel instance, once. Outside a kernel, nothing."""
+    ipython = sys.modules.get("IPython")  # not imported: not in a kernel
+    shell = ipython.get_ipython() if ipython is not None else None
+    kernel = getattr(shell, "kernel", None)
+    original = getattr(kernel, "do_shutdown", None)
+    if kernel is None or original is None or kernel in _HOOKED_KERNELS:
+        return
+
+    def do_shutdown(restart: bool, *args: Any, **kwargs: Any) -> Any:
+        try:
+            manager.kernel_shutdown()
+        except Exception:  # noqa: BLE001 - the kernel must shut down whatever our clusters do
+            pass
+        return original(restart, *args, **kwargs)
+
+    kernel.do_shutdown = do_shutdown
+    _HOOKED_KERNELS.add(kernel)
 
 
 def get_manager() -> ClusterManager[Any]:

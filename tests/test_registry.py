@@ -73,3 +73,61 @@ def test_the_active_checkpointer_is_held_weakly() -> None:
     del ckpt
     gc.collect()
     assert not isinstance(_registry.active_checkpointer(), Ckpt)
+
+
+class FakeKernel:
+    """ipykernel's ``IPythonKernel.do_shutdown``, as the shutdown request calls it."""
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def do_shutdown(self, restart: bool) -> dict[str, object]:
+        self.calls.append(restart)
+        return {"status": "ok", "restart": restart}
+
+
+def test_a_kernel_shutdown_request_stops_the_clusters_before_the_kernel_s_own_shutdown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clusters stop first (each its own way: a cloud one hands over to its reaper); the kernel's own
+    ``do_shutdown`` still runs, with its argument and reply, and is wrapped once however many clusters start."""
+    import IPython
+
+    kernel = FakeKernel()
+    shell = type("Shell", (), {"kernel": kernel})()
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(_registry, "_HOOKED_KERNELS", weakref.WeakSet())
+    order: list[str] = []
+
+    class Handing(FakeCluster):
+        def kernel_shutdown(self) -> str:
+            order.append(self.name)
+            return f"cluster {self.name!r}: its teardown is left to the reaper process"
+
+    class Failing(FakeCluster):
+        def stop(self, reason: str = "stopped by the user") -> str:
+            order.append(self.name)
+            raise RuntimeError("Ray is gone")
+
+    m: _registry.ClusterManager[FakeCluster] = _registry.ClusterManager()
+    plain, cloud, broken = FakeCluster("plain"), Handing("cloud"), Failing("broken")
+    for c in (broken, plain, cloud):
+        m.add(c)
+    wrapped = kernel.do_shutdown
+    assert "do_shutdown" in vars(kernel)  # wrapped on the instance
+    assert wrapped(True) == {"status": "ok", "restart": True}
+    assert kernel.calls == [True]  # the kernel's own shutdown ran once, with the restart flag
+    assert order == ["broken", "cloud"] and plain.stopped == ["kernel exit"]  # a failure stops no other
+    assert cloud.stopped == []  # left to its reaper
+    m.add(FakeCluster("later"))
+    assert kernel.do_shutdown is wrapped  # wrapped once
+
+
+def test_outside_a_kernel_nothing_is_wrapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython
+
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # plain Python, or a terminal IPython
+    monkeypatch.setattr(_registry, "_HOOKED_KERNELS", weakref.WeakSet())
+    m: _registry.ClusterManager[FakeCluster] = _registry.ClusterManager()
+    m.add(FakeCluster("a"))
+    assert len(_registry._HOOKED_KERNELS) == 0

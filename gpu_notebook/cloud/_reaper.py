@@ -13,7 +13,7 @@ The reaper polls every second:
 - the lease file is gone: the kernel tore the cluster down (``%gpu_cluster stop``, a budget or idle stop, a
   failed start) and released it, so the reaper exits without doing anything;
 - the kernel is gone (this process was re-parented, or the pid no longer exists) or marked the lease
-  ``terminating`` (its SIGTERM handler), while the lease is still there: the reaper runs the same teardown as
+  ``terminating`` (its SIGTERM handler, or a Jupyter shutdown or restart request), while the lease is still there: the reaper runs the same teardown as
   ``stop`` (:meth:`~gpu_notebook.cloud.CloudLauncher.teardown` of the saved state: ``ray down``, then the
   cloud-API check), logs the report to ``clusters/<name>.reaper.log``, removes the lease and exits.
 
@@ -242,7 +242,7 @@ def watch(name: str, kernel_pid: int, lease: Path, poll_s: float = 1.0) -> int:
             _say("released: the kernel tore the cluster down (or never launched it); exiting")
             return 0
         if data.get("status") == "terminating":
-            _say(f"the kernel (pid {kernel_pid}) is terminating (SIGTERM)")
+            _say(f"the kernel (pid {kernel_pid}) is terminating (SIGTERM, or a shutdown or restart request)")
             break
         if _kernel_gone(kernel_pid):
             _say(f"the kernel (pid {kernel_pid}) is gone")

@@ -315,6 +315,14 @@ class Cluster:
             cpus = min(1.0, max(0.1, int(cluster_cpus / workers * 10) / 10))
         return workers, cpus, gpus
 
+    def kernel_shutdown(self) -> str:
+        """The Jupyter kernel is asked to shut down or restart: stop as at its exit, now, while it has the time
+        (a cloud cluster's provider hands its teardown to the reaper instead). See
+        :meth:`gpu_notebook._registry.ClusterManager.kernel_shutdown`."""
+        if not self.provider.stops_at_kernel_shutdown(self):
+            return f"cluster {self.name!r}: its teardown is left to the reaper process"
+        return self.stop("kernel exit")
+
     def stop(self, reason: str = "stopped by the user") -> str:
         """End the workers and, if this cluster started Ray, Ray itself. Returns a one-line summary."""
         if self.state in ("stopped", "new"):

@@ -97,7 +97,7 @@ def test_sigterm_hands_over_at_once_and_another_kernels_cluster_is_left_alone(tm
         assert proc.wait(10) == -signal.SIGTERM  # still ends the way SIGTERM ends a process
         assert _wait_gone(reaper), "the reaper did not exit"
         log = (cfg / "gnb-old.reaper.log").read_text()
-        assert "is terminating (SIGTERM)" in log  # the handler marked the lease
+        assert "is terminating (SIGTERM" in log  # the handler marked the lease
         assert "older than this lease: another kernel's cluster; left alone" in log
         assert load_state("gnb-old").status == "running"  # a same-named cluster from before: not ours
         assert not (cfg / "gnb-old.reaper").exists()
@@ -115,3 +115,33 @@ def test_a_kernel_that_died_before_launching_leaves_nothing_to_do(tmp_path, cfg)
         assert "is gone" in log and "nothing was launched" in log
     finally:
         _end(proc, reaper)
+
+
+def test_a_kernel_shutdown_request_hands_a_launched_cloud_cluster_to_its_reaper_at_once(cfg):
+    """A Jupyter shutdown or restart request gives the kernel 2.5 s and ``ray down`` takes minutes: the cloud
+    provider marks the lease ``terminating`` (the reaper tears down now) and leaves the cluster to it."""
+    from gpu_notebook.cloud import ClusterState, _reaper
+    from gpu_notebook.cluster.providers.cloud import CloudProvider
+
+    provider = CloudProvider("aws")
+    assert (
+        provider.stops_at_kernel_shutdown(None) is True
+    )  # nothing launched: the stop has nothing to wait for
+    # a saved state older than the lease: the reaper leaves it alone (this test launches nothing to tear down)
+    state = ClusterState("gnb-shut", "aws", "us-east-1", status="running", created_at=time.time() - 3600)
+    state.save()
+    provider.state = state
+    assert (
+        provider.stops_at_kernel_shutdown(None) is True
+    )  # launched without a reaper: the kernel tries itself
+    reaper = provider.reaper = _reaper.start("gnb-shut", poll_s=0.2)
+    pid = reaper.pid
+    try:
+        assert provider.stops_at_kernel_shutdown(None) is False
+        assert reaper.process.wait(20) == 0  # it took the cluster over and ended (this test's own child)
+        log = (cfg / "gnb-shut.reaper.log").read_text()
+        assert "is terminating (SIGTERM, or a shutdown or restart request)" in log
+        assert not (cfg / "gnb-shut.reaper").exists()
+    finally:
+        if reaper.process.poll() is None and pid is not None:
+            os.kill(pid, signal.SIGKILL)

@@ -46,6 +46,8 @@ class Provider:
        the workers ended and the Ray connection closed): end what :meth:`launch` made; return a one-line summary
        for the stop message, '' when there was nothing to end. It is safe to call when nothing was launched.
 
+    And :meth:`stops_at_kernel_shutdown`, when the Jupyter kernel is asked to shut down or restart.
+
     ``say`` is the start's progress callback (a magic prints it); it may be None at stop. The base class is the
     behaviour of a provider that launches nothing.
     """
@@ -80,6 +82,12 @@ class Provider:
     def teardown(self, cluster: ProviderCluster, say: Progress | None, reason: str) -> str:
         """End what :meth:`launch` made; '' when there is nothing to end."""
         return ""
+
+    def stops_at_kernel_shutdown(self, cluster: ProviderCluster) -> bool:
+        """Whether the cluster stops in the kernel when the kernel is asked to shut down or restart (the kernel
+        has about 2.5 s before jupyter_client sends SIGTERM). True: a local Ray shuts down, a remote one is
+        disconnected from. A provider whose teardown takes longer hands it to someone else and returns False."""
+        return True
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.kind}>"

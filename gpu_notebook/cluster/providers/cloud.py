@@ -142,6 +142,13 @@ class CloudProvider(Provider):
         self._release_reaper()  # only now: if this kernel dies during the teardown, the reaper finishes it
         return report.message() if callable(getattr(report, "message", None)) else str(report)
 
+    def stops_at_kernel_shutdown(self, cluster: ProviderCluster) -> bool:
+        """``ray down`` takes minutes, the kernel has seconds: the reaper starts the teardown now (as on SIGTERM)."""
+        if self.state is None or self.reaper is None:
+            return True  # nothing launched, or no reaper to hand it to (reaper=False): the kernel tries itself
+        _reaper.mark_terminating()
+        return False
+
     def _start_reaper(self, name: str, say: Progress) -> None:
         """A detached process that tears the cluster down if this kernel dies without doing it."""
         try:

@@ -1,0 +1,102 @@
+"""The journey of a kernel restart and shutdown with the default cluster running, in a real Jupyter kernel.
+
+Before the kernel stopped its clusters on the shutdown request, ipykernel spent that request signalling the local
+Ray's processes, its own children, which outlived it. jupyter_client then sent the kernel SIGTERM at 2.5 s and
+SIGKILL at 5 s, and Ray printed its crash report. The kernel died killed, before any exit hook ran. Every restart
+of a workshop's kernel went that way. Now the clusters stop first, and the kernel exits by itself, with status 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+pytest.importorskip("ipykernel")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _run(kc: Any, code: str) -> str:
+    """Execute ``code`` in the kernel; its printed output (the test fails on an error reply)."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+
+    reply = kc.execute_interactive(code, timeout=180, output_hook=hook)
+    assert reply["content"]["status"] == "ok", "".join(out)
+    return "".join(out)
+
+
+def _children(pid: int) -> list[Any]:
+    return [c for c in psutil.Process(pid).children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _gone(procs: list[Any], within: float = 20.0) -> list[Any]:
+    """Of ``procs``, those still running (not exited, not a zombie) after up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def _start(km: Any) -> Any:
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    return kc
+
+
+def test_restart_and_shutdown_with_the_default_cluster_running_end_the_kernel_by_itself() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the default: a local Ray of its own
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.kernel_spec.argv[0] = sys.executable  # this interpreter, the one with gpu_notebook
+    km.start_kernel(env=env)
+    kc = _start(km)
+    try:
+        _run(kc, "%load_ext gpu_notebook")
+        _run(kc, "%gpu_cluster start")
+        _run(kc, "%gpu_monitor")  # the monitor's samplers are Ray actors too
+        assert "[rank 1] 2" in _run(
+            kc, "%%distributed\nimport torch.distributed as dist\nprint(dist.get_world_size())"
+        )
+        first = km.provisioner.process
+        ray_procs = _children(first.pid)
+        assert any("raylet" in p.name() for p in ray_procs), [p.name() for p in ray_procs]
+
+        kc.stop_channels()
+        km.restart_kernel(now=False)  # what Kernel > Restart does
+        assert first.returncode == 0, f"the kernel was killed at the restart (status {first.returncode})"
+        assert not _gone(ray_procs), "the old kernel's Ray processes outlived it"
+
+        # the restarted kernel starts the default cluster again, and shuts down as cleanly
+        kc = _start(km)
+        _run(kc, "%load_ext gpu_notebook")
+        _run(kc, "%gpu_cluster start")
+        assert "[rank 0] ok" in _run(kc, "%%distributed\nprint('ok')")
+        second = km.provisioner.process
+        ray_procs = _children(second.pid)
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)  # what closing the notebook (or Shut Down Kernel) does
+        assert second.returncode == 0, f"the kernel was killed at shutdown (status {second.returncode})"
+        assert not _gone(ray_procs), "the kernel's Ray processes outlived it"
+    finally:
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
