@@ -89,11 +89,14 @@ def collect(
     leases = read_leases(store)
     needed |= leases.objects
     now = time.time()
+    res.grace_s = grace_s
     for o in store.list(OBJECT_PREFIX):
-        if o.key in needed or now - o.mtime < grace_s:
+        if o.key in needed:
             continue
-        if leases.since is not None and o.mtime >= leases.since:
-            continue  # perhaps written (or found and touched) by a save in flight
+        if now - o.mtime < grace_s or (leases.since is not None and o.mtime >= leases.since):
+            res.young += 1  # perhaps written (or found and touched) by a save in flight
+            res.young_bytes += o.size
+            continue
         if not dry_run:
             store.delete(o.key)
         res.objects.append(o.key)

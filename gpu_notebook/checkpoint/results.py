@@ -21,21 +21,32 @@ class GcResult:
     objects: list[str] = field(default_factory=list)  # keys of the objects deleted
     bytes: int = 0  # their size
     leases: int = 0  # live leases of saves in flight (in any process) whose objects were kept
+    young: int = 0  # unreferenced objects kept because they are younger than the grace period
+    young_bytes: int = 0  # their size
+    grace_s: float = 0.0  # the grace period
+
+    def _kept_text(self, keep: str = "kept") -> str:
+        busy = f"; {self.leases} save(s) in flight {keep} what they reuse" if self.leases else ""
+        if self.young:
+            busy += (
+                f"; {self.young} unreferenced object(s) ({self.young_bytes / 1e6:.1f} MB) younger than the grace "
+                f"period ({self.grace_s:g} s) kept, in case a save in flight wrote them (a later gc deletes "
+                "them; --grace 0 now, if no save is running on this store)"
+            )
+        return busy
 
     def __repr__(self) -> str:
-        busy = f"; {self.leases} save(s) in flight kept what they reuse" if self.leases else ""
         return (
             f"gc: kept {len(self.kept)} checkpoint(s), deleted {len(self.manifests)} checkpoint(s) and "
-            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB{busy}"
+            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB{self._kept_text()}"
         )
 
     def dry_run_text(self) -> str:
         """What a dry run found, said as what gc would do (nothing was deleted)."""
-        busy = f"; {self.leases} save(s) in flight keep what they reuse" if self.leases else ""
         return (
             f"gc (dry run, nothing deleted): would keep {len(self.kept)} checkpoint(s), would delete "
             f"{len(self.manifests)} checkpoint(s) and {len(self.objects)} object(s), would free "
-            f"{self.bytes / 1e6:.1f} MB{busy}"
+            f"{self.bytes / 1e6:.1f} MB{self._kept_text('keep')}"
         )
 
 

@@ -677,8 +677,14 @@ def test_gc_grace_window_protects_new_objects(tmp_path: Path) -> None:
     ckpt = Checkpointer(tmp_path)
     ckpt.save({"w": torch.randn(1000), "step": 0}, block=True)
     ckpt.store.put("objects/ff/ff" + "0" * 62, b"in-flight upload")
-    assert ckpt.gc(keep=1, grace_s=3600).objects == []
-    assert ckpt.gc(keep=1, grace_s=0).objects == ["objects/ff/ff" + "0" * 62]
+    held = ckpt.gc(keep=1, grace_s=3600)
+    assert held.objects == [] and (held.young, held.young_bytes) == (1, len(b"in-flight upload"))
+    # the report says why nothing was freed, and how to free it
+    assert "1 unreferenced object(s) (0.0 MB) younger than the grace period (3600 s) kept" in repr(held)
+    assert "--grace 0" in repr(held) and "younger than the grace period" in held.dry_run_text()
+    freed = ckpt.gc(keep=1, grace_s=0)
+    assert freed.objects == ["objects/ff/ff" + "0" * 62] and freed.young == 0
+    assert "younger" not in repr(freed)
 
 
 _KILL_CHILD = textwrap.dedent(
