@@ -145,7 +145,8 @@ class CloudProvider(Provider):
     def stops_at_kernel_shutdown(self, cluster: ProviderCluster) -> bool:
         """``ray down`` takes minutes, the kernel has seconds: the reaper starts the teardown now (as on SIGTERM)."""
         if self.state is None or self.reaper is None:
-            return True  # nothing launched, or no reaper to hand it to (reaper=False): the kernel tries itself
+            # nothing launched, or no reaper to hand it to (reaper=False): the kernel tries itself
+            return True
         _reaper.mark_terminating()
         return False
 
