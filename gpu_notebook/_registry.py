@@ -88,11 +88,12 @@ class ClusterManager(Generic[C]):
         with self._lock:
             return self._clusters.get(self._current) if self._current else None
 
-    def require_current(self) -> C:
+    def require_current(self, instead: str = "") -> C:
+        """The current cluster; without one, :class:`NoClusterError` (``instead``: what else the caller can do)."""
         c = self.current
         if c is None:
             raise NoClusterError(
-                "no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())"
+                "no cluster is running: start one with %gpu_cluster start (or Cluster(...).start())" + instead
             )
         return c
 

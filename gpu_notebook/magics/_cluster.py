@@ -521,7 +521,12 @@ class ClusterMagics(Magics):
         print(self._pick(args).restart(progress=progress_printer()))
 
     def _cmd_doctor(self, args: Any) -> None:
-        show(diagnose_local() if args.local else diagnose(self._pick(args)))
+        if args.local:
+            show(diagnose_local())
+            return
+        # the doctor is often the first thing run on a new machine (is the driver right for this torch?)
+        alone = "; or check this machine and kernel alone (driver, CUDA, torch): %gpu_cluster doctor --local"
+        show(diagnose(self._pick(args, instead=alone)))
 
     def _cmd_bench(self, args: Any) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
@@ -587,12 +592,12 @@ class ClusterMagics(Magics):
         """Each rank's Python stack of every thread (also while a cell runs): where is each rank?"""
         print(self._pick(args).stacks(native=args.native))
 
-    def _pick(self, args: Any) -> Any:
+    def _pick(self, args: Any, instead: str = "") -> Any:
         if args.args:
             if len(args.args) > 1:
                 raise UsageError(f"{args.command} takes at most one cluster name")
             return get_manager().get(args.args[0])
-        return get_manager().require_current()
+        return get_manager().require_current(instead)
 
 
 def _saved_cloud_states() -> list[Any]:

@@ -134,3 +134,23 @@ def test_an_error_with_its_own_display_fails_the_cell(ip, monkeypatch: pytest.Mo
     _catalog_raising(monkeypatch, Rendered("it failed"))
     res, _ = _run(ip, "%gpu_cost catalog --cloud aws")
     assert isinstance(res.error_in_exec, Rendered)
+
+
+def test_the_doctor_without_a_cluster_says_it_can_check_this_machine_alone(
+    ip, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doctor is often the first magic run on a new machine: without a cluster it points to ``--local``,
+    and ``--local`` runs."""
+    from gpu_notebook import _registry
+
+    monkeypatch.setattr(_registry, "_MANAGER", _registry.ClusterManager())  # no cluster in this kernel
+    res, cap = _run(ip, "%gpu_cluster doctor")
+    assert isinstance(res.error_in_exec, _registry.NoClusterError)
+    assert "%gpu_cluster start" in str(res.error_in_exec)
+    assert str(res.error_in_exec).endswith("%gpu_cluster doctor --local")
+    res, cap = _run(ip, "%gpu_cluster status")  # other commands: the plain message
+    assert isinstance(res.error_in_exec, _registry.NoClusterError) and "--local" not in str(res.error_in_exec)
+    res, cap = _run(ip, "%gpu_cluster doctor --local")
+    assert res.error_in_exec is None
+    shown = cap.outputs[0].data["text/plain"]  # the report, displayed
+    assert "gpu_notebook doctor" in shown, shown
