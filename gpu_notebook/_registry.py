@@ -199,6 +199,15 @@ def _hook_kernel_shutdown(manager: ClusterManager[Any]) -> None:
             manager.kernel_shutdown()
         except Exception:  # noqa: BLE001 - the kernel must shut down whatever our clusters do
             pass
+        # a Ray this kernel started itself (``ray.init()`` before ``%gpu_cluster start``, which then used it) is
+        # not ours to stop, but its processes are the kernel's children all the same: shut it down as Ray's own
+        # exit hook would, before ipykernel signals them
+        ray = sys.modules.get("ray")
+        try:
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
         return original(restart, *args, **kwargs)
 
     kernel.do_shutdown = do_shutdown

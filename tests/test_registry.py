@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import sys
+import types
 import weakref
 
 import pytest
@@ -98,6 +100,11 @@ def test_a_kernel_shutdown_request_stops_the_clusters_before_the_kernel_s_own_sh
     monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
     monkeypatch.setattr(_registry, "_HOOKED_KERNELS", weakref.WeakSet())
     order: list[str] = []
+    # Ray as the hook finds it in sys.modules (never this session's own, which the shared test cluster uses)
+    fake_ray = types.SimpleNamespace(
+        is_initialized=lambda: True, shutdown=lambda: order.append("ray.shutdown")
+    )
+    monkeypatch.setitem(sys.modules, "ray", fake_ray)
 
     class Handing(FakeCluster):
         def kernel_shutdown(self) -> str:
@@ -117,7 +124,8 @@ def test_a_kernel_shutdown_request_stops_the_clusters_before_the_kernel_s_own_sh
     assert "do_shutdown" in vars(kernel)  # wrapped on the instance
     assert wrapped(True) == {"status": "ok", "restart": True}
     assert kernel.calls == [True]  # the kernel's own shutdown ran once, with the restart flag
-    assert order == ["broken", "cloud"] and plain.stopped == ["kernel exit"]  # a failure stops no other
+    # a failure stops no other; then a Ray the kernel started itself shuts down too
+    assert order == ["broken", "cloud", "ray.shutdown"] and plain.stopped == ["kernel exit"]
     assert cloud.stopped == []  # left to its reaper
     m.add(FakeCluster("later"))
     assert kernel.do_shutdown is wrapped  # wrapped once
