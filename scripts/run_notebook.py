@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,11 @@ def main() -> int:
         kernel_name=args.kernel,
         resources={"metadata": {"path": str(args.notebook.parent)}},
     )
+    # the kernel's channels are Unix sockets in a private folder (no TCP ports open to the machine's other users)
+    sockets = tempfile.TemporaryDirectory(prefix="gnb-kernel-")
+    client.km = client.create_kernel_manager()
+    client.km.transport = "ipc"
+    client.km.ip = os.path.join(sockets.name, "kernel")
     t0 = time.monotonic()
     failed = None
     try:
@@ -70,6 +76,7 @@ def main() -> int:
         failed = exc
     finally:
         nbformat.write(nb, out_path)
+        sockets.cleanup()
     elapsed = time.monotonic() - t0
     code_cells = [c for c in nb.cells if c.cell_type == "code"]
     ran = sum(1 for c in code_cells if c.get("execution_count"))
