@@ -320,6 +320,9 @@ class Cluster:
         (a cloud cluster's provider hands its teardown to the reaper instead). See
         :meth:`gpu_notebook._registry.ClusterManager.kernel_shutdown`."""
         if not self.provider.stops_at_kernel_shutdown(self):
+            # not stopped again at the kernel's exit (which now comes at once): a second ``ray down`` would race
+            # the reaper's, and the stop would release the reaper's lease
+            get_manager().remove(self)
             return f"cluster {self.name!r}: its teardown is left to the reaper process"
         return self.stop("kernel exit")
 

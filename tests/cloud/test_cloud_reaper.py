@@ -145,3 +145,25 @@ def test_a_kernel_shutdown_request_hands_a_launched_cloud_cluster_to_its_reaper_
     finally:
         if reaper.process.poll() is None and pid is not None:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_cloud_cluster_handed_to_its_reaper_is_not_torn_down_again_at_the_kernel_s_exit(monkeypatch):
+    """After the handover the kernel exits at once (its local children gone), so its exit hook runs: it must not
+    start a second teardown (racing the reaper's ``ray down``) nor release the reaper's lease."""
+    from gpu_notebook import _registry
+    from gpu_notebook.cloud import _reaper
+    from gpu_notebook.cluster import Cluster
+    from gpu_notebook.cluster.providers.cloud import CloudProvider
+
+    manager = _registry.ClusterManager()
+    monkeypatch.setattr(_registry, "_MANAGER", manager)
+    marked, torn = [], []
+    monkeypatch.setattr(_reaper, "mark_terminating", lambda: marked.append(True))
+    monkeypatch.setattr(CloudProvider, "teardown", lambda self, c, say, reason: torn.append(reason) or "")
+    c = Cluster(name="gnb-handed", cloud="aws", gpu="T4:1")
+    assert isinstance(c.provider, CloudProvider)
+    c.provider.state, c.provider.reaper = object(), object()  # launched, with a reaper watching
+    manager.add(c)
+    assert manager.kernel_shutdown() == ["cluster 'gnb-handed': its teardown is left to the reaper process"]
+    assert marked == [True] and manager.list() == []
+    assert manager.stop_all("kernel exit") == [] and torn == []  # the exit hook finds nothing to tear down
