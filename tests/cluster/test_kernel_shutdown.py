@@ -89,7 +89,7 @@ def test_restart_and_shutdown_with_the_default_cluster_running_end_the_kernel_by
         # the restarted kernel starts the default cluster again, on a Ray the user started first (not ours to stop,
         # but the kernel's children all the same), and shuts down as cleanly
         kc = _start(km)
-        _run(kc, "import ray\nray.init(num_cpus=2, include_dashboard=False)")
+        _run(kc, 'import ray\nray.init(address="local", num_cpus=2, include_dashboard=False)')
         _run(kc, "%load_ext gpu_notebook")
         assert "using the Ray this kernel is already connected to" in _run(kc, "%gpu_cluster start")
         assert "[rank 0] ok" in _run(kc, "%%distributed\nprint('ok')")
