@@ -37,10 +37,6 @@ from gpu_notebook.checkpoint import Checkpointer  # noqa: E402
 KINDS = ("parameters", "exp_avg", "exp_avg_sq")
 
 
-def _dir_bytes(p: Path) -> int:
-    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-
-
 def _kinds(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, dict[str, torch.Tensor]]:
     """The three thirds of the state, each a dict of clones by parameter name."""
     names = {p: n for n, p in model.named_parameters()}
@@ -109,9 +105,9 @@ def measure(quick: bool, interval: int) -> dict[str, Any]:
             ck = Checkpointer(root, progress=False, preemption=None)
             raw = sum(t.numel() * t.element_size() for t in new[kind].values())
             ck.save({"state": old[kind]}, 0, block=True)
-            full = _dir_bytes(root)
+            full = bench._dir_bytes(root)
             info = ck.save({"state": new[kind]}, interval, block=True)
-            delta = _dir_bytes(root) - full
+            delta = bench._dir_bytes(root) - full
             got = ck.restore(info.id)["state"]  # bit for bit, or the figures mean nothing
             exact = all(
                 torch.equal(got[n].view(torch.int32), t.view(torch.int32)) for n, t in new[kind].items()

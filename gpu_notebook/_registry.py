@@ -160,20 +160,21 @@ class ClusterManager(Generic[C]):
         report lands in the server's log. Stopped first (a local Ray shuts down in about 1.5 s and reaps its
         processes), the clusters leave no children, and the kernel exits at once.
         """
-        out = []
-        for c in self.list():
-            try:
-                stop = getattr(c, "kernel_shutdown", None)
-                out.append(stop() if callable(stop) else c.stop("kernel exit"))
-            except Exception as exc:  # noqa: BLE001 - one cluster failing to stop must not keep the others running
-                out.append(f"cluster {c.name!r}: stop failed: {exc}")
-        return out
+
+        def stop(c: C) -> str:
+            own = getattr(c, "kernel_shutdown", None)
+            return str(own()) if callable(own) else c.stop("kernel exit")
+
+        return self._stop_each(stop)
 
     def stop_all(self, reason: str = "kernel exit") -> builtins.list[str]:
+        return self._stop_each(lambda c: c.stop(reason))
+
+    def _stop_each(self, stop: Callable[[C], str]) -> builtins.list[str]:
         out = []
         for c in self.list():
             try:
-                out.append(c.stop(reason))
+                out.append(stop(c))
             except Exception as exc:  # noqa: BLE001 - one cluster failing to stop must not keep the others running
                 out.append(f"cluster {c.name!r}: stop failed: {exc}")
         return out
