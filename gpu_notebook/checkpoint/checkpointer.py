@@ -79,12 +79,14 @@ class Checkpointer:
     store
         A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
     full_every
-        Every ``full_every``-th checkpoint is a full base, so delta chains stay at most that long.
+        At most ``full_every - 1`` deltas follow a base: every ``full_every``-th checkpoint at the latest is a
+        full base (before that, one comes as soon as deltas stop paying, see ``delta_against``).
     max_restore_ratio
         Also write a full base as soon as restoring the next delta would read more than this many times the
-        bytes of a full checkpoint (the delta chains' frames add up; a restore reads and decodes all of them).
-        This bounds restore time where deltas save little (full fp32 training: a base about every 4-5 saves at
-        3.0) and leaves long chains where they save much (fine-tuning). None: only ``full_every`` decides.
+        bytes of a full checkpoint (a restore reads and decodes every frame of a delta chain). With chains of
+        one (the default) a restore reads a base and one delta, so this binds only where a delta costs more
+        than twice a full checkpoint; with ``delta_against="previous"`` each delta lengthens the chain and this
+        bounds it. None: only ``full_every`` and the rollup rule decide.
     delta_against
         ``"base"`` (the default): every delta is against the last full base (chains of one: a restore decodes
         two frames per chunk at most), and a new base is written once the last delta cost at least the average
@@ -199,7 +201,7 @@ class Checkpointer:
             raise ValueError(f"full_every must be between 1 and {MAX_CHAIN}, not {full_every!r}")
         if max_restore_ratio is not None and max_restore_ratio < 1:
             raise ValueError("max_restore_ratio must be >= 1 (or None)")
-        # format version 4 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
+        # format version 5 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
         self.hash = hash or ("blake3" if blake3_available() else "sha256")
         self._h = hash_fn(self.hash)
         self._version = FORMAT_VERSION if self.hash == "blake3" else 2

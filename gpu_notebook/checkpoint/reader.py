@@ -30,7 +30,8 @@ import numpy as np
 
 __all__ = ["read", "list_checkpoints", "Reader", "ReaderError", "decode_frame"]
 
-#: the newest format version this reader knows
+#: the newest format version this reader knows, and the one a writer writes (format/manifest.py imports it from
+#: here: this file stays free of gpu_notebook imports, so it can be copied anywhere)
 FORMAT_VERSION = 5
 _HDR = struct.Struct("<4sBBBBQ")
 _EXT = struct.Struct("<BBq")

@@ -444,7 +444,8 @@ def encode_chunk(
     width
         Element size in bytes (1, 2, 4 or 8).
     base
-        The same chunk in the previous checkpoint (same length), or None for a full (base) encoding.
+        The same chunk in the checkpoint this one is a delta against (the last full base, or the previous
+        checkpoint with ``delta_against="previous"``; same length), or None for a full (base) encoding.
     level
         zstd level.
     transforms

@@ -2,8 +2,8 @@
 
 Store layout (same for a folder and an S3 prefix)::
 
-    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 4}
-    objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = BLAKE3 (versions 3-4) or
+    FORMAT                         {"format": "gpu_notebook.checkpoint", "version": 5}
+    objects/<h[:2]>/<h>            immutable chunk frames or packs of frames; h = BLAKE3 (versions 3-5) or
                                    SHA-256 (version 2) of the stored bytes
     manifests/<id>.json            one per checkpoint, written last and create-only: the commit point; new ids
                                    are ``c<commit sequence, 10 digits>`` (sorting by commit order), format-3 ids
@@ -23,13 +23,13 @@ from typing import Any
 
 from ..._display import fmt_bytes
 from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, ObjectMissingError, StoreError
+from ..reader import FORMAT_VERSION
 from ._nogc import no_gc
 from .validate import check_manifest
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
 FORMAT_NAME = "gpu_notebook.checkpoint"
-FORMAT_VERSION = 5
 #: the hash function of each format version: object keys and the chunk fields ``raw`` and ``hash`` (version 4
 #: adds optional manifest fields to version 3: a reader treats every one of them as absent in older manifests;
 #: version 5 lists the members of a group of small tensors in the group, columnar, instead of one leaf each)
@@ -51,7 +51,7 @@ def hash_fn(name: str) -> Callable[[Any], str]:
             from blake3 import blake3
         except ImportError:
             raise ImportError(
-                "checkpoints of format versions 3 and 4 are hashed with BLAKE3: pip install blake3 "
+                "checkpoints of format versions 3 to 5 are hashed with BLAKE3: pip install blake3 "
                 "(or gpu_notebook[checkpoint])"
             ) from None
         return lambda data: blake3(data).hexdigest()

@@ -7,7 +7,7 @@
 Each time the Trainer saves (``save_strategy``/``save_steps``), it writes its checkpoint folder
 (``output_dir/checkpoint-N``: weights, ``optimizer.pt``, ``scheduler.pt``, ``trainer_state.json``, RNG files);
 :class:`GpuNotebookCallback`'s ``on_save`` then saves that folder's content through the Checkpointer: tensors as
-tensors (deduplicated, delta-compressed against the previous checkpoint, uploaded in the background), JSON and
+tensors (deduplicated, delta-compressed against the last full base, uploaded in the background), JSON and
 text files as text, other files as bytes, and each rank's ``rng_state_<rank>.pth`` in its per-rank section. The
 ``.pt`` files are read with ``torch.load(weights_only=True)``; nothing is pickled. ``resume_folder`` writes a
 checkpoint back as such a folder, which the Trainer's own ``resume_from_checkpoint`` reads.

@@ -1,5 +1,6 @@
 """Encoding the chunks of one save on the I/O threads: reuse a chunk already stored, else encode it (a delta
-against the previous checkpoint's chunk, or in full) and upload it, big frames on their own and small ones
+against the same chunk of the last full base, or of the previous checkpoint with ``delta_against="previous"``;
+or in full) and upload it, big frames on their own and small ones
 collected into packs that are uploaded as soon as they fill."""
 
 from __future__ import annotations

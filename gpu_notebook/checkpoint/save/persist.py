@@ -145,8 +145,8 @@ def persist(
     prog = snap.progress or Progress(f"checkpoint {ckpt_id}", total, opts.progress)
     prog.restart()  # (a retry counts again from 0)
     # per chunk, in parallel: hash it; reuse an unchanged chunk (or one already claimed by another chunk of this
-    # save: tied weights) as is; else encode it (against the same chunk of the previous checkpoint) and upload a
-    # big frame directly (small ones are collected into packs)
+    # save: tied weights) as is; else encode it (against the same chunk of the lineage's base: the last full base,
+    # or the previous checkpoint) and upload a big frame directly (small ones are collected into packs)
     # (small tensors travel in their group; a spread save's leaves of other ranks are theirs to encode)
     enc_leaves = [lf for lf in snap.leaves if not lf.remote]
     plan = plan_save(enc_leaves, lineage.shadow, opts.chunk_bytes, is_base, lineage.recent)

@@ -1,5 +1,6 @@
-"""What one save encodes: its chunks, each with the chunk of the previous checkpoint it is a delta against, and
-the chunks already in the store that it reuses as they are."""
+"""What one save encodes: its chunks, each with the chunk it is a delta against (the same chunk of the last full
+base, or of the previous checkpoint with ``delta_against="previous"``), and the chunks already in the store that it
+reuses as they are."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class Chunk:
     idx: int  # its index in the leaf
     off: int
     len: int
-    base_arr: np.ndarray | None = None  # the same chunk's bytes in the previous checkpoint
+    base_arr: np.ndarray | None = None  # the same chunk's bytes in the checkpoint it is a delta against
     base_entry: dict[str, Any] | None = None  # ... and its manifest entry
     check: bool = False  # base_arr is restored memory (the caller's tensors): hash it before using it
 
