@@ -61,9 +61,12 @@ def _magic_funcs() -> Iterator[tuple[str, Callable[..., Any]]]:
 
 
 def _actions(func: Callable[..., Any]) -> list[argparse.Action]:
-    # the parser @magic_arguments built: the options exactly as the magic parses them
+    # the parser @magic_arguments built: the options exactly as the magic parses them, less the ones its help
+    # hides (an option refused with a message naming the one to use, as --workers on %%distributed)
     parser = func.parser  # type: ignore[attr-defined]
-    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    return [
+        a for a in parser._actions if not isinstance(a, argparse._HelpAction) and a.help != argparse.SUPPRESS
+    ]
 
 
 def _help(action: argparse.Action) -> str:
@@ -92,8 +95,13 @@ def _metavar(action: argparse.Action) -> str:
     return base
 
 
+def _flags(action: argparse.Action) -> list[str]:
+    """The option's flags as its help lists them, long ones first: ``--ranks``, ``--targets``; ``--out``, ``-o``."""
+    return sorted(action.option_strings, key=lambda f: not f.startswith("--"))
+
+
 def _long(action: argparse.Action) -> str:
-    return max(action.option_strings, key=len)
+    return _flags(action)[0]
 
 
 def _usage(name: str, actions: list[argparse.Action]) -> str:
@@ -133,7 +141,7 @@ def _option_table(actions: list[argparse.Action]) -> list[str]:
         return ["No options."]
     lines = ["| option | value | default | what |", "| --- | --- | --- | --- |"]
     for a in rows:
-        flags = ", ".join(_code(f) for f in sorted(a.option_strings, key=len, reverse=True))
+        flags = ", ".join(_code(f) for f in _flags(a))
         value = "" if a.nargs == 0 else _code(_metavar(a))
         lines.append(f"| {flags} | {value} | {_default(a)} | {_cell(_help(a))} |")
     return lines

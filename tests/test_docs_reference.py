@@ -75,7 +75,9 @@ def test_every_magic_line_in_the_guide_parses() -> None:
 
 def test_the_line_check_refuses_what_a_magic_refuses() -> None:
     assert gen.check_magic_line("%gpu_cluster start --workers 2") is None
-    assert gen.check_magic_line("%%distributed --workers 0 -o x") is None
+    assert gen.check_magic_line("%%distributed --ranks 0 -o x") is None
+    assert gen.check_magic_line("%%distributed --targets 0-1") is None
+    assert "--ranks" in str(gen.check_magic_line("%%distributed --workers 0 -o x"))
     assert "does not apply" in str(gen.check_magic_line("%gpu_cluster stop --budget 5"))
     assert "positional" in str(gen.check_magic_line("%gpu_cluster list big"))
     assert "--workers" in str(gen.check_magic_line("%gpu_cluster start --workers 0"))

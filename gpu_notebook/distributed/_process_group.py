@@ -7,7 +7,7 @@ built; the doctor's local group uses it too), then initialises ``torch.distribut
 ``init_process_group`` returns quietly on the initialised group and its ``destroy_process_group()`` is ignored
 (:func:`patch_torch_distributed`), because the group belongs to the worker, not to the cell.
 
-A cell may run on some ranks only (``--workers 0``). A collective there on a group with ranks outside the cell
+A cell may run on some ranks only (``--ranks 0``). A collective there on a group with ranks outside the cell
 (the default group, say) would wait for them forever: the collectives of ``torch.distributed`` check that
 first, while such a cell runs (:func:`cell_ranks`), and raise :class:`CollectiveOutsideCellError` at once. One
 issued from C++ (DDP's all-reduce in ``backward()``) passes no check: the rank says it waits, see

@@ -57,8 +57,10 @@ COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "stacks",
 COMMANDS += ["env"]
 COMMANDS += ["workshop", "students"]  # magics/_workshop.py
 
+#: the cluster a command is about; --cluster is the same option, as %%distributed and %gpu_run spell it
 NAME = option(
     "--name",
+    "--cluster",
     type=name("cluster name"),
     help="start: the cluster's name (default local, local-2, ...); other commands: NAME",
 )

@@ -13,6 +13,7 @@ does this around a magic's body.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -86,7 +87,7 @@ def _option_named(msg: str) -> str:
     m = _ARGUMENT_RE.match(msg)
     if m is None:
         return msg
-    flag = max(m.group(1).split("/"), key=len)
+    flag = _long_flag(m.group(1).split("/"))
     rest = msg[m.end() :]
     if flag in ("command", "args"):
         return rest
@@ -258,8 +259,8 @@ class Option:
 
     @property
     def flag(self) -> str:
-        """The long form, as the usage says it."""
-        return max(self.flags, key=len)
+        """The long form, as the usage says it (the first one: ``--ranks`` of ``--ranks``/``--targets``)."""
+        return _long_flag(self.flags)
 
     @property
     def usage(self) -> str:
@@ -280,6 +281,34 @@ class Option:
         if "default" in self.kwargs:
             return self.kwargs["default"]
         return False if self.kwargs.get("action") == "store_true" else None
+
+
+def _long_flag(flags: Sequence[str]) -> str:
+    """The first long flag (``--out`` of ``-o``, ``--out``): argparse names an option by it too."""
+    return next((f for f in flags if f.startswith("--")), max(flags, key=len))
+
+
+class _Refused(argparse.Action):
+    """An option given where it means something else: a usage error with ``message``, whatever its value."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, message: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.message = message
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        raise UsageError(self.message)
+
+
+def refused(*flags: str, message: str) -> Option:
+    """An option a magic does not take because the name means something else in another magic, refused with
+    ``message`` (which names the option to use) when given, with or without a value; hidden from the help.
+
+    ``--workers`` counts workers in ``%gpu_cluster start``; on a magic that selects ranks it would read as a
+    count, so it is refused there rather than taken as ``--ranks``.
+    """
+    return Option(
+        tuple(flags), {"action": _Refused, "nargs": "?", "help": argparse.SUPPRESS, "message": message}
+    )
 
 
 def option(*flags: str, **kwargs: Any) -> Option:
@@ -353,6 +382,7 @@ __all__ = [
     "print_usage",
     "progress_printer",
     "refuse_others",
+    "refused",
     "reported",
     "show",
     "shown_short",

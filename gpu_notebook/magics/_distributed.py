@@ -24,6 +24,7 @@ from gpu_notebook.magics._common import (
     options,
     parse,
     progress_printer,
+    refused,
     reported,
     usage_errors,
 )
@@ -144,16 +145,29 @@ def _push_hint(failures: Any, ns: dict[str, Any]) -> str:
     )
 
 
-#: where and how code runs on the ranks: the options %%distributed and %gpu_run share
-RANK_ARGS = (
+#: which ranks a magic runs on or sends to, the same option in every magic that selects ranks (--targets is
+#: ipyparallel's spelling, as in %%px --targets); --workers, the worker count of %gpu_cluster start, is refused
+#: there: %%distributed --workers 2 would read as two workers and run on rank 2 alone
+RANK_SELECTION = (
     option(
-        "--workers",
-        "-w",
+        "--ranks",
+        "--targets",
         type=rank_list(),
         default="all",
         metavar="RANKS",
-        help="ranks to run on: all, 0,2 or 0-3 (default all)",
+        help="which ranks: all, 0,2 or 0-3 (default all)",
     ),
+    refused(
+        "--workers",
+        "-w",
+        message="--workers is the worker count of %gpu_cluster start; to choose ranks use --ranks, "
+        "e.g. --ranks 0,2 (or --targets)",
+    ),
+)
+rank_selection = options(*RANK_SELECTION)
+#: where and how code runs on the ranks: the options %%distributed and %gpu_run share
+RANK_ARGS = (
+    *RANK_SELECTION,
     option(
         "--timeout",
         "-t",
@@ -200,6 +214,7 @@ class DistributedMagics(Magics):
     )
     @argument(
         "--noblock",
+        "--no-block",
         action="store_true",
         help="return at once with a handle (.ready(), .wait(), .get(), .cancel()); the output keeps streaming "
         "into this cell while other cells run; %%gpu_result waits and shows the values",
@@ -221,7 +236,7 @@ class DistributedMagics(Magics):
            ...: x.item()
         Out[ranks 0-1]: 1.0
 
-        In [2]: %%distributed --workers 0 -o loss --timeout 60
+        In [2]: %%distributed --ranks 0 -o loss --timeout 60
            ...: compute_loss()
 
         In [3]: %%distributed --output-ranks 0
@@ -275,11 +290,11 @@ class DistributedMagics(Magics):
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
         cluster = target_cluster(args)
         count = getattr(self.shell, "execution_count", None)
-        # run's own ValueError is about its arguments: a bad --workers selection
+        # run's own ValueError is about its arguments: a bad --ranks selection
         with usage_errors(ValueError):
             result = cluster.run(
                 cell,
-                ranks=args.workers,
+                ranks=args.ranks,
                 timeout=args.timeout,
                 stream=not args.no_stream,
                 label=f"cell In[{count}]" if count is not None else None,
@@ -320,11 +335,11 @@ class DistributedMagics(Magics):
             if out and bg.result is not None and (len(bg.result.values) or not bg.result.failures):
                 ns[out] = bg.result.values
 
-        with usage_errors(ValueError):  # a bad --workers selection
+        with usage_errors(ValueError):  # a bad --ranks selection
             return run_in_background(
                 cluster,
                 cell,
-                ranks=args.workers,
+                ranks=args.ranks,
                 timeout=args.timeout,
                 label=f"cell In[{count}]" if count is not None else "background-cell",
                 name=str(count) if count is not None else f"bg{id(cell) % 10000}",
@@ -399,15 +414,13 @@ class DistributedMagics(Magics):
         return None
 
     @magic_arguments()
-    @argument("names", nargs="+", type=identifier(), help="notebook variables to send to every worker")
     @argument(
-        "--workers",
-        "-w",
-        type=rank_list(),
-        default="all",
-        metavar="RANKS",
-        help="ranks to send to (default all)",
+        "names",
+        nargs="+",
+        type=identifier(),
+        help="notebook variables to send (to every rank, or to --ranks)",
     )
+    @rank_selection
     @line_magic
     def gpu_push(self, line: str) -> None:
         """Send notebook variables to the workers' namespaces.
@@ -416,6 +429,7 @@ class DistributedMagics(Magics):
         --------
         In [1]: lr, batch = 0.1, 64
         In [2]: %gpu_push lr batch
+        In [3]: %gpu_push batch --ranks 0
         """
         args = parse(self.gpu_push, line)
         with reported(self.gpu_push, strip_quotes=True):
@@ -424,13 +438,13 @@ class DistributedMagics(Magics):
                 raise MagicError(f"not defined in the notebook: {', '.join(missing)}")
             cluster = get_manager().require_current()
             if cluster.running:  # (a stopped one says so in push)
-                with usage_errors(ValueError):  # a bad --workers selection
-                    parse_ranks(args.workers, cluster.world_size)
+                with usage_errors(ValueError):  # a bad --ranks selection
+                    parse_ranks(args.ranks, cluster.world_size)
             try:
-                cluster.push(ranks=args.workers, **{n: self._ns[n] for n in args.names})
+                cluster.push(ranks=args.ranks, **{n: self._ns[n] for n in args.names})
             except TypeError as exc:  # WorkerGroup.push: "cannot send variable 'x' ...: it cannot be pickled"
                 raise MagicError(str(exc)) from None
-            print(f"pushed {', '.join(args.names)} to ranks {args.workers}")
+            print(f"pushed {', '.join(args.names)} to ranks {args.ranks}")
         return None
 
     @magic_arguments()
@@ -444,6 +458,8 @@ class DistributedMagics(Magics):
     )
     @argument(
         "--as",
+        "--out",
+        "-o",
         dest="as_name",
         type=identifier(),
         metavar="NAME",

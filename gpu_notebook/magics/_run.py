@@ -41,7 +41,7 @@ class RunMagics(Magics):
         --------
         In [1]: %gpu_run train.py --lr 0.1 --epochs 2
         In [2]: %gpu_run -m mypkg.train --config small.yaml
-        In [3]: %gpu_run --workers 0 --timeout 600 eval.py
+        In [3]: %gpu_run --ranks 0 --timeout 600 eval.py
         """
         args = parse(self.gpu_run, line)
         with reported(self.gpu_run):
@@ -49,13 +49,13 @@ class RunMagics(Magics):
             script_args = list(args.args)
             target = args.target
             cluster = target_cluster(args)
-            with usage_errors(ValueError):  # a bad --workers selection
+            with usage_errors(ValueError):  # a bad --ranks selection
                 result = run_script(
                     cluster,
                     target,
                     script_args,
                     module=args.module,
-                    ranks=args.workers,
+                    ranks=args.ranks,
                     timeout=args.timeout,
                     stream=not args.no_stream,
                     progress=progress_printer(),

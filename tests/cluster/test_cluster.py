@@ -164,8 +164,10 @@ def test_bad_gpu_cluster_arguments_fail_the_cell_not_with_a_traceback(ip, shared
 @pytest.mark.parametrize(
     "cell,expect",
     [
-        ("%%distributed --workers 7\n1\n", "out of range"),
-        ("%%distributed --workers x\n1\n", "bad rank selection"),
+        ("%%distributed --ranks 7\n1\n", "out of range"),
+        ("%%distributed --ranks x\n1\n", "bad rank selection"),
+        ("%%distributed --targets 7\n1\n", "out of range"),
+        ("%%distributed --workers 1\n1\n", "to choose ranks use --ranks"),
         ("%%distributed --timeout soon\n1\n", "--timeout: expected a positive number of seconds"),
         ("%%distributed --bogus\n1\n", "unrecognized arguments"),
         ("%gpu_push", "the following arguments are required"),
@@ -199,7 +201,7 @@ def test_usage_errors_name_the_help_that_exists(ip, shared, capsys):
     # "Try %distributed? for help." answered "Object `%distributed` not found": it is a cell magic
     ip.run_cell("%%distributed --bogus\n1\n")
     assert "Try %%distributed? for help." in capsys.readouterr().err
-    ip.run_cell("%%distributed --workers 7\n1\n")
+    ip.run_cell("%%distributed --ranks 7\n1\n")
     assert "Try %%distributed? for help." in capsys.readouterr().err
     ip.run_cell("%gpu_push")
     assert "Try %gpu_push? for help." in capsys.readouterr().err

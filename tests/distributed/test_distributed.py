@@ -112,7 +112,7 @@ def test_no_stream_groups_output_by_rank_after_the_cell(ip, shared, capsys):
 
 
 def test_a_subset_of_ranks(ip, shared, capsys):
-    res = run(ip, "%%distributed --workers 1 -o only\nrank\n")
+    res = run(ip, "%%distributed --ranks 1 -o only\nrank\n")
     assert res.success
     only = ip.user_ns["only"]
     assert only.ranks == [1] and only[1] == 1 and list(only) == [1]

@@ -78,7 +78,7 @@ def test_subprocess_stdout_and_stderr_reach_the_cell(ip, shared, capsys):
 
 def test_forks_while_another_thread_prints_never_deadlock_the_child(ip, shared, capsys):
     cell = (
-        "%%distributed -w 0 -o hung\n"
+        "%%distributed --ranks 0 -o hung\n"
         "import os, signal, threading, time\n"
         "stop = threading.Event()\n"
         "def chatter():\n"

@@ -48,7 +48,7 @@ def test_sys_argv_is_a_cell_like_list_and_settable(ip, shared):
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_dataloader_workers_started_by_spawn_or_forkserver_find_a_cell_defined_dataset(ip, shared, method):
     cell = (
-        "%%distributed -w 0 -o got\n"
+        "%%distributed --ranks 0 -o got\n"
         "import torch\n"
         "from torch.utils.data import DataLoader, Dataset\n"
         "def double(x):\n"
@@ -68,7 +68,7 @@ def test_dataloader_workers_started_by_spawn_or_forkserver_find_a_cell_defined_d
 
 def test_torch_multiprocessing_spawn_runs_a_cell_defined_function(ip, shared, tmp_path):
     cell = (
-        "%%distributed -w 1 -o got\n"
+        "%%distributed --ranks 1 -o got\n"
         "import torch.multiprocessing as tmp\n"
         "def work(i, path):\n"
         "    with open(path, 'w') as f:\n"
@@ -84,7 +84,7 @@ def test_torch_multiprocessing_spawn_runs_a_cell_defined_function(ip, shared, tm
 
 def test_a_spawn_process_pool_runs_a_cell_defined_function(ip, shared):
     cell = (
-        "%%distributed -w 0 -o got\n"
+        "%%distributed --ranks 0 -o got\n"
         "import multiprocessing\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
         "class Point:\n"

@@ -16,7 +16,7 @@ def test_an_all_reduce_in_a_cell_on_one_rank_fails_at_once_and_says_why(ip, shar
     res = ip.run_cell("%%distributed\nkept = rank + 100\n")
     assert res.success
     res = ip.run_cell(
-        "%%distributed --workers 0 --timeout 60\nimport torch, torch.distributed as dist\n"
+        "%%distributed --ranks 0 --timeout 60\nimport torch, torch.distributed as dist\n"
         "t = torch.ones(1)\ndist.all_reduce(t)\n"
     )
     err = res.error_in_exec
@@ -30,7 +30,7 @@ def test_an_all_reduce_in_a_cell_on_one_rank_fails_at_once_and_says_why(ip, shar
 
 def test_ddp_built_in_a_cell_on_one_rank_fails_at_once(ip, shared):
     res = ip.run_cell(
-        "%%distributed --workers 1 --timeout 60\nimport torch\n"
+        "%%distributed --ranks 1 --timeout 60\nimport torch\n"
         "from torch.nn.parallel import DistributedDataParallel as DDP\nm = DDP(torch.nn.Linear(2, 2))\n"
     )
     err = res.error_in_exec
@@ -44,7 +44,7 @@ def test_a_subgroup_of_the_cells_ranks_still_works(ip, shared):
     res = ip.run_cell("%%distributed\nimport torch, torch.distributed as dist\nsolo = dist.new_group([0])\n")
     assert res.success
     res = ip.run_cell(
-        "%%distributed --workers 0 -o got\nt = torch.ones(1) * 3\ndist.all_reduce(t, group=solo)\nt.item()\n"
+        "%%distributed --ranks 0 -o got\nt = torch.ones(1) * 3\ndist.all_reduce(t, group=solo)\nt.item()\n"
     )
     assert res.success, res.error_in_exec
     assert list(ip.user_ns["got"]) == [3.0]

@@ -13,5 +13,5 @@ def test_out_is_left_untouched_when_every_rank_fails(ip, shared) -> None:
     assert res.error_in_exec is not None, cap.stdout
     assert ip.user_ns["kept"] == "earlier result"
     with capture_output():
-        res = ip.run_cell("%%distributed -o kept --workers 0\n41 + 1\n")
+        res = ip.run_cell("%%distributed -o kept --ranks 0\n41 + 1\n")
     assert res.error_in_exec is None and list(ip.user_ns["kept"]) == [42]

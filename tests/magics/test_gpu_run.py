@@ -135,7 +135,7 @@ def test_sys_exit_0_ends_a_script_cleanly_and_a_code_fails_it(ip, shared, tmp_pa
     assert res.success, res.error_in_exec
     text = capsys.readouterr().out
     assert "[rank 0] trained" in text and "[rank 1] trained" in text and "not reached" not in text
-    res = ip.run_cell("%gpu_run --workers 1 fail.py\n")
+    res = ip.run_cell("%gpu_run --ranks 1 fail.py\n")
     assert res.error_in_exec is not None
     assert "exit code 3" in "\n".join(res.error_in_exec._render_traceback_())
 
@@ -154,7 +154,7 @@ def test_an_edited_script_and_its_helper_module_run_afresh(ip, shared, tmp_path,
 def test_quoted_arguments_and_a_rank_selection(ip, shared, tmp_path, monkeypatch, capsys):
     (tmp_path / "args.py").write_text("import sys, os\nprint('ARGS', os.environ['RANK'], sys.argv[1:])\n")
     monkeypatch.chdir(tmp_path)
-    ip.run_line_magic("gpu_run", "--workers 1 args.py --name 'a b' -w 0")
+    ip.run_line_magic("gpu_run", "--ranks 1 args.py --name 'a b' -w 0")
     out = capsys.readouterr().out
     assert "[rank 1] ARGS 1 ['--name', 'a b', '-w', '0']" in out
     assert "[rank 0]" not in out

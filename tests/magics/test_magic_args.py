@@ -199,15 +199,53 @@ def test_a_bad_size_names_the_option_and_the_value(shell) -> None:
 
 def test_a_rank_selection_keeps_its_quotes(shell) -> None:
     shell.user_ns["lr"] = 0.1
-    exc, shown = run(shell, "%gpu_push lr --workers abc")
+    exc, shown = run(shell, "%gpu_push lr --ranks abc")
     # refused before a cluster is needed, its closing quote kept
-    assert type(exc) is UsageError and shown.startswith(
-        "UsageError: --workers: bad rank selection 'abc': use"
-    )
+    assert type(exc) is UsageError and shown.startswith("UsageError: --ranks: bad rank selection 'abc': use")
+    exc, shown = run(shell, "%gpu_push lr --targets abc")  # the alias is named as the usage spells it
+    assert type(exc) is UsageError and shown.startswith("UsageError: --ranks: bad rank selection 'abc': use")
     # our messages keep their quotes; only a KeyError's own quoting goes
     with pytest.raises(MagicError) as info, reported(magic(shell, "gpu_push"), strip_quotes=True):
         raise MagicError("bad rank selection 'abc'")
     assert info.value._render_traceback_() == ["MagicError: bad rank selection 'abc'"]
+
+
+# ---- one name, one meaning across the magics ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name,kind,prefix",
+    [("distributed", "cell", ""), ("gpu_run", "line", ""), ("gpu_push", "line", "x ")],
+)
+def test_ranks_are_chosen_with_ranks_or_targets_and_workers_is_refused(shell, name, kind, prefix) -> None:
+    func = magic(shell, name, kind)
+    script = "train.py" if name == "gpu_run" else ""
+    assert parse(func, f"{prefix}--ranks 0,2 {script}").ranks == "0,2"
+    assert parse(func, f"{prefix}--targets 0-3 {script}").ranks == "0-3"
+    assert parse(func, f"{prefix}{script}").ranks == "all"
+    for given in ("--workers 2", "-w 0", "--workers"):
+        with pytest.raises(UsageError) as info:
+            parse(func, f"{prefix}{given} {script}")
+        assert str(info.value).startswith(
+            "--workers is the worker count of %gpu_cluster start; to choose ranks use --ranks"
+        )
+    assert "--workers" not in func.parser.format_help()  # refused, not offered
+
+
+def test_workers_of_gpu_cluster_start_is_a_count(shell) -> None:
+    args = parse(magic(shell, "gpu_cluster"), "start --workers 2")
+    assert args.workers == 2
+    exc, shown = run(shell, "%gpu_cluster start --name counted --workers 3 --cpus-per-worker 0.25")
+    assert exc is None, shown
+    assert [c.requested_workers for c in shell.started] == [3]
+
+
+def test_a_spelling_of_another_magic_is_the_same_option(shell) -> None:
+    # --cluster names the cluster in %%distributed and %gpu_run: %gpu_cluster takes it as --name
+    assert parse(magic(shell, "gpu_cluster"), "status --cluster big").name == "big"
+    # -o/--out stores a value in a notebook variable in %%distributed and %gpu_result: %gpu_pull takes it as --as
+    pull = magic(shell, "gpu_pull")
+    assert parse(pull, "w -o w0").as_name == parse(pull, "w --out w0").as_name == "w0"
+    # --no-block, as --no-stream is spelt
+    assert parse(magic(shell, "distributed", "cell"), "--no-block").noblock is True
 
 
 def test_a_syntax_error_in_a_cell_shows_the_cell_not_ast_py(shell) -> None:

@@ -15,6 +15,7 @@ fuzzes that folder). The coverage test fails when a magic gains an option this t
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import shlex
@@ -99,7 +100,7 @@ class Opt:
     magic: str  # gpu_cluster, distributed, ...
     prefix: str  # what comes before it: the subcommand and what that needs ("start --cloud aws --dry-run")
     flag: str  # --budget
-    kind: str  # number (refuses NOT_FINITE_OR_HUGE and negatives), text, flag (takes no value)
+    kind: str  # number (refuses NOT_FINITE_OR_HUGE and negatives), text, flag (takes no value), refused (any value)
 
 
 def _cluster_opts() -> list[Opt]:
@@ -121,10 +122,14 @@ def _cluster_opts() -> list[Opt]:
                     else "start --cloud aws"
                 )
             out.append(Opt("gpu_cluster", p, o.flag, _kind(o)))
+            aliases = [f for f in o.flags if f.startswith("--") and f != o.flag]  # --cluster, as --name
+            out += [Opt("gpu_cluster", p, f, _kind(o)) for f in aliases]
     return out
 
 
 def _kind(o: Any) -> str:
+    if o.kwargs.get("help") == argparse.SUPPRESS:  # refused with a message naming the option to use
+        return "refused"
     if o.kwargs.get("action") in ("store_true", "store_false"):
         return "flag"
     parser = o.kwargs.get("type")
@@ -145,19 +150,28 @@ def _rank_opts() -> list[Opt]:
     for o in _distributed.RANK_ARGS:
         out.append(Opt("distributed", "", o.flag, _kind(o)))
         out.append(Opt("gpu_run", "", o.flag, _kind(o)))
+    for o in _distributed.RANK_SELECTION:
+        out.append(Opt("gpu_push", "x", o.flag, _kind(o)))
+        for alias in set(o.flags) - {o.flag}:  # --targets; -w, refused as --workers is
+            out += [
+                Opt(magic, p, alias, _kind(o))
+                for magic, p in (("distributed", ""), ("gpu_run", ""), ("gpu_push", "x"))
+            ]
     out += [
         Opt("distributed", "", "--out", "text"),
         Opt("distributed", "", "--max-result", "number"),
         Opt("distributed", "", "--noblock", "flag"),
+        Opt("distributed", "", "--no-block", "flag"),
         Opt("distributed", "", "--output-ranks", "text"),
         Opt("gpu_result", "", "--timeout", "number"),
         Opt("gpu_result", "", "--cancel", "flag"),
         Opt("gpu_result", "", "--out", "text"),
         Opt("gpu_result", "", "", "text"),
         Opt("gpu_run", "", "--module", "flag"),
-        Opt("gpu_push", "x", "--workers", "text"),
         Opt("gpu_pull", "x", "--rank", "number"),
         Opt("gpu_pull", "x", "--as", "text"),
+        Opt("gpu_pull", "x", "--out", "text"),
+        Opt("gpu_pull", "x", "-o", "text"),
         Opt("gpu_pull", "x", "--device", "flag"),
         # the positionals: a value where the magic takes a name or a script
         Opt("gpu_push", "", "", "text"),
@@ -341,8 +355,11 @@ _NEGATIVE = re.compile(r"-\d+(\.\d*)?(e\d+)?")
 
 
 def _check(opt: Opt, value: str, outcome: str) -> None:
-    """A number option refuses what is not finite, huge or negative (before anything starts)."""
+    """A number option refuses what is not finite, huge or negative (before anything starts); a refused option
+    refuses every value."""
     v = value.strip()
+    if opt.kind == "refused":
+        assert outcome == "usage", (opt, value, outcome)
     if opt.kind == "number" and (v in NOT_FINITE_OR_HUGE or (_NEGATIVE.fullmatch(v) and float(v) != 0)):
         assert outcome == "usage", (opt, value, outcome)
 
