@@ -79,14 +79,12 @@ class Checkpointer:
     store
         A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
     full_every
-        At most ``full_every - 1`` deltas follow a base: every ``full_every``-th checkpoint at the latest is a
-        full base (before that, one comes as soon as deltas stop paying, see ``delta_against``).
+        Every ``full_every``-th checkpoint at the latest is a full base (sooner when deltas stop paying).
     max_restore_ratio
         Also write a full base as soon as restoring the next delta would read more than this many times the
         bytes of a full checkpoint (a restore reads and decodes every frame of a delta chain). With chains of
-        one (the default) a restore reads a base and one delta, so this binds only where a delta costs more
-        than twice a full checkpoint; with ``delta_against="previous"`` each delta lengthens the chain and this
-        bounds it. None: only ``full_every`` and the rollup rule decide.
+        one (the default) that only happens where a delta costs more than twice a full checkpoint; with
+        ``delta_against="previous"`` each delta lengthens the chain and this bounds it. None: no such bound.
     delta_against
         ``"base"`` (the default): every delta is against the last full base (chains of one: a restore decodes
         two frames per chunk at most), and a new base is written once the last delta cost at least the average
