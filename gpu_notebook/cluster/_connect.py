@@ -143,7 +143,7 @@ def connect(
             log_to_driver=False,
             configure_logging=True,
             # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their own,
-            # so on a 2-core laptop those idle workers only take CPU from the start (README, "Small machines")
+            # so on a 2-core laptop those idle workers only take CPU from the start (docs/benchmarks.md, "Small machines")
             _system_config=NO_PRESTART,
         )
         try:

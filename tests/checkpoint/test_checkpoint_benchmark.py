@@ -16,7 +16,7 @@ MARGIN = 1.10  # a size may grow by 10 % of its measured value before the test f
 
 # What the quick run measured (2026-12-02, 2 torch threads): bytes written / torch.save's, full and delta (chains of
 # one: the measured delta is the second after its base). The run trains with seeded generators, so it writes the
-# same bytes every time; a codec regression fails here. (The full run's figures are in README.md.)
+# same bytes every time; a codec regression fails here. (The full run's figures are in docs/benchmarks.md.)
 MEASURED = {
     "(a) fp32, every 10 steps": (0.809, 0.744),
     "(a) bf16, every 10 steps": (0.626, 0.467),
