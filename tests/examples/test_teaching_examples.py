@@ -119,6 +119,18 @@ def test_workshop_ships_blank_exercises_each_with_a_solution_and_a_check() -> No
     assert nb.cells[1].id == "parameters" and "GPU_NOTEBOOK_EXAMPLE_SIZE" in nb.cells[1].source
 
 
+def test_workshop_start_cell_shows_a_students_real_start_and_runs_locally_as_shipped() -> None:
+    """A student sees the line to fill in (the teacher's address, the workshop, their ID; tests/test_docs_options.py
+    parses it with the magic's parser); run as shipped (alone, the test suite) the cell starts a local cluster."""
+    nb = nbformat.read(EXAMPLES / "workshop.ipynb", as_version=4)
+    lines = _cell(nb, "start").source.splitlines()
+    student = [line.lstrip("# ") for line in lines if line.startswith("# %gpu_cluster start")]
+    assert len(student) == 1 and all(f" {o} " in student[0] for o in ("--address", "--workshop", "--student"))
+    assert [line for line in lines if not line.startswith("#") and line.strip()] == ["%gpu_cluster start"]
+    part1 = _cell(nb, "part1").source
+    assert "address" in part1 and "workshop's name" in part1 and "student ID" in part1
+
+
 def test_workshop_checks_say_not_yet_in_plain_words(capsys: pytest.CaptureFixture[str]) -> None:
     checks = _workshop_checks()
     assert capsys.readouterr().out == "checks ready\n"
