@@ -10,10 +10,10 @@ first ``display()``, or a cell that names ``display`` or ``IPython``) in each wo
 ``__main__`` module; other cells never import IPython. Its display publisher sends each display to the cell as a
 mime bundle (see :mod:`._rich`).
 
-Measured here (``benchmarks/rank_shell.py``; 2 CPUs, IPython 9.18): importing IPython takes about 107 ms and
-creating the shell 31 ms, once per worker; a trivial cell takes 8 us through our exec, 82 us through
-``run_cell`` and 38 us through ``transform_cell`` plus our exec. The check that decides whether a cell needs
-the shell is one regular-expression search.
+Importing IPython and creating the shell cost once per worker, and a cell through ``transform_cell`` costs
+more than through our exec alone, so only the cells that need the shell pay for it (``benchmarks/rank_shell.py``
+measures each; the figures are in docs/benchmarks.md, "Rank shell"). The check that decides whether a cell
+needs the shell is one regular-expression search.
 """
 
 from __future__ import annotations
