@@ -35,7 +35,9 @@ def _links(path: Path) -> set[Path]:
 
 def test_readme_is_short() -> None:
     lines = _text().splitlines()
-    assert len(lines) < 200, f"README.md has {len(lines)} lines; keep it under 200 (figures go to docs/benchmarks.md)"
+    assert len(lines) < 200, (
+        f"README.md has {len(lines)} lines; keep it under 200 (figures go to docs/benchmarks.md)"
+    )
 
 
 def test_readme_opens_with_the_two_commands_and_ci_runs_the_second() -> None:
