@@ -165,6 +165,9 @@ RANK_SELECTION = (
     ),
 )
 rank_selection = options(*RANK_SELECTION)
+#: the cluster a magic works on, the same option in every magic that reaches the ranks
+CLUSTER = option("--cluster", type=name("cluster name"), help="this cluster instead of the current one")
+on_cluster = options(CLUSTER)
 #: where and how code runs on the ranks: the options %%distributed and %gpu_run share
 RANK_ARGS = (
     *RANK_SELECTION,
@@ -176,7 +179,7 @@ RANK_ARGS = (
         help="seconds before the running ranks are interrupted (default and 0: no limit)",
     ),
     option("--no-stream", action="store_true", help="print output after the cell ends, grouped by rank"),
-    option("--cluster", type=name("cluster name"), help="run on this cluster instead of the current one"),
+    CLUSTER,
 )
 rank_args = options(*RANK_ARGS)
 
@@ -421,6 +424,7 @@ class DistributedMagics(Magics):
         help="notebook variables to send (to every rank, or to --ranks)",
     )
     @rank_selection
+    @on_cluster
     @line_magic
     def gpu_push(self, line: str) -> None:
         """Send notebook variables to the workers' namespaces.
@@ -430,13 +434,14 @@ class DistributedMagics(Magics):
         In [1]: lr, batch = 0.1, 64
         In [2]: %gpu_push lr batch
         In [3]: %gpu_push batch --ranks 0
+        In [4]: %gpu_push batch --cluster eval
         """
         args = parse(self.gpu_push, line)
         with reported(self.gpu_push, strip_quotes=True):
             missing = [n for n in args.names if n not in self._ns]
             if missing:
                 raise MagicError(f"not defined in the notebook: {', '.join(missing)}")
-            cluster = get_manager().require_current()
+            cluster = target_cluster(args)
             if cluster.running:  # (a stopped one says so in push)
                 with usage_errors(ValueError):  # a bad --ranks selection
                     parse_ranks(args.ranks, cluster.world_size)
@@ -470,6 +475,7 @@ class DistributedMagics(Magics):
         action="store_true",
         help="keep tensors on the rank's device (default: they come to the CPU, as a cell's values do)",
     )
+    @on_cluster
     @line_magic
     def gpu_pull(self, line: str) -> None:
         """Bring a variable back from one worker into the notebook's namespace.
@@ -482,10 +488,11 @@ class DistributedMagics(Magics):
         In [1]: %gpu_pull model --rank 0
         In [2]: %gpu_pull losses --rank 1 --as losses_rank1
         In [3]: %gpu_pull batch --device
+        In [4]: %gpu_pull losses --cluster eval
         """
         args = parse(self.gpu_pull, line)
         with reported(self.gpu_pull, strip_quotes=True):
-            cluster = get_manager().require_current()
+            cluster = target_cluster(args)
             if cluster.running and not 0 <= args.rank < cluster.world_size:
                 raise UsageError(
                     f"rank {args.rank} out of range: this cluster has ranks 0-{cluster.world_size - 1}"

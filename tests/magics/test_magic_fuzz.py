@@ -173,6 +173,8 @@ def _rank_opts() -> list[Opt]:
         Opt("gpu_pull", "x", "--out", "text"),
         Opt("gpu_pull", "x", "-o", "text"),
         Opt("gpu_pull", "x", "--device", "flag"),
+        Opt("gpu_push", "x", _distributed.CLUSTER.flag, _kind(_distributed.CLUSTER)),
+        Opt("gpu_pull", "x", _distributed.CLUSTER.flag, _kind(_distributed.CLUSTER)),
         # the positionals: a value where the magic takes a name or a script
         Opt("gpu_push", "", "", "text"),
         Opt("gpu_pull", "", "", "text"),

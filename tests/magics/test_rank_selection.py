@@ -83,3 +83,23 @@ def test_workers_of_gpu_cluster_start_is_still_a_count(ip, shared) -> None:
     finally:
         get_manager().get("counted").stop()
         get_manager().use(shared.name)
+
+
+def test_push_and_pull_reach_the_cluster_named_by_cluster(ip, shared) -> None:
+    """``--cluster NAME`` in %gpu_push and %gpu_pull, as in %%distributed and %gpu_run: not the current one."""
+    res, shown = _cell(ip, "%gpu_cluster start --name other --workers 1 --cpus-per-worker 0.25")
+    assert res.success, shown
+    try:
+        assert get_manager().current is get_manager().get("other")
+        ip.user_ns["sent_to_shared"] = 41
+        res, shown = _cell(ip, f"%gpu_push sent_to_shared --cluster {shared.name} --ranks 1")
+        assert res.success, shown
+        res, shown = _cell(ip, f"%gpu_pull sent_to_shared --cluster {shared.name} --rank 1 --as back")
+        assert res.success and ip.user_ns["back"] == 41, shown
+        res, shown = _cell(ip, "%gpu_pull sent_to_shared")  # the current cluster never got it
+        assert not res.success and "sent_to_shared" in str(res.error_in_exec), shown
+        res, shown = _cell(ip, "%gpu_push sent_to_shared --cluster no-such-cluster")
+        assert not res.success and "no-such-cluster" in str(res.error_in_exec), shown
+    finally:
+        get_manager().get("other").stop()
+        get_manager().use(shared.name)
