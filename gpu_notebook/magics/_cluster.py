@@ -180,13 +180,13 @@ POLICY_ARGS = (
         "--idle-stop",
         type=idle_minutes(),
         metavar="MINUTES",
-        help="start: stop the cluster after this many idle minutes",
+        help="start: stop the cluster after this many idle minutes; workshop start: each student's seat",
     ),
     option(
         "--budget",
         type=budget_usd(),
         metavar="USD",
-        help="start: warn at 80%%, checkpoint and stop at 100%% of this",
+        help="start: warn at 80%%, checkpoint and stop at 100%% of this; workshop start: per student",
     ),
 )
 ALLREDUCE_ARGS = (
