@@ -60,7 +60,7 @@ from ._errors import (
     StoreError,
     UnsafeValueError,
 )
-from .format.manifest import FORMAT_VERSION, CheckpointInfo, CheckpointList
+from .format.manifest import CheckpointInfo, CheckpointList
 from .stores import LocalStore, ObjectInfo, S3Store, Store, open_store
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,6 +70,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._rng import rng_state, set_rng_state
     from .checkpointer import Checkpointer, current
     from .per_rank import PerRank
+    from .reader import FORMAT_VERSION
     from .results import DiffResult, GcResult, ShowResult
     from .save.handle import SaveHandle
 
@@ -86,6 +87,7 @@ __getattr__, __dir__ = lazy_module(
         "rng_state": "._rng",
         "set_rng_state": "._rng",
         "PerRank": ".per_rank",
+        "FORMAT_VERSION": ".reader",  # (the reader imports numpy)
         "PreemptionWatcher": "._preemption",
         "PreemptionNotice": "._preemption",
         "detect_cloud": "._preemption",

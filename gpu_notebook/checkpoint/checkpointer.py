@@ -28,7 +28,6 @@ from ._group import agree_min, join_session, rank_world
 from ._progress import Progress
 from .format.codec import notice_fallback
 from .format.manifest import (
-    FORMAT_VERSION,
     CheckpointInfo,
     CheckpointList,
     blake3_available,
@@ -40,6 +39,7 @@ from .gc import collect
 from .inspect import Inspector
 from .per_rank import has_per_rank
 from .policy import Preemption, due
+from .reader import FORMAT_VERSION
 from .restore.flow import restore_checkpoint
 from .results import DiffResult, GcResult, ShowResult
 from .save.commit import Committer

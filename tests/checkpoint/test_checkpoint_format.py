@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import gpu_notebook.checkpoint.checkpointer as ckmod
-from gpu_notebook.checkpoint import Checkpointer
-from gpu_notebook.checkpoint.format.manifest import FORMAT_VERSION, doc_hash, hash_fn
+from gpu_notebook.checkpoint import FORMAT_VERSION, Checkpointer
+from gpu_notebook.checkpoint.format.manifest import doc_hash, hash_fn
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,13 +23,15 @@ from typing import Any
 
 from ..._display import fmt_bytes
 from .._errors import FormatVersionError, IntegrityError, NoCheckpointError, ObjectMissingError, StoreError
-from ..reader import FORMAT_VERSION
 from ._nogc import no_gc
 from .validate import check_manifest
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
+__all__ = ["FORMAT_NAME", "CheckpointInfo", "object_key", "manifest_key", "read_manifest"]
 
 FORMAT_NAME = "gpu_notebook.checkpoint"
+# FORMAT_VERSION, the version this library writes and the newest it reads, is defined once: in ..reader, which
+# must stay a standalone file (it imports nothing of gpu_notebook)
+
 #: the hash function of each format version: object keys and the chunk fields ``raw`` and ``hash`` (version 4
 #: adds optional manifest fields to version 3: a reader treats every one of them as absent in older manifests;
 #: version 5 lists the members of a group of small tensors in the group, columnar, instead of one leaf each)
@@ -137,6 +139,10 @@ def id_from_key(key: str) -> str | None:
 
 
 def check_version(doc: dict[str, Any], what: str) -> None:
+    # the version is defined once, in the standalone reader (which imports numpy: not at this module's import,
+    # so that importing gpu_notebook.checkpoint stays light)
+    from ..reader import FORMAT_VERSION
+
     if doc.get("format") != FORMAT_NAME:
         raise FormatVersionError(f"{what} is not a {FORMAT_NAME} document (format={doc.get('format')!r})")
     v = doc.get("version")
