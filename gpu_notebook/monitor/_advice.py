@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +18,7 @@ from gpu_notebook.monitor._aggregator import window_stats
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._aggregator import Aggregator
+    from gpu_notebook.monitor._shapes import UtilisationSummary
 
 __all__ = ["Advice", "REMEDIES", "advise", "utilisation_summary_from"]
 
@@ -112,11 +113,13 @@ def _nanmean_cols(block: np.ndarray) -> np.ndarray:
         return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
-def utilisation_summary_from(agg: Aggregator, window_s: float, now: float | None = None) -> dict[str, Any]:
+def utilisation_summary_from(
+    agg: Aggregator, window_s: float, now: float | None = None
+) -> UtilisationSummary:
     """Per node: ``has_gpu``, ``gpus`` {index: mean util %}, ``mean_gpu_util``, ``cpu_percent``, coverage."""
     now = agg.clock() if now is None else now
     since = now - window_s
-    out: dict[str, Any] = {}
+    out: UtilisationSummary = {}
     for node, s in agg.states():
         t, data = s.buffer.window(since)
         cols = s.gpu_cols("util_gpu")

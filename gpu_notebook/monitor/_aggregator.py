@@ -17,12 +17,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from gpu_notebook.monitor._ring import RingBuffer
 from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._shapes import GpuReading, GpuSeries, HostReading, HostSeries, Latest
 
 __all__ = ["Aggregator", "LocalHandle", "RayHandle", "NodeState"]
 
@@ -272,11 +275,11 @@ class Aggregator:
         """``(node, gpu_info)`` for every GPU, node order then GPU index."""
         return [(node, g) for node, s in self.states() for g in s.gpus]
 
-    def gpu_series(self, metric: str, since_t: float) -> list[dict[str, Any]]:
+    def gpu_series(self, metric: str, since_t: float) -> list[GpuSeries]:
         """One entry per GPU: node, index, name, uuid, ``t`` and ``y`` arrays since ``since_t``."""
         if metric not in GPU_METRICS:
             raise KeyError(f"unknown GPU metric {metric!r}; one of {GPU_METRICS}")
-        out = []
+        out: list[GpuSeries] = []
         for node, s in self.states():
             if not s.gpus:
                 continue
@@ -294,11 +297,11 @@ class Aggregator:
                 )
         return out
 
-    def host_series(self, metric: str, since_t: float) -> list[dict[str, Any]]:
+    def host_series(self, metric: str, since_t: float) -> list[HostSeries]:
         """One entry per node that samples host metrics: node, ``t`` and ``y`` since ``since_t``."""
         if metric not in HOST_METRICS:
             raise KeyError(f"unknown host metric {metric!r}; one of {HOST_METRICS}")
-        out = []
+        out: list[HostSeries] = []
         for node, s in self.states():
             c = s.host_col(metric)
             if c is None:
@@ -307,9 +310,10 @@ class Aggregator:
             out.append({"node": node, "t": t, "y": data[:, c]})
         return out
 
-    def latest(self) -> dict[str, Any]:
+    def latest(self) -> Latest:
         """The newest reading: ``{"gpus": [row dicts], "hosts": [row dicts]}``."""
-        gpus, hosts = [], []
+        gpus: list[GpuReading] = []
+        hosts: list[HostReading] = []
         for node, s in self.states():
             last = s.buffer.latest()
             if last is None:
@@ -326,12 +330,12 @@ class Aggregator:
                 }
                 for m in GPU_METRICS:
                     d[m] = float(row[s.col[f"gpu{g['index']}.{m}"]])
-                gpus.append(d)
+                gpus.append(cast("GpuReading", d))  # the metric keys are GPU_METRICS, filled just above
             if s.host_col("cpu_percent") is not None:
                 h: dict[str, Any] = {"node": node, "t": t, "up": s.up, "has_gpu": s.has_gpu}
-                for m in HOST_METRICS:
-                    h[m] = float(row[s.col[f"host.{m}"]])
-                hosts.append(h)
+                for hm in HOST_METRICS:
+                    h[hm] = float(row[s.col[f"host.{hm}"]])
+                hosts.append(cast("HostReading", h))  # the metric keys are HOST_METRICS, filled just above
         return {"gpus": gpus, "hosts": hosts}
 
     def rows_since(self, node: str, seq: int) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from gpu_notebook import _registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._aggregator import Aggregator
+    from gpu_notebook.monitor._shapes import GpuMetric, HostMetric
 
 __all__ = [
     "prometheus_text",
@@ -46,7 +47,7 @@ __all__ = [
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # (metric column, exposition name, type, help, scale)
-_GPU_EXPORTS: list[tuple[str, str, str, str, float]] = [
+_GPU_EXPORTS: list[tuple[GpuMetric, str, str, str, float]] = [
     (
         "util_gpu",
         "gpu_notebook_gpu_utilization_percent",
@@ -83,7 +84,7 @@ _GPU_EXPORTS: list[tuple[str, str, str, str, float]] = [
         1.0,
     ),
 ]
-_HOST_EXPORTS: list[tuple[str, str, str, str, float]] = [
+_HOST_EXPORTS: list[tuple[HostMetric, str, str, str, float]] = [
     ("cpu_percent", "gpu_notebook_host_cpu_percent", "gauge", "Host CPU utilisation.", 1.0),
     ("mem_used_mib", "gpu_notebook_host_memory_used_bytes", "gauge", "Host memory used.", 2.0**20),
     ("mem_total_mib", "gpu_notebook_host_memory_total_bytes", "gauge", "Host memory total.", 2.0**20),
@@ -132,13 +133,13 @@ def prometheus_text(agg: Aggregator, down: Iterable[str] = ()) -> str:
                 f'name="{_label(r["name"])}"'
             )
             lines.append(f"{sample}{{{labels}}} {_num(r[col] * scale)}")
-    for col, name, typ, help_, scale in _HOST_EXPORTS:
-        rows = [r for r in latest["hosts"] if not math.isnan(r[col])]
-        if not rows:
+    for host_col, name, typ, help_, scale in _HOST_EXPORTS:
+        host_rows = [h for h in latest["hosts"] if not math.isnan(h[host_col])]
+        if not host_rows:
             continue
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {typ}"]
-        for r in rows:
-            lines.append(f'{name}{{node="{_label(r["node"])}"}} {_num(r[col] * scale)}')
+        for h in host_rows:
+            lines.append(f'{name}{{node="{_label(h["node"])}"}} {_num(h[host_col] * scale)}')
     lines += [
         "# HELP gpu_notebook_node_up 1 if the node's sampler answered the last pull.",
         "# TYPE gpu_notebook_node_up gauge",

@@ -7,10 +7,13 @@ import html
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpu_notebook._display import text_table
 from gpu_notebook.monitor._advice import Advice
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._shapes import Latest
 
 __all__ = ["WAITING", "down_nodes_html", "snapshot_table_html", "snapshot_table_text"]
 
@@ -32,7 +35,7 @@ class _Shown(Protocol):
     @property
     def failed_nodes(self) -> dict[str, str]: ...
 
-    def latest(self) -> dict[str, Any]: ...
+    def latest(self) -> Latest: ...
 
     def advice(self, window_s: float | None = None, threshold: float | None = None) -> list[Advice]: ...
 

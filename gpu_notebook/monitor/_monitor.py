@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from gpu_notebook import _registry
 from gpu_notebook._display import error_line
@@ -25,6 +25,17 @@ from gpu_notebook.monitor._aggregator import Aggregator, LocalHandle, RayHandle
 from gpu_notebook.monitor._export import PrometheusServer, host_csv, monitor_text, nvidia_smi_csv
 from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
+
+    from gpu_notebook.monitor._shapes import (
+        GpuSeries,
+        HostSeries,
+        Latest,
+        NodeUtilisation,
+        UtilisationSummary,
+    )
 
 __all__ = [
     "Monitor",
@@ -384,19 +395,19 @@ class Monitor:
     def gpu_count(self) -> int:
         return sum(len(s.gpus) for _, s in self.aggregator.states())
 
-    def latest(self) -> dict[str, Any]:
+    def latest(self) -> Latest:
         """Newest reading per GPU and per host (see :meth:`Aggregator.latest`)."""
         return self.aggregator.latest()
 
-    def gpu_series(self, metric: str = "util_gpu", window_s: float = 300.0) -> list[dict[str, Any]]:
+    def gpu_series(self, metric: str = "util_gpu", window_s: float = 300.0) -> list[GpuSeries]:
         """Per-GPU time series of ``metric`` over the last ``window_s`` seconds."""
         return self.aggregator.gpu_series(metric, self.clock() - window_s)
 
-    def host_series(self, metric: str = "cpu_percent", window_s: float = 300.0) -> list[dict[str, Any]]:
+    def host_series(self, metric: str = "cpu_percent", window_s: float = 300.0) -> list[HostSeries]:
         """Per-node host series of ``metric`` over the last ``window_s`` seconds."""
         return self.aggregator.host_series(metric, self.clock() - window_s)
 
-    def utilisation_summary(self, window_s: float) -> dict[str, Any]:
+    def utilisation_summary(self, window_s: float) -> UtilisationSummary:
         """Per-node/per-GPU mean utilisation over the last ``window_s``; see :func:`utilisation_summary`."""
         return utilisation_summary_from(self.aggregator, window_s, now=self.clock())
 
@@ -540,12 +551,12 @@ def _handle_for(s: Any) -> LocalHandle | RayHandle:
     return RayHandle(s, str(info["node"]), info)
 
 
-def utilisation_summary(monitor: Monitor, window_s: float) -> dict[str, Any]:
+def utilisation_summary(monitor: Monitor, window_s: float) -> UtilisationSummary:
     """Mean utilisation per node and GPU over the last ``window_s`` seconds (idle stop reads this).
 
     Returns
     -------
-    dict
+    UtilisationSummary
         ``{node_id: {"has_gpu": bool, "gpus": {gpu_index: mean_util_percent}, "mean_gpu_util": float,
         "max_gpu_util": float, "cpu_percent": float, "samples": int, "span_s": float, "up": bool}}``.
         Values are NaN where there is no data (e.g. ``mean_gpu_util`` on a CPU-only node). ``span_s`` tells how
@@ -554,7 +565,7 @@ def utilisation_summary(monitor: Monitor, window_s: float) -> dict[str, Any]:
     return monitor.utilisation_summary(window_s)
 
 
-def busiest_utilisation(summary: dict[str, Any]) -> tuple[str, float | None]:
+def busiest_utilisation(summary: Mapping[str, NodeUtilisation]) -> tuple[Literal["gpu", "cpu"], float | None]:
     """What idle detection compares with its threshold: ``("gpu", busiest GPU's mean %)``, or, when no node has
     a GPU, ``("cpu", busiest node's CPU %)``; the value is None when no node has samples yet.
 
@@ -563,7 +574,7 @@ def busiest_utilisation(summary: dict[str, Any]) -> tuple[str, float | None]:
     """
     nodes = [node for node in summary.values() if node.get("samples")]
     any_gpu = any(node.get("has_gpu") for node in nodes)
-    key = "max_gpu_util" if any_gpu else "cpu_percent"
+    key: Literal["max_gpu_util", "cpu_percent"] = "max_gpu_util" if any_gpu else "cpu_percent"
     vals = [
         float(v)
         for node in nodes

@@ -21,11 +21,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpu_notebook.monitor._ring import RingBuffer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._shapes import GpuMetric, HostMetric
 
 __all__ = [
     "GPU_METRICS",
@@ -37,7 +40,7 @@ __all__ = [
     "sampler_actor_class",
 ]
 
-GPU_METRICS: tuple[str, ...] = (
+GPU_METRICS: tuple[GpuMetric, ...] = (
     "util_gpu",  # % of time a kernel ran (nvmlDeviceGetUtilizationRates().gpu)
     "util_mem",  # % of time device memory was read/written
     "mem_used_mib",
@@ -50,7 +53,7 @@ GPU_METRICS: tuple[str, ...] = (
     "energy_j",  # energy counter since driver load
     "sm_active",  # GPM SM activity, 0..1 (NaN when GPM is unavailable)
 )
-HOST_METRICS: tuple[str, ...] = (
+HOST_METRICS: tuple[HostMetric, ...] = (
     "cpu_percent",
     "mem_used_mib",
     "mem_total_mib",

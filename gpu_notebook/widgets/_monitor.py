@@ -21,14 +21,30 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import numpy as np
 
 from gpu_notebook.monitor._html import WAITING
 from gpu_notebook.widgets._live import LiveView, RateCap
 
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor import Advice, Monitor
+    from gpu_notebook.monitor._shapes import GpuMetric, GpuSeries, HostSeries
+
 __all__ = ["MonitorWidget", "RateCap"]
+
+#: One line on every chart: ``("gpu", node, gpu index)``, ``("node", node, None)`` (the node's GPU mean),
+#: ``("node", node, "host")`` (its host metrics) or ``("all", "mean" | "min" | "max", None)`` (over the cluster).
+TraceKey = tuple[Literal["gpu", "node", "all"], str, int | str | None]
+
+
+class _Plan(NamedTuple):
+    """The structure of the figure; the figure is rebuilt when a new plan differs from the one it shows."""
+
+    mode: Literal["gpu", "host"]  # GPU charts, or host charts when no node has a GPU
+    keys: tuple[TraceKey, ...]  # the lines of each chart, in order
+    heat: bool  # with the node x GPU heat map
 
 
 def _decimate(t: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
@@ -156,7 +172,7 @@ class MonitorWidget(LiveView):
 
     def __init__(
         self,
-        monitor: Any,
+        monitor: Monitor,
         *,
         interval: float = 1.0,
         window_s: float = 300.0,
@@ -193,9 +209,9 @@ class MonitorWidget(LiveView):
         self._load = _MainThreadLoad()
         self._fig_cost = 4
         self._advice = ""
-        self._structure: tuple[Any, ...] | None = None
+        self._structure: _Plan | None = None
         self._date_axes: dict[str, str] = {}
-        self._traces: list[tuple[str, str, Any]] = []
+        self._traces: list[tuple[str, str, TraceKey | None]] = []
         self._waiting = False  # the charts show WAITING: no sample has arrived yet
         self._colours: dict[str, str] = {}  # trace name -> its colour on every chart, kept across rebuilds
         self._advice_at = -math.inf
@@ -210,13 +226,14 @@ class MonitorWidget(LiveView):
             self.start()
 
     # -- figure structure -----------------------------------------------------------------------------------------
-    def _plan(self) -> tuple[Any, ...]:
+    def _plan(self) -> _Plan:
         agg = self.monitor.aggregator
         states = agg.states()  # a copy: the pull thread may add nodes meanwhile
         gpus = [(n, g) for n, s in states for g in s.gpus]
         nodes = [n for n, s in states if s.gpus] if gpus else [n for n, _ in states]
+        keys: tuple[TraceKey, ...]
         if gpus:
-            mode = "gpu"
+            mode: Literal["gpu", "host"] = "gpu"
             if len(gpus) <= self.max_traces:
                 keys = tuple(("gpu", n, g["index"]) for n, g in gpus)
             elif len(nodes) <= self.max_traces:
@@ -232,10 +249,10 @@ class MonitorWidget(LiveView):
                 else (("all", "mean", None), ("all", "min", None), ("all", "max", None))
             )
             heat = False
-        return (mode, keys, heat)
+        return _Plan(mode, keys, heat)
 
     @staticmethod
-    def _label(key: tuple[str, str, Any]) -> str:
+    def _label(key: TraceKey) -> str:
         kind, node, idx = key
         if kind == "gpu":
             return f"{node[:8]}/gpu{idx}"
@@ -250,15 +267,14 @@ class MonitorWidget(LiveView):
         palette = qualitative.Plotly + qualitative.D3  # 20: the default max_traces lines stay distinct
         return self._colours.setdefault(name, palette[len(self._colours) % len(palette)])
 
-    def _rows(self, plan: tuple[Any, ...]) -> list[tuple[str, str]]:
-        mode, _, heat = plan
-        if mode == "gpu":
+    def _rows(self, plan: _Plan) -> list[tuple[str, str]]:
+        if plan.mode == "gpu":
             rows = [
                 ("util_gpu", "GPU utilisation %"),
                 ("mem_used_mib", "GPU memory used GiB"),
                 ("power_w", "power W"),
             ]
-            if heat:
+            if plan.heat:
                 rows.append(("heat", "utilisation now: node x GPU"))
             return rows
         return [
@@ -280,7 +296,6 @@ class MonitorWidget(LiveView):
             vertical_spacing=0.22 / len(rows) + 0.03,
         )
         self._traces = []
-        _, keys, _ = plan
         for r, (metric, _title) in enumerate(rows, start=1):
             if metric == "heat":
                 fig.add_trace(
@@ -297,7 +312,7 @@ class MonitorWidget(LiveView):
                 )
                 self._traces.append(("heat", "", None))
                 continue
-            for i, key in enumerate(keys):
+            for i, key in enumerate(plan.keys):
                 fig.add_trace(
                     go.Scatter(
                         x=[],
@@ -326,7 +341,7 @@ class MonitorWidget(LiveView):
             if metric != "heat":
                 fig.update_xaxes(type="date", row=r, col=1)
                 self._date_axes[f"xaxis{'' if r == 1 else r}.type"] = "date"
-        if plan[0] == "gpu" or plan[0] == "host":
+        if plan.mode == "gpu" or plan.mode == "host":
             fig.update_yaxes(range=[0, 100], row=1, col=1)
         self._waiting = self.monitor.aggregator.rows_in == 0
         if self._waiting:
@@ -370,12 +385,12 @@ class MonitorWidget(LiveView):
     def _series(
         self,
         metric: str,
-        key: tuple[str, str, Any],
+        key: TraceKey,
         since: float,
         now: float,
-        cache: dict[str, list[dict[str, Any]]],
+        cache: dict[str, list[GpuSeries] | list[HostSeries]],
     ) -> tuple[np.ndarray, np.ndarray]:
-        mode = self._structure[0] if self._structure else "gpu"
+        mode = self._structure.mode if self._structure else "gpu"
         if metric not in cache:
             agg = self.monitor.aggregator
             cache[metric] = agg.gpu_series(metric, since) if mode == "gpu" else agg.host_series(metric, since)
@@ -383,7 +398,7 @@ class MonitorWidget(LiveView):
         kind, node, idx = key
         scale = 1 / 1024 if metric == "mem_used_mib" else (1e-6 if metric == "net_rx_Bps" else 1.0)
         if kind == "gpu":
-            for s in series:
+            for s in cast("list[GpuSeries]", series):  # a "gpu" key is only planned in mode "gpu"
                 if s["node"] == node and s["index"] == idx:
                     t, y = _decimate(s["t"], s["y"], self.max_points)
                     return t, y * scale
@@ -422,11 +437,12 @@ class MonitorWidget(LiveView):
         g = latest["gpus"]
         if g:
 
-            def mean(k: str) -> float:
+            def mean(k: GpuMetric) -> float:
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(np.mean(v)) if v else math.nan
 
-            def total(k: str) -> float:  # NaN when no GPU reports it (NVML_ERROR_NOT_SUPPORTED), never 0
+            # NaN when no GPU reports it (NVML_ERROR_NOT_SUPPORTED), never 0
+            def total(k: GpuMetric) -> float:
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(sum(v)) if v else math.nan
 
@@ -475,7 +491,7 @@ class MonitorWidget(LiveView):
         if not items:
             return ""
 
-        def names(group: list[Any]) -> str:
+        def names(group: list[Advice]) -> str:
             shown = ", ".join(f"{a.node[:8]}/gpu{a.gpu} {a.mean_util:.0f}%" for a in group[:12])
             return shown + (f" … and {len(group) - 12} more" if len(group) > 12 else "")
 
@@ -569,7 +585,7 @@ class MonitorWidget(LiveView):
         from plotly.basedatatypes import Undefined  # "leave this trace's property alone" in a restyle
 
         since = now - self.window_s
-        cache: dict[str, list[dict[str, Any]]] = {}
+        cache: dict[str, list[GpuSeries] | list[HostSeries]] = {}
         idx: list[int] = []
         xs: list[Any] = []
         ys: list[Any] = []
@@ -579,7 +595,8 @@ class MonitorWidget(LiveView):
             if metric == "heat":
                 heat_at = i
                 continue
-            t, y = self._series(metric, key, since, now, cache)
+            # (only the heat map's entry has no key)
+            t, y = self._series(metric, cast("TraceKey", key), since, now, cache)
             mark = (len(t), float(t[-1]) if len(t) else math.nan)
             if not force and self._sent.get(i) == mark:
                 continue  # this trace got nothing new (a stale node): do not resend it

@@ -1,0 +1,123 @@
+"""The shapes of what a monitor hands out: newest readings, time series, the utilisation summary.
+
+They are plain dictionaries at runtime (a widget, an export or a test reads them with ``[...]``), named here as
+``TypedDict``\\s so every reader sees the same keys. The metric names are ``Literal`` types: a reading has one
+key per name in :data:`~gpu_notebook.monitor._sampler.GPU_METRICS` (or ``HOST_METRICS``), and a reader that
+picks a metric by variable names it with these types so the key is checked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, TypedDict
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+__all__ = [
+    "GpuMetric",
+    "GpuReading",
+    "GpuSeries",
+    "HostMetric",
+    "HostReading",
+    "HostSeries",
+    "Latest",
+    "NodeUtilisation",
+    "UtilisationSummary",
+]
+
+#: A per-GPU metric, as sampled (the order of ``GPU_METRICS``; ``tests/monitor`` checks they match).
+GpuMetric = Literal[
+    "util_gpu",
+    "util_mem",
+    "mem_used_mib",
+    "mem_total_mib",
+    "power_w",
+    "power_limit_w",
+    "temp_c",
+    "sm_clock_mhz",
+    "throttle",
+    "energy_j",
+    "sm_active",
+]
+#: A per-node host metric, as sampled (the order of ``HOST_METRICS``).
+HostMetric = Literal["cpu_percent", "mem_used_mib", "mem_total_mib", "net_rx_Bps", "net_tx_Bps", "load1"]
+
+
+class GpuReading(TypedDict):
+    """The newest reading of one GPU (:meth:`Monitor.latest`); a metric is NaN where NVML did not report it."""
+
+    node: str
+    index: int
+    name: str
+    uuid: str
+    t: float  # epoch seconds of the sample
+    up: bool  # the node's sampler answered the last pull
+    util_gpu: float
+    util_mem: float
+    mem_used_mib: float
+    mem_total_mib: float
+    power_w: float
+    power_limit_w: float
+    temp_c: float
+    sm_clock_mhz: float
+    throttle: float
+    energy_j: float
+    sm_active: float
+
+
+class HostReading(TypedDict):
+    """The newest host reading of one node."""
+
+    node: str
+    t: float
+    up: bool
+    has_gpu: bool
+    cpu_percent: float
+    mem_used_mib: float
+    mem_total_mib: float
+    net_rx_Bps: float
+    net_tx_Bps: float
+    load1: float
+
+
+class Latest(TypedDict):
+    """What :meth:`Monitor.latest` returns: every GPU's and every host's newest reading."""
+
+    gpus: list[GpuReading]
+    hosts: list[HostReading]
+
+
+class GpuSeries(TypedDict):
+    """One GPU's series of one metric (:meth:`Monitor.gpu_series`): ``t`` epoch seconds, ``y`` values."""
+
+    node: str
+    index: int
+    name: str
+    uuid: str
+    t: np.ndarray
+    y: np.ndarray
+
+
+class HostSeries(TypedDict):
+    """One node's series of one host metric (:meth:`Monitor.host_series`)."""
+
+    node: str
+    t: np.ndarray
+    y: np.ndarray
+
+
+class NodeUtilisation(TypedDict):
+    """One node's utilisation over a window (:func:`utilisation_summary`); NaN where there is no data."""
+
+    has_gpu: bool
+    gpus: dict[int, float]  # GPU index -> mean utilisation %
+    mean_gpu_util: float
+    max_gpu_util: float
+    cpu_percent: float
+    samples: int
+    span_s: float  # how much of the window the samples cover
+    up: bool
+
+
+#: node id -> its utilisation over the window
+UtilisationSummary = dict[str, NodeUtilisation]
