@@ -22,7 +22,10 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.doctor._shapes import RankCaller
 
 __all__ = [
     "COLLECTIVE_TIMEOUT",
@@ -479,7 +482,7 @@ def combine(per_rank: list[dict[str, Any]]) -> tuple[int, str, str, list[dict[st
 
 
 def bench_allreduce(
-    cluster: Any,
+    cluster: RankCaller,
     min_bytes: int = 8,
     max_bytes: int = 128 * 2**20,
     factor: int = 2,
@@ -547,7 +550,11 @@ def _rank_nodes(per_rank: list[dict[str, Any]]) -> dict[int, str]:
 
 
 def _link_test(
-    cluster: Any, result: BenchResult, link_bytes: int, collective_timeout: float, timeout: float | None
+    cluster: RankCaller,
+    result: BenchResult,
+    link_bytes: int,
+    collective_timeout: float,
+    timeout: float | None,
 ) -> None:
     """Time a 2-rank all-reduce per pair of nodes (or of ranks on one node); fill ``pairs`` and ``slow``."""
     mode, pairs = choose_pairs(result.rank_nodes)

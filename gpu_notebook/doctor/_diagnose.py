@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from gpu_notebook.doctor._checks import analyze, node_labels
 from gpu_notebook.doctor._facts import collect_facts, probe_peers, stop_listener
 from gpu_notebook.doctor._report import DoctorReport
-from gpu_notebook.doctor._shapes import Endpoint, Facts, PeerProbe
+from gpu_notebook.doctor._shapes import Endpoint, Facts, PeerProbe, RankCaller
 
 __all__ = ["diagnose", "diagnose_local", "diagnose_facts"]
 
@@ -26,7 +25,7 @@ def diagnose_facts(
     return DoctorReport(analyze(facts, probes), list(facts), title)
 
 
-def diagnose(cluster: Any, timeout: float | None = 120.0) -> DoctorReport:
+def diagnose(cluster: RankCaller, timeout: float | None = 120.0) -> DoctorReport:
     """Check every rank of a cluster and return the findings.
 
     Runs three calls through ``cluster.call``: each rank gathers its facts and opens a test TCP listener;

@@ -16,9 +16,12 @@ from __future__ import annotations
 import html
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_notebook.doctor._bench import COLLECTIVE_TIMEOUT, bench_group, collective_failed, free_group
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.doctor._shapes import RankCaller
 
 __all__ = ["REFERENCE", "scaling_sizes", "scaling_train", "ScalingResult", "bench_scaling", "scaling_rows"]
 
@@ -240,7 +243,7 @@ class ScalingResult:
 
 
 def bench_scaling(
-    cluster: Any,
+    cluster: RankCaller,
     steps: int = 30,
     warmup_steps: int = 5,
     sizes: list[int] | None = None,

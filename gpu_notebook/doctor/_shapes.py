@@ -7,7 +7,8 @@ failed leaves its key at a default and records why under ``probe_errors``.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any, Protocol, TypedDict
 
 __all__ = [
     "DiskUsage",
@@ -21,6 +22,7 @@ __all__ = [
     "NvmlGpu",
     "PeerProbe",
     "PeerResult",
+    "RankCaller",
     "Route",
     "ShmFacts",
     "TcpProbe",
@@ -188,3 +190,16 @@ class PeerProbe(TypedDict):
 
     rank: int | None
     results: list[PeerResult]
+
+
+class RankCaller(Protocol):
+    """What the doctor runs its probes and benchmarks through: anything that runs ``fn(*args, **kwargs)`` in
+    every rank's process and returns the values in rank order, raising when a rank failed.
+
+    :class:`gpu_notebook.Cluster` and :class:`gpu_notebook.doctor.LocalGroup` are such callers (a
+    ``WorkerGroup`` is not: its ``call`` takes ``args`` as one tuple and returns a ``CellResult``).
+    """
+
+    def call(
+        self, fn: Callable[..., Any], *args: Any, timeout: float | None = ..., **kwargs: Any
+    ) -> list[Any]: ...
