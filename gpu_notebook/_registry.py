@@ -6,6 +6,11 @@ packages can find it without importing each other: ``cost`` and ``monitor`` ask 
 of importing ``cluster``, and ``cost`` finds a cluster's monitor in :data:`monitors` instead of reading the
 monitor package's internals.
 
+The rest of what a kernel keeps lives here too, each as one typed field with a comment: its background cells,
+its price catalog, the last cluster whose cost policies saw it stop, the cloud launcher's event listeners and the
+teacher's workshops. Process plumbing that is no kernel state (a cached libc handle, a flag saying a signal
+handler or a patch is installed, the state of a rank's own process) stays in the module that needs it.
+
 Invariants:
 
 * Every per-cluster map holds its cluster weakly (a cluster nobody references goes away with its entries)
@@ -31,18 +36,26 @@ from gpu_notebook.errors import GpuNotebookError
 __all__ = [
     "LOCAL",
     "ClusterManager",
+    "Items",
     "NoClusterError",
     "PerCluster",
     "RegisteredCluster",
+    "Slot",
     "UnknownClusterError",
     "active_checkpointer",
+    "background_cells",
+    "catalog",
     "cost_meters",
     "current_cluster",
     "get_manager",
+    "launcher_hooked",
+    "launcher_listeners",
     "monitors",
     "policy_watchers",
     "set_active_checkpointer",
     "stop_at_exit",
+    "stopped_cost",
+    "workshops",
 ]
 
 _MISSING = object()
@@ -284,6 +297,89 @@ monitors: PerCluster[Any] = PerCluster("monitors")
 cost_meters: PerCluster[Any] = PerCluster("cost meters")
 #: The budget / idle-stop watcher of each cluster: what ``attach_policies`` started.
 policy_watchers: PerCluster[Any] = PerCluster("policy watchers")
+
+
+class Slot(Generic[T]):
+    """One value of a kind (or None), behind a lock."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._value: T | None = None
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<Slot {self.what}: {'set' if self._value is not None else 'empty'}>"
+
+    @property
+    def lock(self) -> threading.RLock:
+        """Held while a caller checks for a value and creates one, so two threads do not both create it."""
+        return self._lock
+
+    def get(self) -> T | None:
+        with self._lock:
+            return self._value
+
+    def set(self, value: T | None) -> T | None:
+        """Make ``value`` the one (None empties the slot); returns the one it replaces."""
+        with self._lock:
+            old, self._value = self._value, value
+            return old
+
+
+class Items(Generic[T]):
+    """Items of a kind in the order they were added, oldest first, behind a lock."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._items: builtins.list[T] = []
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Items {self.what}: {len(self._items)}>"
+
+    def add(self, item: T, keep: int | None = None) -> None:
+        """Append ``item``; with ``keep``, drop the oldest items beyond that many."""
+        with self._lock:
+            self._items.append(item)
+            if keep is not None:
+                del self._items[: max(0, len(self._items) - keep)]
+
+    def remove(self, item: T) -> None:
+        """Remove ``item`` (a :class:`ValueError` when it is not there, as ``list.remove``)."""
+        with self._lock:
+            self._items.remove(item)
+
+    def remove_if(self, drop: Callable[[T], bool]) -> None:
+        with self._lock:
+            self._items[:] = [i for i in self._items if not drop(i)]
+
+    def items(self) -> builtins.list[T]:
+        """A copy, oldest first: safe to iterate while others add."""
+        with self._lock:
+            return list(self._items)
+
+    def latest(self) -> T | None:
+        with self._lock:
+            return self._items[-1] if self._items else None
+
+
+#: Every background cell of this kernel (``%%distributed --noblock``, ``Cluster.run(block=False)``), oldest
+#: first: what ``%gpu_result NAME`` finds and what is cancelled at exit (the distributed package caps it).
+background_cells: Items[Any] = Items("background cells")
+#: (name, cost meter, reason) of the last cluster with cost policies that stopped: ``%gpu_cost status`` shows
+#: its final figures once no cluster runs.
+stopped_cost: Slot[tuple[str, Any, str]] = Slot("last stopped cluster's cost")
+#: The kernel's price catalog (the shipped prices, a saved refresh merged in, the user's overrides on it): what
+#: ``get_catalog`` hands out.
+catalog: Slot[Any] = Slot("price catalog")
+#: Who hears the cloud launcher's events now (one per ``launcher_events`` block in progress).
+launcher_listeners: Items[Callable[[str, dict[str, Any]], None]] = Items("launcher listeners")
+#: True once our dispatcher is registered with Ray's launcher event system (global, and it only grows: once per
+#: process, whichever clusters come and go).
+launcher_hooked: Slot[bool] = Slot("launcher event hook")
+#: The workshops this kernel's teacher started or connected to, the current one last: what
+#: ``%gpu_cluster students`` shows without ``--workshop`` (a workshop, not a cluster: it is in no manager).
+workshops: Items[Any] = Items("workshops")
 
 _active_checkpointer: weakref.ref[Any] | None = None
 

@@ -139,3 +139,55 @@ def test_outside_a_kernel_nothing_is_wrapped(monkeypatch: pytest.MonkeyPatch) ->
     m: _registry.ClusterManager[FakeCluster] = _registry.ClusterManager()
     m.add(FakeCluster("a"))
     assert len(_registry._HOOKED_KERNELS) == 0
+
+
+def test_a_slot_holds_one_value_and_says_what_it_replaced() -> None:
+    slot: _registry.Slot[str] = _registry.Slot("test")
+    assert slot.get() is None and "empty" in repr(slot)
+    assert slot.set("a") is None and slot.set("b") == "a" and slot.get() == "b"
+    with slot.lock:  # reentrant: a caller that checks and creates under the lock may set inside it
+        slot.set(None)
+    assert slot.get() is None
+
+
+def test_items_keep_their_order_and_the_newest_within_a_cap() -> None:
+    items: _registry.Items[int] = _registry.Items("test")
+    assert items.latest() is None and items.items() == []
+    for i in range(5):
+        items.add(i, keep=3)
+    assert items.items() == [2, 3, 4] and items.latest() == 4
+    items.add(5)  # no cap: nothing dropped
+    items.remove(3)
+    items.remove_if(lambda i: i % 2 == 0)
+    assert items.items() == [5] and repr(items) == "<Items test: 1>"
+    with pytest.raises(ValueError):
+        items.remove(3)  # as list.remove: a listener removed twice is a bug
+
+
+def test_the_kernel_state_outside_the_manager_lives_in_typed_fields() -> None:
+    """What other packages keep for the kernel (background cells, the catalog, ...) is here, not in their globals."""
+    from gpu_notebook.catalog import get_catalog
+    from gpu_notebook.cluster.workshop import current_workshop
+    from gpu_notebook.cluster.workshop._seat import WorkshopError
+    from gpu_notebook.cost._watcher import last_stopped
+
+    kept = get_catalog()
+    assert kept is _registry.catalog.get() is get_catalog()
+    try:
+        assert get_catalog(reload=True) is _registry.catalog.get() is not kept
+    finally:
+        _registry.catalog.set(kept)  # the user overrides other tests set stay
+    saved = _registry.stopped_cost.set(("c", object(), "budget"))
+    try:
+        assert last_stopped() == _registry.stopped_cost.get()
+    finally:
+        _registry.stopped_cost.set(saved)
+    if _registry.workshops.latest() is None:
+        with pytest.raises(WorkshopError):
+            current_workshop()
+    marker = types.SimpleNamespace(name="ws-test")
+    _registry.workshops.add(marker)
+    try:
+        assert current_workshop() is marker
+    finally:
+        _registry.workshops.remove(marker)

@@ -17,6 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gpu_notebook import _registry
+
 from ._refresh import RefreshReport, refresh_catalog
 from ._types import (
     CatalogError,
@@ -337,19 +339,15 @@ class Catalog:
         )
 
 
-_CATALOG: Catalog | None = None
-_CATALOG_LOCK = threading.Lock()
-
-
 def get_catalog(reload: bool = False, use_cache: bool = True) -> Catalog:
     """The shared catalog: the shipped data, or a refreshed copy saved by :meth:`Catalog.refresh`.
 
-    Cached per process; user overrides live on this object. ``reload=True`` re-reads the files and drops
+    Cached per process (in :data:`gpu_notebook._registry.catalog`); user overrides live on this object. ``reload=True`` re-reads the files and drops
     overrides. ``use_cache=False`` ignores prices saved by an earlier refresh.
     """
-    global _CATALOG
-    with _CATALOG_LOCK:
-        if _CATALOG is None or reload:
+    with _registry.catalog.lock:
+        cat: Catalog | None = _registry.catalog.get()
+        if cat is None or reload:
             cat = Catalog.shipped()
             cp = cache_path()
             if use_cache and cp.is_file():
@@ -357,5 +355,5 @@ def get_catalog(reload: bool = False, use_cache: bool = True) -> Catalog:
                     cat.merge(Catalog.from_file(cp))
                 except (OSError, ValueError, KeyError, TypeError, CatalogError):
                     pass  # a damaged cache never hides the shipped catalog
-            _CATALOG = cat
-        return _CATALOG
+            _registry.catalog.set(cat)
+        return cat

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook import _settings
+
 from ._types import CatalogError, InstanceType, PriceBook, cache_path, normalize_cloud
 
 AWS_BULK_URL = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/{region}/index.json"
@@ -521,7 +523,7 @@ def refresh_catalog(
                     break
 
     if "gcp" in todo:
-        key = gcp_api_key or os.environ.get("GPU_NOTEBOOK_GCP_API_KEY") or os.environ.get("GOOGLE_API_KEY")
+        key = gcp_api_key or _settings.gcp_api_key() or os.environ.get("GOOGLE_API_KEY")
         base = urls.get("gcp", GCP_BILLING_URL)
         if not key and "gcp" not in urls:
             report.errors.append(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from gpu_notebook import _settings
 from gpu_notebook.errors import GpuNotebookError
 
 __all__ = [
@@ -280,7 +281,7 @@ def instance_from_dict(d: dict[str, Any], catalog: _Overrides | None) -> Instanc
 
 def cache_path() -> Path:
     """Where :meth:`Catalog.refresh` saves refreshed prices (``$XDG_CACHE_HOME/gpu_notebook/gpu_catalog.json``)."""
-    base = os.environ.get("GPU_NOTEBOOK_CACHE_DIR") or os.path.join(
+    base = _settings.cache_dir() or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpu_notebook"
     )
     return Path(base) / "gpu_catalog.json"

@@ -22,7 +22,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import os
 import threading
 import time
 import urllib.error
@@ -32,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from gpu_notebook import _settings
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
@@ -75,7 +76,7 @@ def detect_cloud(dmi: Path | None = None, hypervisor_uuid: Path | None = None) -
     if dmi is None:
         dmi = _DMI
         hypervisor_uuid = _HYPERVISOR_UUID if hypervisor_uuid is None else hypervisor_uuid
-    env = os.environ.get("GPU_NOTEBOOK_CLOUD", "").strip().lower()
+    env = _settings.cloud()
     if env:
         return env if env in CLOUDS else None
     texts = []
@@ -220,7 +221,7 @@ class PreemptionWatcher:
         self.cloud = detect_cloud() if cloud == "auto" else cloud
         if self.cloud is not None and self.cloud not in CLOUDS:
             raise ValueError(f"unknown cloud {self.cloud!r}: one of {', '.join(CLOUDS)}, or 'auto'")
-        self.url = url or os.environ.get("GPU_NOTEBOOK_METADATA_URL") or METADATA_URL
+        self.url = url or _settings.metadata_url() or METADATA_URL
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.on_notice = on_notice
@@ -254,9 +255,7 @@ class PreemptionWatcher:
         if self.notice is not None or self.cloud is None:
             return self.notice
         try:
-            notice = poll_once(
-                self.cloud, self.url, self.timeout_s, vm_name=os.environ.get("GPU_NOTEBOOK_VM_NAME") or None
-            )
+            notice = poll_once(self.cloud, self.url, self.timeout_s, vm_name=_settings.vm_name())
         except (OSError, ValueError) as e:  # the service is down or answered nonsense: keep trying
             self.errors += 1
             if self.errors in (1, 10, 100):

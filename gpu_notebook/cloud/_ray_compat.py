@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from gpu_notebook import _registry, _settings
 from gpu_notebook.errors import GpuNotebookError
 
 #: Ray versions this module was written and contract-tested against: ``[MIN, MAX)``.
 RAY_MIN_VERSION = (2, 50)
 RAY_MAX_VERSION = (2, 70)
-#: Set to ``1`` to use a Ray outside the tested range anyway (at your own risk).
-SKIP_VERSION_CHECK_ENV = "GPU_NOTEBOOK_SKIP_RAY_VERSION_CHECK"
 
 #: Ray's own tag names (``ray.autoscaler.tags``); every node the launcher creates carries them.
 TAG_CLUSTER_NAME = "ray-cluster-name"
@@ -74,14 +72,14 @@ def check_ray_version(version: str | None = None) -> str:
     parsed = _parse_version(ver)[:2]
     if RAY_MIN_VERSION <= parsed < RAY_MAX_VERSION:
         return ver
-    if os.environ.get(SKIP_VERSION_CHECK_ENV) == "1":
+    if _settings.skip_ray_version_check():
         return ver
     lo = ".".join(map(str, RAY_MIN_VERSION))
     hi = ".".join(map(str, RAY_MAX_VERSION))
     raise RayVersionError(
         f"Ray {ver} is outside the range the gpu_notebook cloud launcher is tested with (>={lo}, <{hi}). "
         f'Install a supported Ray (pip install "ray[default]>={lo},<{hi}") or set '
-        f"{SKIP_VERSION_CHECK_ENV}=1 to try anyway."
+        f"{_settings.SKIP_RAY_VERSION_CHECK_VAR}=1 to try anyway."
     )
 
 
@@ -227,31 +225,26 @@ EVENT_STAGES: dict[str, str] = {
     "start_ray_runtime_completed": "Ray started",
     "cluster_booting_completed": "head ready",
 }
-
-_listeners: list[Callable[[str, dict[str, Any]], None]] = []
-_listeners_lock = threading.Lock()
-_registered = False
+# who listens now is kernel state: _registry.launcher_listeners (and whether Ray knows our dispatcher:
+# _registry.launcher_hooked)
 
 
 def _dispatch(event_data: dict[str, Any]) -> None:
     event = event_data.get("event_name")
     name = getattr(event, "name", str(event))
-    with _listeners_lock:
-        listeners = list(_listeners)
-    for fn in listeners:
+    for fn in _registry.launcher_listeners.items():
         fn(name, event_data)
 
 
 def _register_once() -> None:
-    global _registered
-    if _registered:
+    if _registry.launcher_hooked.get():
         return
     from ray.autoscaler import sdk
     from ray.autoscaler._private.event_system import CreateClusterEvent
 
     for name in EVENT_STAGES:
         sdk.register_callback_handler(getattr(CreateClusterEvent, name), _dispatch)
-    _registered = True
+    _registry.launcher_hooked.set(True)
 
 
 @contextlib.contextmanager
@@ -262,13 +255,11 @@ def launcher_events(listener: Callable[[str, dict[str, Any]], None]) -> Iterator
     listeners are added and removed here.
     """
     _register_once()
-    with _listeners_lock:
-        _listeners.append(listener)
+    _registry.launcher_listeners.add(listener)
     try:
         yield
     finally:
-        with _listeners_lock:
-            _listeners.remove(listener)
+        _registry.launcher_listeners.remove(listener)
 
 
 # ---------------------------------------------------------------------------------------------------------

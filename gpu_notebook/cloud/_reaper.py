@@ -38,8 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_notebook._settings import CONFIG_DIR_VAR
+
 from ._launcher import CloudLauncher
-from ._state import CONFIG_DIR_ENV, clusters_dir, config_dir, load_state
+from ._state import clusters_dir, config_dir, load_state
 
 LEASE_SUFFIX = ".reaper"
 LOG_SUFFIX = ".reaper.log"
@@ -130,7 +132,7 @@ def start(name: str, poll_s: float = 1.0) -> Reaper:
         lease, {"name": name, "kernel_pid": os.getpid(), "created_at": time.time(), "status": "watching"}
     )
     env = dict(os.environ)
-    env[CONFIG_DIR_ENV] = str(config_dir())  # the same state folder, whatever the kernel's cwd or HOME does
+    env[CONFIG_DIR_VAR] = str(config_dir())  # the same state folder, whatever the kernel's cwd or HOME does
     package_root = str(
         Path(__file__).resolve().parents[2]
     )  # so `-m gpu_notebook...` imports this gpu_notebook

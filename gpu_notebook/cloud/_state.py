@@ -16,14 +16,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR_ENV = "GPU_NOTEBOOK_CONFIG_DIR"
+from gpu_notebook import _settings
+
 #: Provider keys that may hold secrets: dropped before a config is written to disk.
 _SECRET_KEYS = ("aws_credentials", "gcp_credentials", "azure_credentials", "credentials")
 
 
 def config_dir() -> Path:
     """The user's gpu_notebook config folder."""
-    env = os.environ.get(CONFIG_DIR_ENV)
+    env = _settings.config_dir()
     if env:
         return Path(env).expanduser()
     xdg = os.environ.get("XDG_CONFIG_HOME")

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook import _settings
 from gpu_notebook.monitor._export import running_servers
 
 __all__ = [
@@ -31,9 +32,6 @@ __all__ = [
     "jupyter_proxy_prefix",
     "ray_dashboard_url",
 ]
-
-#: the environment variable that sets (a path) or turns off (``off``) the proxy prefix of dashboard links
-PROXY_PREFIX_ENV = "GPU_NOTEBOOK_PROXY_PREFIX"
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def jupyter_proxy_prefix(environ: dict[str, str] | None = None) -> str | None:
     ``prefix + "proxy/<port>/"``.
     """
     env = os.environ if environ is None else environ
-    given = env.get(PROXY_PREFIX_ENV, "").strip()
+    given = _settings.proxy_prefix(env)
     if given.lower() in ("off", "0", "none", "false", "no"):
         return None
     if not given:

@@ -29,8 +29,6 @@ __all__ = [
 ]
 
 _DEFAULT: Any = object()
-#: (name, meter, reason) of the last cluster a watcher saw stop: ``%gpu_cost status`` shows its final figure
-_last_stopped: list[tuple[str, CostMeter, str]] = []
 
 
 class PolicyWatcher:
@@ -126,7 +124,7 @@ def watcher_for(cluster: Any) -> PolicyWatcher | None:
 def last_stopped() -> tuple[str, CostMeter, str] | None:
     """The name, cost meter and stop reason of the last cluster with policies that stopped (its meter holds
     its final figures), or None."""
-    return _last_stopped[-1] if _last_stopped else None
+    return _registry.stopped_cost.get()
 
 
 def _hook_ipython_cells(watcher: PolicyWatcher) -> Callable[[], None] | None:
@@ -255,7 +253,7 @@ def attach_policies(
             w = ref()
             if w is not None:
                 w.stop(join=False)
-                _last_stopped[:] = [(name, w.meter, reason)]
+                _registry.stopped_cost.set((name, w.meter, reason))
 
         cluster.add_stop_hook(_cluster_stopping)
     if start:

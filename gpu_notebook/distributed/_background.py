@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gpu_notebook import _registry
 from gpu_notebook.distributed import _rich
 from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._results import CellResult, RankResults
@@ -60,8 +61,7 @@ class WaitTimeout(GpuNotebookError, TimeoutError):
     """``get(timeout)`` or ``wait`` ran out of time while the background cell still runs."""
 
 
-_LOCK = threading.Lock()
-_ALL: list[BackgroundCell] = []  # every background cell of this process, oldest first (for %gpu_result NAME)
+# every background cell of this kernel, oldest first (for %gpu_result NAME), lives in _registry.background_cells
 _KEEP = 20  # finished ones kept for %gpu_result
 
 
@@ -110,9 +110,7 @@ class BackgroundCell:
         self._thread = threading.Thread(
             target=ctx.run, args=(self._main, start), name=f"gpu_notebook background cell {name}", daemon=True
         )
-        with _LOCK:
-            _ALL.append(self)
-            del _ALL[: max(0, len(_ALL) - _KEEP)]
+        _registry.background_cells.add(self, keep=_KEEP)
         self._thread.start()
         if live:
             threading.Thread(target=self._refresher, name=f"{self._thread.name} view", daemon=True).start()
@@ -393,8 +391,7 @@ def _stdout(text: str) -> None:
 # ---- the process's background cells ------------------------------------------------------------------------
 def running_on(group: Any) -> BackgroundCell | None:
     """The background cell running on ``group`` now, if any."""
-    with _LOCK:
-        cells = list(_ALL)
+    cells = _registry.background_cells.items()
     return next((c for c in reversed(cells) if c.group is group and not c.ready()), None)
 
 
@@ -407,8 +404,7 @@ def refuse_second(group: Any, doing: str = "running another cell") -> None:
 
 def find(name: str | None = None) -> BackgroundCell:
     """The background cell called ``name`` (the latest one when None)."""
-    with _LOCK:
-        cells = list(_ALL)
+    cells = _registry.background_cells.items()
     if not cells:
         raise LookupError("no background cell has run: start one with %%distributed --noblock")
     if name is None:
@@ -421,8 +417,7 @@ def find(name: str | None = None) -> BackgroundCell:
 
 def _end_all(grace_s: float = 5.0) -> None:
     """At interpreter exit: cancel every running background cell and give them ``grace_s`` to end."""
-    with _LOCK:
-        cells = [c for c in _ALL if not c.ready()]
+    cells = [c for c in _registry.background_cells.items() if not c.ready()]
     for c in cells:
         try:
             c.cancel(timeout=0.5)

@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_notebook import _settings
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _settings, _stall
+from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _stall
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks

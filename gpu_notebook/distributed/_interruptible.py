@@ -33,10 +33,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["OFF_VAR", "SLICE_S", "cell_thread", "install", "installed", "release_later", "uninstall"]
+from gpu_notebook import _settings
 
-#: ``GPU_NOTEBOOK_INTERRUPTIBLE_WAITS=0`` in the workers' environment (``--env``) leaves the waits as they are.
-OFF_VAR = "GPU_NOTEBOOK_INTERRUPTIBLE_WAITS"
+__all__ = ["SLICE_S", "cell_thread", "install", "installed", "release_later", "uninstall"]
 
 SLICE_S = 0.05
 
@@ -179,7 +178,7 @@ def install() -> None:
     """Patch the waits (once per process; they behave as before on every thread but a cell's), unless
     ``$GPU_NOTEBOOK_INTERRUPTIBLE_WAITS`` is ``0``."""
     global _installed
-    if os.environ.get(OFF_VAR, "").strip() == "0":
+    if not _settings.interruptible_waits():
         return
     with _lock:
         if not _installed:

@@ -5,9 +5,9 @@ redraws, the :class:`Streamer` shows the line's latest state live (``\r[rank N] 
 log and the cell's captured output keep what the line finally showed.
 
 Both are bounded, so a cell that prints for hours does not grow the kernel: the log is a ring of each rank's
-last :func:`~._settings.log_lines` lines, and a cell keeps the first and last halves of
-:func:`~._settings.output_lines` lines of each rank (:class:`KeptLines`), with a "... N lines dropped ..."
-line between; a line longer than :data:`~._settings.MAX_LINE_CHARS` is cut. A line being redrawn with ``\r``
+last :func:`~gpu_notebook._settings.log_lines` lines, and a cell keeps the first and last halves of
+:func:`~gpu_notebook._settings.output_lines` lines of each rank (:class:`KeptLines`), with a
+"... N lines dropped ..." line between; a line longer than :data:`~._settings.MAX_LINE_CHARS` is cut. A line being redrawn with ``\r``
 keeps only its latest state while it waits for its newline.
 """
 
@@ -18,14 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpu_notebook._settings import LOG_LINES_VAR, OUTPUT_LINES_VAR, log_lines, output_lines
 from gpu_notebook.distributed import _rich
-from gpu_notebook.distributed._settings import (
-    LOG_LINES_VAR,
-    MAX_LINE_CHARS,
-    OUTPUT_LINES_VAR,
-    log_lines,
-    output_lines,
-)
+from gpu_notebook.distributed._settings import MAX_LINE_CHARS
 
 # Ray writes these markers into worker output to attribute log lines; they are not the user's output.
 _RAY_MARKERS = (":actor_name:", ":task_name:", ":job_id:")
@@ -211,7 +206,7 @@ class Streamer:
     A line being redrawn with ``\r`` is also written live, as ``\r[rank N] <latest state>`` without a newline,
     at most once every ``live_interval`` seconds per rank; the next line written starts with ``\r`` so it
     replaces it. Only complete lines are captured, at most ``max_lines`` per rank (None:
-    :func:`~._settings.output_lines`; see :class:`KeptLines`).
+    :func:`~gpu_notebook._settings.output_lines`; see :class:`KeptLines`).
     """
 
     def __init__(

@@ -6,31 +6,19 @@ and the Python and torch versions. A value is masked before it leaves the rank (
 when the user gave it (``--env``, ``--env-file``: a token typed there is a secret even under a plain name) or
 when its name looks secret (:func:`is_secret_name`).
 
-It also holds the notebook-side settings of rank output (:func:`output_lines`, :func:`log_lines`): how much of
-what the ranks print the kernel keeps, so a cell that prints for hours does not grow the kernel's memory.
+How many lines of rank output the kernel keeps (so a cell that prints for hours does not grow the kernel's
+memory) is set by environment variables read in :mod:`gpu_notebook._settings`; only the longest kept line is
+fixed here (:data:`MAX_LINE_CHARS`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
 from collections.abc import Iterable
 
-__all__ = [
-    "LOG_LINES_VAR",
-    "MASK",
-    "MAX_LINE_CHARS",
-    "OUTPUT_LINES_VAR",
-    "SHOWN_VARIABLES",
-    "STALL_REPORT_VAR",
-    "is_secret_name",
-    "log_lines",
-    "output_lines",
-    "rank_settings",
-    "stall_report_s",
-]
+__all__ = ["MASK", "MAX_LINE_CHARS", "SHOWN_VARIABLES", "is_secret_name", "rank_settings"]
 
 MASK = "****"
 
@@ -99,78 +87,6 @@ def _torch_version() -> str:
 
 
 # ---- how much rank output the kernel keeps ---------------------------------------------------------------------
-#: The environment variable that sets how many lines of each rank's output a cell keeps in the kernel (its
-#: first half and its last half, with a "... N lines dropped ..." line between): read when a cell starts.
-OUTPUT_LINES_VAR = "GPU_NOTEBOOK_OUTPUT_LINES"
-DEFAULT_OUTPUT_LINES = 2000
-#: The environment variable that sets how many recent lines of each rank ``%gpu_cluster logs`` keeps (a ring:
-#: the oldest go first): read when a cluster starts.
-LOG_LINES_VAR = "GPU_NOTEBOOK_LOG_LINES"
-DEFAULT_LOG_LINES = 5000
+# (how many lines: gpu_notebook._settings, with every other environment variable of ours)
 #: A longer line is kept cut to this many characters, saying how many were dropped.
 MAX_LINE_CHARS = 10_000
-
-
-def output_lines() -> int:
-    """How many lines of each rank's output a cell keeps: ``$GPU_NOTEBOOK_OUTPUT_LINES``, else 2000."""
-    return _lines_setting(OUTPUT_LINES_VAR, DEFAULT_OUTPUT_LINES)
-
-
-def log_lines() -> int:
-    """How many recent lines of each rank the cluster's log keeps: ``$GPU_NOTEBOOK_LOG_LINES``, else 5000."""
-    return _lines_setting(LOG_LINES_VAR, DEFAULT_LOG_LINES)
-
-
-#: The environment variable that sets how long, in seconds, an interrupted cell's ranks get to stop before the
-#: group gives up on them and rebuilds (every worker's state is lost then): read when a cluster starts.
-INTERRUPT_GRACE_VAR = "GPU_NOTEBOOK_INTERRUPT_GRACE"
-DEFAULT_INTERRUPT_GRACE = 5.0
-
-
-def interrupt_grace() -> float:
-    """Seconds an interrupted rank gets to stop before the group is rebuilt: ``$GPU_NOTEBOOK_INTERRUPT_GRACE``,
-    else 5."""
-    return _seconds_setting(
-        INTERRUPT_GRACE_VAR, DEFAULT_INTERRUPT_GRACE, "a number of seconds above 0", zero=False
-    )
-
-
-#: The environment variable that sets after how many seconds without collective progress, with the ranks'
-#: sequence numbers apart, a running cell shows every rank's stack once (0: never): read when a cell starts.
-STALL_REPORT_VAR = "GPU_NOTEBOOK_STALL_REPORT"
-DEFAULT_STALL_REPORT = 120.0
-
-
-def stall_report_s() -> float:
-    """Seconds without collective progress before a cell's hang report (0: off): ``$GPU_NOTEBOOK_STALL_REPORT``,
-    else 120."""
-    return _seconds_setting(
-        STALL_REPORT_VAR, DEFAULT_STALL_REPORT, "a number of seconds, 0 to turn the report off", zero=True
-    )
-
-
-def _seconds_setting(name: str, default: float, what: str, zero: bool) -> float:
-    """``$name`` as a finite number of seconds (above 0, or 0 too with ``zero``); ``default`` when unset."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and (value >= 0 if zero else value > 0)):
-        raise ValueError(f"{name} must be {what} (got {raw!r})")
-    return value
-
-
-def _lines_setting(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw.replace("_", ""))
-    except ValueError:
-        value = 0
-    if value < 2:
-        raise ValueError(f"{name} must be a whole number of lines, at least 2 (got {raw!r})")
-    return value

@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpu_notebook.distributed import _batch, _settings, _stacks
+from gpu_notebook import _settings
+from gpu_notebook.distributed import _batch, _stacks
 
 __all__ = ["PROBE_S", "StallClock", "StallWatch", "stall_message", "watch_for"]
 

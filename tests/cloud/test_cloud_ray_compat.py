@@ -9,6 +9,7 @@ import inspect
 
 import pytest
 
+from gpu_notebook import _settings
 from gpu_notebook.cloud import _ray_compat as rc
 
 pytest.importorskip("ray")
@@ -20,10 +21,10 @@ def test_installed_ray_is_in_the_supported_range():
 
 @pytest.mark.parametrize("version", ["2.49.9", "2.70.0", "3.0.0", "1.13.1"])
 def test_versions_outside_the_range_are_refused(version, monkeypatch):
-    monkeypatch.delenv(rc.SKIP_VERSION_CHECK_ENV, raising=False)
+    monkeypatch.delenv(_settings.SKIP_RAY_VERSION_CHECK_VAR, raising=False)
     with pytest.raises(rc.RayVersionError, match="outside the range"):
         rc.check_ray_version(version)
-    monkeypatch.setenv(rc.SKIP_VERSION_CHECK_ENV, "1")
+    monkeypatch.setenv(_settings.SKIP_RAY_VERSION_CHECK_VAR, "1")
     assert rc.check_ray_version(version) == version
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from gpu_notebook._settings import PROXY_PREFIX_VAR
 from gpu_notebook.cluster._status import (
-    PROXY_PREFIX_ENV,
     ClusterStatus,
     DashboardLink,
     dashboard_links,
@@ -61,10 +61,10 @@ def test_prefix_sources_in_order_and_links_built_from_them() -> None:
     pytest.importorskip("jupyter_server_proxy")
     assert jupyter_proxy_prefix({"JUPYTERHUB_SERVICE_PREFIX": "/user/alice"}) == "/user/alice/"
     assert (
-        jupyter_proxy_prefix({PROXY_PREFIX_ENV: "lab/", "JUPYTERHUB_SERVICE_PREFIX": "/user/a/"}) == "/lab/"
+        jupyter_proxy_prefix({PROXY_PREFIX_VAR: "lab/", "JUPYTERHUB_SERVICE_PREFIX": "/user/a/"}) == "/lab/"
     )
-    assert jupyter_proxy_prefix({PROXY_PREFIX_ENV: "off", "JUPYTERHUB_SERVICE_PREFIX": "/user/a/"}) is None
-    assert jupyter_proxy_prefix({PROXY_PREFIX_ENV: "/"}) == "/"
+    assert jupyter_proxy_prefix({PROXY_PREFIX_VAR: "off", "JUPYTERHUB_SERVICE_PREFIX": "/user/a/"}) is None
+    assert jupyter_proxy_prefix({PROXY_PREFIX_VAR: "/"}) == "/"
     local, remote = (
         dashboard_links(ray_dashboard=url, prefix="/user/alice/")[-1]
         for url in ("127.0.0.1:8265", "http://10.0.0.7:8265")
@@ -102,7 +102,7 @@ def test_prometheus_link_opens_through_a_real_jupyter_server_proxy(tmp_path) -> 
 
     token = "gnb-proxy-test-token"
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_") and k != PROXY_PREFIX_ENV}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_") and k != PROXY_PREFIX_VAR}
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")  # where the kernel finds its server
     log = open(tmp_path / "server.log", "wb")
     server = subprocess.Popen(
@@ -179,7 +179,7 @@ def test_gpu_monitor_prometheus_on_a_cluster_exports_its_cost_and_status_links_i
     """The default journey: %gpu_cluster start, %gpu_monitor prometheus, %gpu_cluster status (real Ray)."""
     from IPython.utils.capture import capture_output
 
-    monkeypatch.setenv(PROXY_PREFIX_ENV, "/user/student/")  # as under a Jupyter server with the proxy
+    monkeypatch.setenv(PROXY_PREFIX_VAR, "/user/student/")  # as under a Jupyter server with the proxy
     with capture_output() as cap:
         ip.run_line_magic("gpu_monitor", "prometheus")
     try:

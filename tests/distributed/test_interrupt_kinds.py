@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from gpu_notebook import _settings
 from gpu_notebook.distributed import _interruptible
 
 BLOCKING = {
@@ -105,11 +106,11 @@ def test_the_switch_leaves_the_waits_alone(monkeypatch) -> None:
     was = _interruptible.installed()
     _interruptible.uninstall()
     try:
-        monkeypatch.setenv(_interruptible.OFF_VAR, "0")
+        monkeypatch.setenv(_settings.INTERRUPTIBLE_WAITS_VAR, "0")
         _interruptible.install()
         assert not _interruptible.installed() and time.sleep is _interruptible._sleep
     finally:
-        monkeypatch.delenv(_interruptible.OFF_VAR)
+        monkeypatch.delenv(_settings.INTERRUPTIBLE_WAITS_VAR)
         if was:
             _interruptible.install()
 

@@ -10,7 +10,8 @@ import time
 import pytest
 from IPython.utils.capture import capture_output
 
-from gpu_notebook.distributed import _settings, _stall
+from gpu_notebook import _settings
+from gpu_notebook.distributed import _stall
 from gpu_notebook.distributed._background import BackgroundCell
 
 CELL = """%%distributed --noblock

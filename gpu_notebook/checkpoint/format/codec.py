@@ -25,13 +25,14 @@ path below writes and reads exactly the same bytes, slower: see :func:`notice_fa
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 import warnings
 from typing import Any
 
 import numpy as np
+
+from gpu_notebook import _settings
 
 from ._scratch import scratch
 
@@ -70,20 +71,10 @@ try:
 except ImportError:  # optional: built at install time where a C compiler is there
     _compiled = None
 
-_FALSE = ("0", "false", "no", "off")
-
-
-def _switched_off() -> str | None:
-    """The environment setting that turns the kernels off (for tests and CI runs of the numpy path), or None."""
-    if os.environ.get("GPU_NOTEBOOK_NO_C_EXT", "").strip().lower() not in ("", *_FALSE):
-        return "GPU_NOTEBOOK_NO_C_EXT=" + os.environ["GPU_NOTEBOOK_NO_C_EXT"]
-    if os.environ.get("GPU_NOTEBOOK_NATIVE", "1").strip().lower() in _FALSE:
-        return "GPU_NOTEBOOK_NATIVE=" + os.environ["GPU_NOTEBOOK_NATIVE"]
-    return None
-
 
 def _load_native() -> Any:
-    return None if _switched_off() else _compiled
+    # the switch is read once, at this module's import (docs/settings.md): one path for the whole process
+    return None if _settings.native_switched_off() else _compiled
 
 
 #: the compiled kernels (``_planes.c``), or None: the numpy reference path
@@ -100,7 +91,7 @@ def native_kernels() -> bool:
 def fallback_message() -> str:
     """What the numpy path costs and how to get the compiled one (measured on x86-64 with GCC 12, 16 MiB
     float32 and bfloat16 delta chunks: encoding 1.4-2x, decoding 2.8-3.8x slower)."""
-    off = _switched_off()
+    off = _settings.native_switched_off()
     if off is not None and _compiled is not None:
         why, fix = f"are turned off ({off})", "Unset it for the fast path."
     else:

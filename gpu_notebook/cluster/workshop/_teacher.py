@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_notebook import cost
+from gpu_notebook import _registry, cost
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import current_cluster
 from gpu_notebook.cluster import _connect, _package_check
@@ -29,19 +29,19 @@ from gpu_notebook.cluster.workshop._student import check_id
 
 __all__ = ["StudentInfo", "StudentsReport", "Workshop", "catalog_prices", "current_workshop"]
 
-# the workshop this kernel's teacher started or connected to last: what %gpu_cluster students shows without
-# --workshop (a name, not a cluster: the kernel-wide registry holds clusters)
-_CURRENT: list[Workshop] = []
+# the workshops this kernel's teacher started or connected to (the current one last) are kernel state:
+# _registry.workshops
 
 
 def current_workshop() -> Workshop:
     """The workshop this kernel started or connected to last; a :class:`WorkshopError` when none."""
-    if not _CURRENT:
+    ws: Workshop | None = _registry.workshops.latest()
+    if ws is None:
         raise WorkshopError(
             "no workshop in this kernel: start one with %gpu_cluster workshop start NAME (or name one with "
             "--workshop NAME)"
         )
-    return _CURRENT[-1]
+    return ws
 
 
 @dataclass(frozen=True)
@@ -257,7 +257,7 @@ class Workshop:
             broker = actor_class.options(**opts).remote(name, settings)
             ray.get(broker.ping.remote(), timeout=120)
         ws = cls(name, broker)
-        _CURRENT.append(ws)
+        _registry.workshops.add(ws)
         gcs = ray.get_runtime_context().gcs_address
         say(f"workshop {name!r} ready: {ws.rules_text()}")
         say(f"students run: %gpu_cluster start --address {gcs} --workshop {name} --student THEIR_ID")
@@ -269,7 +269,7 @@ class Workshop:
         check_id(name, "workshop name")
         _connected(address, lambda msg: None)
         ws = cls(name, find_broker(name))
-        _CURRENT.append(ws)
+        _registry.workshops.add(ws)
         return ws
 
     def _call(self, method: str, *args: Any) -> Any:
@@ -327,7 +327,7 @@ class Workshop:
 
         ended = self._call("shutdown", "the workshop ended")
         ray.kill(self.broker, no_restart=True)
-        _CURRENT[:] = [w for w in _CURRENT if w.name != self.name]
+        _registry.workshops.remove_if(lambda w: w.name == self.name)
         return f"workshop {self.name!r} ended: {ended} student group(s) stopped"
 
     def wait_until(self, student: str, states: tuple[str, ...], timeout: float = 60.0) -> StudentInfo:
