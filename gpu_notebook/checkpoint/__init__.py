@@ -2,6 +2,7 @@
 
 >>> from gpu_notebook import checkpoint
 >>> ckpt = checkpoint.Checkpointer("s3://my-bucket/runs/exp1")        # doctest: +SKIP
+>>> ckpt = checkpoint.Checkpointer("s3://my-bucket/runs/exp1", policy=checkpoint.PolicyOptions(every_minutes=15))  # doctest: +SKIP
 >>> ckpt.save({"model": model, "optim": optimizer, "step": step})     # doctest: +SKIP
 >>> state = ckpt.restore(into={"model": model, "optim": optimizer})   # doctest: +SKIP
 
@@ -15,6 +16,11 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "Checkpointer",
+    "SaveOptions",
+    "PolicyOptions",
+    "DistributedOptions",
+    "StorageOptions",
+    "RuntimeOptions",
     "SaveHandle",
     "CheckpointInfo",
     "CheckpointList",
@@ -69,6 +75,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._preemption import PreemptionNotice, PreemptionWatcher, detect_cloud
     from ._rng import rng_state, set_rng_state
     from .checkpointer import Checkpointer, current
+    from .options import (
+        DistributedOptions,
+        PolicyOptions,
+        RuntimeOptions,
+        SaveOptions,
+        StorageOptions,
+    )
     from .per_rank import PerRank
     from .reader import FORMAT_VERSION
     from .results import DiffResult, GcResult, ShowResult
@@ -79,6 +92,11 @@ __getattr__, __dir__ = lazy_module(
     __all__,
     {
         "Checkpointer": ".checkpointer",
+        "SaveOptions": ".options",
+        "PolicyOptions": ".options",
+        "DistributedOptions": ".options",
+        "StorageOptions": ".options",
+        "RuntimeOptions": ".options",
         "SaveHandle": ".save.handle",
         "current": ".checkpointer",
         "GcResult": ".results",

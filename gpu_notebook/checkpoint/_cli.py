@@ -20,7 +20,9 @@ from typing import Any
 from ._errors import CheckpointError, IntegrityError, NoCheckpointError, ObjectMissingError, UnsafeValueError
 from ._export import ExportError
 from ._open import export, open_reader
+from ._progress import describe
 from .checkpointer import Checkpointer
+from .options import DistributedOptions, PolicyOptions, RuntimeOptions, StorageOptions
 
 __all__ = ["main"]
 
@@ -54,8 +56,7 @@ class _Progress:
         if elapsed < 1.0 or (now - self._last < 0.5 and done < total):
             return
         self._last, self._shown = now, True
-        pct = 100.0 * done / total if total else 100.0
-        sys.stderr.write(f"\r{label}: {done / 2**20:.1f} / {total / 2**20:.1f} MiB ({pct:.0f}%)")
+        sys.stderr.write(f"\r{describe(label, done, total, elapsed)}")
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -131,9 +132,12 @@ def _seconds(text: str) -> float:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    opts: dict[str, Any] = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
     ck = Checkpointer(
-        args.store, current=False, preemption=None, rank=0, world_size=1, progress=False, **opts
+        args.store,
+        storage=StorageOptions(endpoint_url=args.endpoint_url or None),
+        policy=PolicyOptions(preemption=None),
+        distributed=DistributedOptions(rank=0, world_size=1),
+        runtime=RuntimeOptions(progress=False, current=False),
     )
     try:
         res = ck.gc(

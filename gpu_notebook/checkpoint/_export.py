@@ -22,7 +22,6 @@ __all__ = [
     "ExportError",
     "ExportResult",
     "export_state",
-    "export_method",
     "format_of",
     "select_tree",
     "write_export",
@@ -219,17 +218,3 @@ def export_state(
     if select and not isinstance(tree, (Mapping, list, tuple)):  # one tensor: it keeps its last name
         tree = {select.rsplit(".", 1)[-1]: tree}
     return write_export(tree, dest, kind, meta)
-
-
-def export_method(
-    self: Any,
-    checkpoint_id: str | None,
-    dest: str | os.PathLike[str],
-    select: str | None = None,
-    format: str | None = None,
-) -> ExportResult:
-    """Write checkpoint ``checkpoint_id`` (an id, a unique prefix of one, ``"latest"`` or None), or its sub-tree
-    ``select`` (``"model"``, ``"model.encoder"``), to ``dest``: a ``.safetensors`` file, or a ``torch.save`` file
-    (``.pt``, ``.pth``) that loads with ``torch.load(..., weights_only=True)``; ``format`` (``"safetensors"`` or
-    ``"torch"``) overrides the suffix. See "Exports and the command line" in ``docs/checkpoint.md``."""
-    return export_state(self, checkpoint_id, dest, select, format)

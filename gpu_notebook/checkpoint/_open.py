@@ -7,6 +7,7 @@ from typing import Any
 
 from ._export import ExportResult, export_state
 from .checkpointer import Checkpointer
+from .options import DistributedOptions, PolicyOptions, RuntimeOptions, StorageOptions
 from .stores import Store
 
 __all__ = ["export", "open_reader"]
@@ -17,9 +18,12 @@ def open_reader(
 ) -> Checkpointer:
     """A read-only :class:`Checkpointer` of ``store`` as one process of one (never the current one, no
     preemption watcher): it lists, shows, restores and exports, and writes nothing."""
-    opts: dict[str, Any] = {"endpoint_url": endpoint_url} if endpoint_url else {}
     return Checkpointer(
-        store, read_only=True, current=False, preemption=None, rank=0, world_size=1, progress=progress, **opts
+        store,
+        storage=StorageOptions(read_only=True, endpoint_url=endpoint_url or None),
+        policy=PolicyOptions(preemption=None),
+        distributed=DistributedOptions(rank=0, world_size=1),
+        runtime=RuntimeOptions(progress=progress, current=False),
     )
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from gpu_notebook import _registry
 
 from ._errors import CheckpointError, CheckpointSaveError, NoCheckpointError
-from ._export import export_method
+from ._export import ExportResult, export_state
 from ._group import agree_min, join_session, rank_world
 from ._progress import Progress
 from .format.codec import notice_fallback
@@ -34,9 +34,16 @@ from .format.manifest import (
     hash_fn,
     open_format,
 )
-from .format.validate import MAX_CHAIN
 from .gc import collect
 from .inspect import Inspector
+from .options import (
+    DistributedOptions,
+    PolicyOptions,
+    RuntimeOptions,
+    SaveOptions,
+    StorageOptions,
+    gather,
+)
 from .per_rank import has_per_rank
 from .policy import Preemption, due
 from .reader import FORMAT_VERSION
@@ -47,15 +54,15 @@ from .save.handle import SaveHandle
 from .save.lease import hold_lease
 from .save.lineage import Lineage
 from .save.order import CommitOrder
-from .save.persist import SaveOptions, persist, persist_with_retries
+from .save.persist import PersistOptions, persist, persist_with_retries
 from .save.spread import Spread
-from .save.start import start_save
+from .save.start import SaveStart, start_save
 from .snapshot import BufferPool, Snapshot, release_memory
 from .stores import Store, open_store
 
 __all__ = ["Checkpointer", "SaveHandle", "current"]
 
-#: what a save's :class:`SaveOptions` takes from the Checkpointer's attributes of the same names
+#: what a save's :class:`PersistOptions` takes from the Checkpointer's attributes of the same names
 _SAVE_SETTINGS = "full_every max_restore_ratio chunk_bytes pack_bytes pack_max level threads".split()
 
 log = logging.getLogger("gpu_notebook.checkpoint")
@@ -78,82 +85,33 @@ class Checkpointer:
     ----------
     store
         A folder path (``file://`` optional), ``s3://bucket/prefix``, or a :class:`Store`.
-    full_every
-        Every ``full_every``-th checkpoint at the latest is a full base (sooner when deltas stop paying).
-    max_restore_ratio
-        Also write a full base as soon as restoring the next delta would read more than this many times the
-        bytes of a full checkpoint (a restore reads and decodes every frame of a delta chain). With chains of
-        one (the default) that only happens where a delta costs more than twice a full checkpoint; with
-        ``delta_against="previous"`` each delta lengthens the chain and this bounds it. None: no such bound.
-    delta_against
-        ``"base"`` (the default): every delta is against the last full base (chains of one: a restore decodes
-        two frames per chunk at most), and a new base is written once the last delta cost at least the average
-        per checkpoint since the base; ``"previous"``: against the checkpoint before it (chains up to
-        ``full_every`` long: fewer bytes, slower restores).
-    chunk_mb
-        Raw chunk size in MiB (tensors are split into element-aligned chunks of this size).
-    pack_kb, pack_max_mb
-        Encoded frames smaller than ``pack_kb`` are packed together into objects of up to ``pack_max_mb``
-        (fewer, bigger objects: fewer requests, which S3 charges for and which cost a round trip each); a pack
-        is closed and uploaded earlier, while the encoding goes on, once it holds 1 / (2 x threads) of what
-        the previous save of the same kind wrote (at least 4 MiB). Restore reads them with ranged GETs of at
-        most ``pack_max_mb``.
-    level
-        zstd level (1 is fast; 3 compresses a little better).
-    on_busy
-        What ``save()`` does while the previous save is still uploading: ``"wait"`` or ``"skip"``.
-    every_steps, every_minutes
-        Policy for :meth:`maybe_save` (either or both; the default suggestion for spot instances is 15 min).
-    retries, retry_backoff_s
-        A failed background save is retried this many times, with exponential backoff.
-    threads
-        Threads that encode and upload chunks in parallel.
-    reuse_buffers
-        Keep the last snapshot's buffers and the encoding scratch warm for the next save (a clone-sized stall
-        for one more copy of the state). False (default): between saves only the deltas' base stays (1.2x).
-    sharded
-        In a multi-rank job: every rank saves its own shard (True), or the state is replicated and only
-        rank 0 writes (False, the default, right for DDP). Values wrapped in :class:`PerRank` are each rank's
-        own either way: every rank saves them in its per-rank section (see ``docs/checkpoint.md``).
-    spread
-        A replicated state in a job with a process group: the ranks share the work of a save (True, the
-        default): each copies and encodes its part of the big tensors, so that no rank stalls for the whole
-        copy or encodes the whole state; rank 0 still writes the manifest (see ``docs/checkpoint.md``).
-        False: rank 0 copies and encodes it all.
-    rng
-        Save every rank's RNG states (Python, numpy, torch CPU and CUDA) in its per-rank section:
-        ``restore(rng=True)`` puts them back. None (the default): in a multi-rank job with a process group.
-    rank, world_size
-        Override the rank/world size (default: torch.distributed, else ``RANK``/``WORLD_SIZE``).
-    allow_pickle
-        Pickle values without a safe representation (restore then also needs ``allow_pickle=True``).
-    progress
-        None (auto: a progress line in notebooks for big transfers), False, True, or a callable
-        ``(label, done_bytes, total_bytes, elapsed_s)``.
-    commit_timeout_s
-        When several ranks write a save (sharded, or with per-rank sections): how long rank 0 waits for the
-        other ranks' parts, and they for its commit, before the save fails on that rank (not retried).
-    preemption
-        ``"auto"``: on a cloud VM, watch the metadata service for a spot preemption notice (see
-        :class:`PreemptionWatcher`); a :class:`PreemptionWatcher` to use; None: do not watch.
-    on_preemption
-        What :meth:`maybe_save` writes on a notice: ``"auto"`` (a full base if it fits in half the time left,
-        else a delta), ``"full"`` or ``"delta"``.
-    hash
-        ``"blake3"`` (format version 5, the default when the package is installed) or ``"sha256"`` (version 2).
-    read_only
-        Only read the store (list, show, diff, restore): nothing is written, not even the store's ``FORMAT``
-        marker, a missing store is an error instead of being created, and :meth:`save` and :meth:`gc` refuse.
-        Works with read-only credentials.
-    current
-        Make this the current checkpointer (the store ``%gpu_checkpoint`` uses by default), now and at each save or
-        restore; False: never (a checkpointer for inspecting another store).
-    store_options
-        Passed to :class:`S3Store` for ``s3://`` URLs (``endpoint_url``, ``region_name``, ...).
+    save
+        What a save writes (:class:`SaveOptions`): ``full_every``, ``max_restore_ratio``, ``delta_against``,
+        ``chunk_mb``, ``pack_kb``, ``pack_max_mb``, ``level``, ``hash``, ``allow_pickle``.
+    policy
+        When :meth:`maybe_save` saves and what a save does when it cannot go ahead (:class:`PolicyOptions`):
+        ``every_steps``, ``every_minutes``, ``on_busy``, ``retries``, ``retry_backoff_s``, ``preemption``,
+        ``on_preemption``.
+    distributed
+        How the ranks of a job share the saves (:class:`DistributedOptions`): ``sharded``, ``spread``, ``rng``,
+        ``rank``, ``world_size``, ``commit_timeout_s``.
+    storage
+        How the store is opened (:class:`StorageOptions`): ``read_only``, ``endpoint_url``, and ``s3``, the other
+        options of an ``s3://`` store (passed to :class:`S3Store`: ``region_name``, credentials, ...).
+    runtime
+        How it runs in this process (:class:`RuntimeOptions`): ``threads``, ``reuse_buffers``, ``progress``,
+        ``current``.
+    **keywords
+        Each setting of those dataclasses by its field's name, instead of its group's dataclass
+        (``Checkpointer(path, level=3)`` is ``Checkpointer(path, save=SaveOptions(level=3))``); other keywords are
+        options of an ``s3://`` store (``StorageOptions.s3``). A keyword that is neither, or a setting given both
+        as a keyword and in its group's dataclass, raises ``TypeError``.
 
     Examples
     --------
     >>> ckpt = Checkpointer("/tmp/run1", every_steps=100)          # doctest: +SKIP
+    >>> ckpt = Checkpointer("s3://bucket/run1", save=SaveOptions(level=3, full_every=20),
+    ...                     policy=PolicyOptions(every_minutes=15, on_busy="skip"))  # doctest: +SKIP
     >>> ckpt.maybe_save({"model": model, "optim": opt, "step": step}, step)  # doctest: +SKIP
     >>> state = ckpt.restore(into={"model": model, "optim": opt})  # doctest: +SKIP
     """
@@ -162,70 +120,50 @@ class Checkpointer:
         self,
         store: str | os.PathLike[str] | Store,
         *,
-        full_every: int = 10,
-        max_restore_ratio: float | None = 3.0,
-        delta_against: str = "base",
-        chunk_mb: float = 4.0,
-        pack_kb: int = 8192,
-        pack_max_mb: float = 16.0,
-        level: int = 1,
-        on_busy: str = "wait",
-        every_steps: int | None = None,
-        every_minutes: float | None = None,
-        retries: int = 3,
-        retry_backoff_s: float = 1.0,
-        threads: int | None = None,
-        reuse_buffers: bool = False,
-        sharded: bool = False,
-        spread: bool = True,
-        rng: bool | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        allow_pickle: bool = False,
-        progress: bool | Callable[[str, int, int, float], None] | None = None,
-        commit_timeout_s: float = 600.0,
-        preemption: Any = "auto",
-        on_preemption: str = "auto",
-        hash: str | None = None,
-        read_only: bool = False,
-        current: bool = True,
-        **store_options: Any,
+        save: SaveOptions | None = None,
+        policy: PolicyOptions | None = None,
+        distributed: DistributedOptions | None = None,
+        storage: StorageOptions | None = None,
+        runtime: RuntimeOptions | None = None,
+        **keywords: Any,
     ) -> None:
-        if on_busy not in ("wait", "skip"):
-            raise ValueError("on_busy must be 'wait' or 'skip'")
-        if on_preemption not in ("auto", "full", "delta"):
-            raise ValueError("on_preemption must be 'auto', 'full' or 'delta'")
-        if not 1 <= full_every <= MAX_CHAIN:  # a reader refuses longer delta chains (format/validate.py)
-            raise ValueError(f"full_every must be between 1 and {MAX_CHAIN}, not {full_every!r}")
-        if max_restore_ratio is not None and max_restore_ratio < 1:
-            raise ValueError("max_restore_ratio must be >= 1 (or None)")
+        # every setting, checked (ValueError, TypeError) before the store is opened
+        groups = {
+            "save": save,
+            "policy": policy,
+            "distributed": distributed,
+            "storage": storage,
+            "runtime": runtime,
+        }
+        self._options = options = gather(store, groups, keywords)
+        s, p, d, r = options.save, options.policy, options.distributed, options.runtime
         # format version 5 hashes with BLAKE3; without the blake3 package this writes version 2 (SHA-256)
-        self.hash = hash or ("blake3" if blake3_available() else "sha256")
+        self.hash = s.hash or ("blake3" if blake3_available() else "sha256")
         self._h = hash_fn(self.hash)
         self._version = FORMAT_VERSION if self.hash == "blake3" else 2
-        self.store: Store = open_store(store, **store_options)
-        self.read_only = bool(read_only)
-        self.full_every = int(full_every)
-        self.max_restore_ratio = None if max_restore_ratio is None else float(max_restore_ratio)
-        self.chunk_bytes = max(8, int(chunk_mb * 2**20) // 8 * 8)
-        self.pack_bytes = int(pack_kb * 1024)
-        self.pack_max = int(pack_max_mb * 2**20)
-        self.level = int(level)
-        self.on_busy = on_busy
-        self.every_steps = every_steps
-        self.every_minutes = every_minutes
-        self.retries = int(retries)
-        self.retry_backoff_s = float(retry_backoff_s)
-        self.threads = threads or max(2, min(8, os.cpu_count() or 2))
-        self.allow_pickle = allow_pickle
-        self.progress = progress
-        self.commit_timeout_s = commit_timeout_s
-        self.rank, self.world_size, dist_ok = rank_world(rank, world_size)
-        self.sharded = bool(sharded) and self.world_size > 1
+        self.store: Store = open_store(store, **options.storage.store_keywords())
+        self.read_only = bool(options.storage.read_only)
+        self.full_every = int(s.full_every)
+        self.max_restore_ratio = None if s.max_restore_ratio is None else float(s.max_restore_ratio)
+        self.chunk_bytes = max(8, int(s.chunk_mb * 2**20) // 8 * 8)
+        self.pack_bytes = int(s.pack_kb * 1024)
+        self.pack_max = int(s.pack_max_mb * 2**20)
+        self.level = int(s.level)
+        self.on_busy = p.on_busy
+        self.every_steps = p.every_steps
+        self.every_minutes = p.every_minutes
+        self.retries = int(p.retries)
+        self.retry_backoff_s = float(p.retry_backoff_s)
+        self.threads = r.threads or max(2, min(8, os.cpu_count() or 2))
+        self.allow_pickle = s.allow_pickle
+        self.progress = r.progress
+        self.commit_timeout_s = d.commit_timeout_s
+        self.rank, self.world_size, dist_ok = rank_world(d.rank, d.world_size)
+        self.sharded = bool(d.sharded) and self.world_size > 1
         # (by default only with a process group: without one the ranks cannot name a save together)
-        self.rng = self.world_size > 1 and dist_ok if rng is None else bool(rng)
+        self.rng = self.world_size > 1 and dist_ok if d.rng is None else bool(d.rng)
         # a replicated state's saves shared out between the ranks (they agree on each save through the group)
-        self.spread = bool(spread) and self.world_size > 1 and not self.sharded and dist_ok
+        self.spread = bool(d.spread) and self.world_size > 1 and not self.sharded and dist_ok
         self._spread = Spread(self.rank, self.world_size)  # which rank encodes each big tensor
         self._token = join_session(self.world_size, dist_ok, self.rank, self.store, not self.read_only)
         self._seq = 0  # saves started (it ages the encoding hints)
@@ -241,18 +179,20 @@ class Checkpointer:
         self._inflight: SaveHandle | None = None
         self._errors: list[BaseException] = []
         self.failures: list[tuple[str | None, str]] = []  # (id, message) of every save that failed for good
-        self._buffers = BufferPool(reuse=bool(reuse_buffers))
-        self._lineage = Lineage(delta_against)  # what the next delta is computed against
+        self._buffers = BufferPool(reuse=bool(r.reuse_buffers))
+        self._lineage = Lineage(s.delta_against)  # what the next delta is computed against
         self._last_save_step: int | None = None
         self._last_save_time: float | None = None
         self._created = time.time()  # the every_minutes clock starts here
         # spot preemption: a watcher of the metadata service; maybe_save() saves at once on a notice
-        self._preemption = Preemption(None if self.read_only else preemption, on_preemption, self.world_size)
+        self._preemption = Preemption(
+            None if self.read_only else p.preemption, p.on_preemption, self.world_size
+        )
         self._inspect = Inspector(self.store, self.threads)
         self.last_info: CheckpointInfo | None = None
         open_format(self.store, self._version, read_only=self.read_only, write_marker=self.rank == 0)
-        self._current = bool(current)  # saves and restores make it current again, unless False
-        if current:
+        self._current = bool(r.current)  # saves and restores make it current again, unless False
+        if r.current:
             _registry.set_active_checkpointer(self)
 
     def __repr__(self) -> str:
@@ -346,7 +286,7 @@ class Checkpointer:
                 return SaveHandle(None, step, None, skipped=True)
             self._wait_inflight()
             self._raise_pending()
-        snap, ckpt_id = start_save(self, state, step, full, multi)
+        snap, ckpt_id = start_save(self._start(), state, step, full, multi)
         # the progress line is shown here, on the caller's thread (in a notebook: under the cell that saved),
         # and updated in place from the background; shown first from there, it could land under another cell
         snap.progress = Progress(f"checkpoint {ckpt_id}", snap.nbytes, self.progress)
@@ -377,12 +317,29 @@ class Checkpointer:
             step = step if agreed is None else -agreed
         return step
 
-    def _save_options(self) -> SaveOptions:
+    def _start(self) -> SaveStart:
+        """What the start of the next save reads (the settings as they are now, and the state saves carry on)."""
+        return SaveStart(
+            full_every=self.full_every,
+            max_restore_ratio=self.max_restore_ratio,
+            allow_pickle=self.allow_pickle,
+            rank=self.rank,
+            sharded=self.sharded,
+            rng=self.rng,
+            spread=self.spread,
+            token=self._token,
+            order=self._order,
+            lineage=self._lineage,
+            buffers=self._buffers,
+            spreader=self._spread,
+        )
+
+    def _save_options(self) -> PersistOptions:
         committer = Committer(
             self.store, self._version, self.rank, self.world_size, self.sharded, self.commit_timeout_s
         )
         committer.order = self._order
-        return SaveOptions(
+        return PersistOptions(
             store=self.store,
             hash_fn=self._h,
             progress=self.progress,
@@ -530,7 +487,19 @@ class Checkpointer:
         """Compare two checkpoints: which tensors/chunks changed (by content hash) and which plain values."""
         return self._inspect.diff(a, b)
 
-    export = export_method  # (its code lives in _export.py: this module is at the house's size limit)
+    def export(
+        self,
+        checkpoint_id: str | None,
+        dest: str | os.PathLike[str],
+        select: str | None = None,
+        format: str | None = None,
+    ) -> ExportResult:
+        """Write checkpoint ``checkpoint_id`` (an id, a unique prefix of one, ``"latest"`` or None), or its sub-tree
+        ``select`` (``"model"``, ``"model.encoder"``), to ``dest``: a ``.safetensors`` file, or a ``torch.save``
+        file (``.pt``, ``.pth``) that loads with ``torch.load(..., weights_only=True)``; ``format``
+        (``"safetensors"`` or ``"torch"``) overrides the suffix. See "Exports and the command line" in
+        ``docs/checkpoint.md``."""
+        return export_state(self, checkpoint_id, dest, select, format)
 
     def gc(
         self, keep: int = 3, grace_s: float = 3600.0, dry_run: bool = False, keep_abandoned: bool = False

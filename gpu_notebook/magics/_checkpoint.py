@@ -143,7 +143,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
 _POSITIONALS = {"show": "[ID]", "restore": "[ID]", "diff": "A B", "use": "STORE"}
 
 
-def _refused_value(args: Any) -> str | None:
+def _refused_value(args: argparse.Namespace) -> str | None:
     """What is wrong with a value given (the Checkpointer's own checks, made before a store is opened)."""
     if args.command == "restore" and args.ids and args.ids[0] != "latest" and args.step is not None:
         return f"give a checkpoint id or a step, not both (id {args.ids[0]!r}, step {args.step})"
@@ -154,10 +154,17 @@ def _refused_value(args: Any) -> str | None:
     return None
 
 
-def _checkpointer(checkpoint: Any, store: Any, **options: Any) -> Any:
-    """``Checkpointer(store, ...)``; a store URL it cannot parse (``s3://``) is an error of the magic's."""
+def _checkpointer(checkpoint: Any, store: Any, read_only: bool, endpoint_url: str | None) -> Any:
+    """A Checkpointer of ``store`` for the magic's own use: never the current one (the training loop's stays
+    current: a budget stop saves with it), no preemption watcher. A store URL it cannot parse (``s3://``) is an
+    error of the magic's."""
     try:
-        return checkpoint.Checkpointer(store, **options)
+        return checkpoint.Checkpointer(
+            store,
+            storage=checkpoint.StorageOptions(read_only=read_only, endpoint_url=endpoint_url),
+            policy=checkpoint.PolicyOptions(preemption=None),
+            runtime=checkpoint.RuntimeOptions(current=False),
+        )
     except GpuNotebookError:
         raise
     except ValueError as exc:  # the store's URL: "bad S3 URL 's3://': expected s3://bucket/prefix"
@@ -222,12 +229,12 @@ class CheckpointMagics(Magics):
         key = (str(getattr(store, "url", store)), endpoint_url, write)
         ck = self._opened.get(key)
         if ck is None:
-            opts = {"endpoint_url": endpoint_url} if endpoint_url and isinstance(store, str) else {}
-            ck = _checkpointer(checkpoint, store, read_only=not write, current=False, preemption=None, **opts)
+            endpoint = endpoint_url if endpoint_url and isinstance(store, str) else None
+            ck = _checkpointer(checkpoint, store, read_only=not write, endpoint_url=endpoint)
             self._opened[key] = ck
         return ck
 
-    def _ckpt(self, args: Any, checkpoint: Any, write: bool = False) -> Any:
+    def _ckpt(self, args: argparse.Namespace, checkpoint: Any, write: bool = False) -> Any:
         if args.store:
             if write:  # read-only first: a mistyped store is an error, not a new empty store made to gc it
                 self._open(checkpoint, args.store, args.endpoint_url, False)
@@ -243,15 +250,13 @@ class CheckpointMagics(Magics):
         return cur
 
     @staticmethod
-    def _one_id(args: Any) -> str | None:
+    def _one_id(args: argparse.Namespace) -> str | None:
         return args.ids[0] if args.ids else None
 
     # ------------------------------------------------------------------ commands
-    def _cmd_use(self, args: Any, checkpoint: Any) -> None:
-        opts = {"endpoint_url": args.endpoint_url} if args.endpoint_url else {}
+    def _cmd_use(self, args: argparse.Namespace, checkpoint: Any) -> None:
         # read-only: a mistyped path is an error (not a new, empty store) and nothing is written
-        # current=False: the training loop's Checkpointer stays the current one (a budget stop saves with it)
-        ck = _checkpointer(checkpoint, args.ids[0], read_only=True, preemption=None, current=False, **opts)
+        ck = _checkpointer(checkpoint, args.ids[0], read_only=True, endpoint_url=args.endpoint_url or None)
         if self._used is not None and self._used is not ck:
             self._used.close(wait=False)
         self._used = ck
@@ -260,12 +265,12 @@ class CheckpointMagics(Magics):
         kept = f"; {cur.store.url} stays the current Checkpointer" if cur is not None else ""
         print(f"%gpu_checkpoint reads {ck.store.url} ({len(ck.list())} checkpoints){kept}")
 
-    def _cmd_list(self, args: Any, checkpoint: Any) -> Any:
+    def _cmd_list(self, args: argparse.Namespace, checkpoint: Any) -> Any:
         lst = self._ckpt(args, checkpoint).list()
         display(lst)
         return None
 
-    def _cmd_show(self, args: Any, checkpoint: Any) -> None:
+    def _cmd_show(self, args: argparse.Namespace, checkpoint: Any) -> None:
         ck = self._ckpt(args, checkpoint)
         cid = self._one_id(args)
         if args.step is not None and cid is None:
@@ -276,7 +281,7 @@ class CheckpointMagics(Magics):
             cid = found[-1]
         print(repr(ck.show(cid)))
 
-    def _cmd_restore(self, args: Any, checkpoint: Any) -> None:
+    def _cmd_restore(self, args: argparse.Namespace, checkpoint: Any) -> None:
         ck = self._ckpt(args, checkpoint)
         ns = self.shell.user_ns if self.shell is not None else {}
         into = None
@@ -302,10 +307,10 @@ class CheckpointMagics(Magics):
             + (f" and {args.into}" if args.into else "")
         )
 
-    def _cmd_diff(self, args: Any, checkpoint: Any) -> None:
+    def _cmd_diff(self, args: argparse.Namespace, checkpoint: Any) -> None:
         print(repr(self._ckpt(args, checkpoint).diff(*args.ids)))
 
-    def _cmd_gc(self, args: Any, checkpoint: Any) -> None:
+    def _cmd_gc(self, args: argparse.Namespace, checkpoint: Any) -> None:
         res = self._ckpt(args, checkpoint, write=not args.dry_run).gc(
             keep=args.keep, grace_s=args.grace, dry_run=args.dry_run, keep_abandoned=args.keep_abandoned
         )

@@ -24,7 +24,7 @@ from .encode import ChunkEncoder, Entry
 from .lineage import Lineage
 from .plan import chunks_of, pack_threshold, plan_save
 
-__all__ = ["SaveOptions", "persist", "persist_with_retries"]
+__all__ = ["PersistOptions", "persist", "persist_with_retries"]
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
@@ -35,7 +35,7 @@ TINY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
-class SaveOptions:
+class PersistOptions:
     """The settings of a :class:`Checkpointer` one save runs with."""
 
     store: Store
@@ -122,7 +122,7 @@ def _shard_doc(snap: Snapshot, chunk_docs: dict[str, Any], rank: int) -> dict[st
 def persist(
     snap: Snapshot,
     ckpt_id: str,
-    opts: SaveOptions,
+    opts: PersistOptions,
     lineage: Lineage,
     buffers: BufferPool,
     pool: cf.ThreadPoolExecutor,
