@@ -22,6 +22,7 @@ from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._run import run_in_background
 from gpu_notebook.cluster._status import (
+    ClusterState,
     ClusterStatus,
     NodeInfo,
     WorkerInfo,
@@ -136,7 +137,7 @@ class Cluster:
         self.created_at = time.time()
         self.started_at: float | None = None
         self.last_activity = time.time()
-        self.state = "new"
+        self.state: ClusterState = "new"
         self._stop_hooks: list[Callable[[str], None]] = []
         self._cell_counter = 0
         self.policies: Any = None  # the cost/idle watcher, when --idle-stop or --budget is given

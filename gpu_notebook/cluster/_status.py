@@ -17,12 +17,13 @@ import ipaddress
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpu_notebook import _settings
 from gpu_notebook.monitor._export import running_servers
 
 __all__ = [
+    "ClusterState",
     "ClusterStatus",
     "DashboardLink",
     "NodeInfo",
@@ -172,6 +173,10 @@ class NodeInfo:
     is_head: bool = False
 
 
+#: Where a :class:`~gpu_notebook.Cluster` is in its life: made, started (or failed to start), stopping, stopped.
+ClusterState = Literal["new", "running", "failed", "stopping", "stopped"]
+
+
 @dataclass
 class ClusterStatus:
     """A snapshot of a cluster: nodes, workers, uptime. Shows as an HTML table in notebooks."""
@@ -179,7 +184,7 @@ class ClusterStatus:
     name: str
     kind: str
     address: str
-    state: str
+    state: ClusterState
     backend: str | None
     uptime_s: float
     nodes: list[NodeInfo] = field(default_factory=list)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpu_notebook._display import Progress, first_line
 from gpu_notebook.distributed._output import Streamer
 from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._remains import fault_summary
-from gpu_notebook.distributed._results import CellResult, RankFailure, RankResults
+from gpu_notebook.distributed._results import CellResult, FailureKind, RankFailure, RankResults
 from gpu_notebook.distributed._worker import CellReply, Worker
 
 __all__ = [
@@ -35,6 +35,11 @@ __all__ = [
     "reply_failure",
     "unreturned_failure",
 ]
+
+#: Why the running ranks of a cell were interrupted, the state :meth:`WorkerGroup._poll` moves through: "" (not
+#: interrupted), "hung" (still running after another rank failed), "timeout" (the cell's timeout expired) or
+#: "interrupted" (the user's stop button); the failure kind of the ranks it ends.
+InterruptReason = Literal["", "hung", "timeout", "interrupted"]
 
 #: Kinds of failure after which a rank's last output is shown (its own traceback says nothing).
 _SHOW_LAST_OUTPUT = ("died", "hung", "timeout", "interrupted")
@@ -56,8 +61,8 @@ class CellRun:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     first_failure_at: float | None = None  # when a rank first failed in a way that can leave others hanging
     interrupted_at: float | None = None  # when the running ranks were interrupted
-    interrupt_reason: str = ""  # why: "hung", "timeout" or "interrupted" (the user)
-    rebuild_reason: str = ""  # set when ranks did not stop after the interrupt and were given up on
+    interrupt_reason: InterruptReason = ""  # why: "hung", "timeout" or "interrupted" (the user)
+    rebuild_reason: InterruptReason = ""  # set when interrupted ranks did not stop and were given up on
     stopped: str | None = None  # why the group was stopped under the cell
     poll: float = 0.002  # the next wait for replies, in seconds (grows to 0.1 s)
     last_drain: float = 0.0  # time.monotonic() of the last output drain
@@ -91,13 +96,13 @@ _INTERRUPTED_DETAIL = {
 }
 
 
-def reply_failure(rank: int, reply: CellReply, interrupt_reason: str) -> RankFailure:
+def reply_failure(rank: int, reply: CellReply, interrupt_reason: InterruptReason) -> RankFailure:
     """The failure a rank reported itself (its code raised): ``"error"``, or the interrupt's reason.
 
     A KeyboardInterrupt is the group's own interrupt when it sent one (``interrupt_reason``); otherwise the
     user's code raised it, and it is an error like any other.
     """
-    kind = "error"
+    kind: FailureKind = "error"
     if reply.get("etype") == "KeyboardInterrupt" and interrupt_reason:
         kind = interrupt_reason
     return RankFailure(
@@ -213,7 +218,7 @@ def mark_stuck(run: CellRun, stuck: Sequence[int]) -> None:
             f.last_output = run.last_output(f.rank)
 
 
-def _stuck_detail(reason: str) -> str:
+def _stuck_detail(reason: InterruptReason) -> str:
     if reason == "timeout":
         return "still running when the timeout expired and did not stop when interrupted"
     if reason == "interrupted":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.errors import GpuNotebookError
@@ -62,14 +62,18 @@ class RankResults:
         return "RankResults({" + ", ".join(f"{r}: {v!r}" for r, v in self._by_rank.items()) + "})"
 
 
+#: How a rank failed: "error" (the cell raised), "died" (process gone), "interrupted" (by the user), "timeout",
+#: "hung" (still running after another rank failed), "value" (the cell ran but its value cannot be rebuilt in
+#: the notebook), "stopped" (the cluster was stopped under the cell).
+FailureKind = Literal["error", "died", "interrupted", "timeout", "hung", "value", "stopped"]
+
+
 @dataclass
 class RankFailure:
     """How one rank failed."""
 
     rank: int
-    # "error" (the cell raised), "died" (process gone), "interrupted", "timeout", "hung", "value" (the cell
-    # ran but its value cannot be rebuilt in the notebook), "stopped" (the cluster was stopped under the cell)
-    kind: str
+    kind: FailureKind
     etype: str = ""
     evalue: str = ""
     traceback: str = ""
