@@ -129,3 +129,17 @@ def shared(cluster, ip):
     if cluster.world_size != 2:
         cluster.scale(2)
     return cluster
+
+
+@pytest.fixture()
+def fresh_manager(monkeypatch: pytest.MonkeyPatch):
+    """An empty cluster manager as the kernel's for this test (``get_manager()`` and the magics see it); the
+    session's manager, with the shared cluster, is back afterwards. Clusters added to it are not stopped at exit."""
+    import atexit
+
+    from gpu_notebook import _registry
+
+    manager = _registry.ClusterManager()
+    monkeypatch.setattr(_registry, "_MANAGER", manager)
+    yield manager
+    atexit.unregister(manager.stop_all)  # ClusterManager.add registers it: this manager ends with the test

@@ -71,6 +71,7 @@ def test_an_uncached_range_is_read_ahead_as_a_whole(tmp_path: Path, monkeypatch:
     store, key, blob = _cold_file(tmp_path, 8 << 20)
     monkeypatch.setattr(local_mod, "READ_AHEAD", False)
     view = store.get_range(key, 1 << 20, 4 << 20)  # mapped, not touched
+    # not a wait for a condition: that nothing gets read is checked after the time a read-ahead would have had
     time.sleep(0.3)
     assert not _wait_resident(store, key, 1 << 20, 4 << 20, timeout=0.0)
     monkeypatch.setattr(local_mod, "READ_AHEAD", True)

@@ -320,7 +320,7 @@ def test_restore_decodes_chains_as_their_frames_arrive(tmp_path: Path) -> None:
         def get_range(self, key: str, offset: int, length: int) -> bytes | memoryview:
             if key.startswith("objects/"):
                 age = time.time() - (self.root / key).stat().st_mtime
-                time.sleep(min(0.2, 0.02 + age / 10))
+                time.sleep(min(0.2, 0.02 + age / 10))  # the scenario: a store's latency, not a wait
             return super().get_range(key, offset, length)
 
     for threads in (1, 3):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _poll import wait_for
 
 from gpu_notebook.checkpoint import Checkpointer
 from gpu_notebook.checkpoint._preemption import (
@@ -64,8 +65,7 @@ def test_fake_aws_requires_imdsv2_tokens_and_announces_the_interruption() -> Non
         assert _req(action, auth)[0] == 404
         md.preempt(in_s=120, after_s=0.5)  # a notice that shows up later
         assert _req(action, auth)[0] == 404
-        time.sleep(0.6)
-        assert _req(action, auth)[0] == 200
+        wait_for(lambda: _req(action, auth)[0] == 200, what="the later notice")
 
 
 def test_fake_gcp_needs_the_flavor_header_and_flips_preempted() -> None:
@@ -155,15 +155,13 @@ def test_watcher_thread_reports_one_notice() -> None:
         w = PreemptionWatcher("gcp", url=md.url, interval_s=0.05, on_notice=seen.append)
         try:
             assert w.active and w.notice is None
-            time.sleep(0.3)
+            wait_for(lambda: len(md.requests) >= 3, what="three polls")
             assert w.notice is None and not seen
             md.preempt()
-            deadline = time.time() + 10
-            while w.notice is None and time.time() < deadline:
-                time.sleep(0.05)
-            assert w.notice is not None and len(seen) == 1
-            time.sleep(0.2)
-            assert len(seen) == 1 and not w.active  # one notice; the thread is done
+            wait_for(lambda: w.notice is not None, timeout=10, what="the notice")
+            assert len(seen) == 1
+            wait_for(lambda: not w.active, timeout=10, what="the watcher's thread to end")
+            assert len(seen) == 1  # one notice; the thread is done
         finally:
             w.stop()
 
@@ -185,8 +183,8 @@ def test_watcher_keeps_polling_while_the_service_is_down() -> None:
     md.stop()
     w = PreemptionWatcher("aws", url=url, interval_s=0.05, timeout_s=0.2)
     try:
-        time.sleep(0.5)
-        assert w.errors >= 2 and w.active and w.notice is None
+        wait_for(lambda: w.errors >= 2, what="two failed polls")
+        assert w.active and w.notice is None
     finally:
         w.stop()
 

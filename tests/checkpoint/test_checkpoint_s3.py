@@ -7,7 +7,6 @@ import os
 import sys
 import threading
 import time
-import types
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from _poll import wait_for
 from _s3proxy import Cut, Reply, Request, S3Proxy
 from _s3server import S3Server, serving
 
@@ -280,16 +280,8 @@ def test_get_retries_a_body_cut_mid_stream(s3: S3Server, bucket: str) -> None:
         ]
 
 
-def test_transient_errors_are_retried_with_backoff(
-    s3: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sleeps: list[float] = []
-
-    def sleep(s: float) -> None:
-        sleeps.append(s)
-        time.sleep(s)
-
-    monkeypatch.setattr(s3mod, "time", types.SimpleNamespace(sleep=sleep))  # the store's own backoff only
+def test_transient_errors_are_retried_with_backoff(s3: S3Server, bucket: str) -> None:
+    sleeps: list[float] = []  # the store's own backoff (botocore's own retry of a 5xx waits on its own)
     faults: dict[str, list[Reply | Cut]] = {
         # botocore itself retries a 5xx; a 409 OperationAborted or a dropped body is left to the store,
         # which backs off and tries again
@@ -304,7 +296,9 @@ def test_transient_errors_are_retried_with_backoff(
 
     data = os.urandom(100_000)
     with S3Proxy(s3.endpoint, fault) as proxy:
-        store = S3Store(f"s3://{bucket}/p", endpoint_url=proxy.endpoint, retries=4, backoff_s=0.01)
+        store = S3Store(
+            f"s3://{bucket}/p", endpoint_url=proxy.endpoint, retries=4, backoff_s=0.01, sleep=sleeps.append
+        )
         t0 = time.monotonic()
         assert store.put("objects/t", data) is True
         assert store.get("objects/t") == data
@@ -361,7 +355,8 @@ def test_touch_makes_an_object_new_again(s3: S3Server, bucket: str) -> None:
     store = S3Store(f"s3://{bucket}/p", endpoint_url=s3.endpoint)
     store.put("objects/o", b"payload")
     before = {o.key: o.mtime for o in store.list("objects/")}["objects/o"]
-    time.sleep(1.1)  # S3's LastModified has whole seconds
+    # S3's LastModified has whole seconds: touched in the next one (the test server runs on this clock)
+    wait_for(lambda: time.time() >= before + 1, what="the next second")
     store.touch("objects/o")
     after = {o.key: o.mtime for o in store.list("objects/")}["objects/o"]
     assert after >= before + 1 and store.get("objects/o") == b"payload"

@@ -218,8 +218,7 @@ def test_hf_trainer_on_a_preemption_notice_saves_to_s3_and_stops(tmp_path: pathl
     """One process, the default save schedule never reached: a spot notice (the fake AWS metadata service) makes
     the callback save at once, into S3 (moto), and stop the Trainer; the folder written back resumes there."""
     pytest.importorskip("transformers")
-    import time
-
+    from _poll import wait_for
     from _s3server import serving
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
@@ -237,7 +236,7 @@ def test_hf_trainer_on_a_preemption_notice_saves_to_s3_and_stops(tmp_path: pathl
             def on_step_end(self, args, state, control, **kw):  # type: ignore[no-untyped-def]
                 if state.global_step == 3:
                     md.preempt(in_s=120)
-                    time.sleep(0.5)  # the watcher polls every 0.05 s
+                    wait_for(lambda: watcher.notice is not None, what="the watcher to see the notice")
 
         args = TrainingArguments(
             output_dir=str(tmp_path / "out"), use_cpu=True, max_steps=40, save_steps=1000,

@@ -94,13 +94,22 @@ def test_reservations_are_summed_from_our_placement_groups_only():
     assert not Activity(utilisation=9.0, kind="cpu").busy and Activity(utilisation=10.0, kind="cpu").busy
 
 
-def test_idle_workers_and_samplers_are_not_use_but_a_cell_and_a_users_task_are(shared, ray_session):
+def test_idle_workers_and_samplers_are_not_use_but_a_cell_and_a_users_task_are(shared, ray_session, tmp_path):
     """The shared cluster's two workers hold their CPUs for good and a monitor runs samplers on the node: that is
     idle (the old ray_busy() called it busy forever); a running cell, or a user's own task holding a CPU, is not."""
     import threading
     import time
 
     from gpu_notebook.cloud._idle_watch import activity, ray_busy, utilisation_monitor
+
+    def hold(release: str) -> None:
+        """The user's work: runs until the test, having seen it, releases it (on any machine's speed)."""
+        import os
+        import time
+
+        deadline = time.monotonic() + 60
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     ray = ray_session
     mon = utilisation_monitor(interval=0.2)
@@ -117,9 +126,11 @@ def test_idle_workers_and_samplers_are_not_use_but_a_cell_and_a_users_task_are(s
 
         started = threading.Event()
 
+        cell_done = tmp_path / "cell-done"
+
         def cell():
             started.set()
-            shared.call(time.sleep, 4)
+            shared.call(hold, str(cell_done))
 
         t = threading.Thread(target=cell)
         t.start()
@@ -130,19 +141,20 @@ def test_idle_workers_and_samplers_are_not_use_but_a_cell_and_a_users_task_are(s
                 time.sleep(0.1)
             assert activity(None).cells_running >= 2 and ray_busy()
         finally:
+            cell_done.touch()
             t.join(60)
         assert not ray_busy()
 
-        @ray.remote(num_cpus=1)
-        def users_own_task():
-            time.sleep(4)
-
-        ref = users_own_task.remote()
-        deadline = time.monotonic() + 30
-        while not ray_busy() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        act = activity(None)
-        assert act.held_by_others.get("CPU") == 1.0 and act.busy, act
+        task_done = tmp_path / "task-done"
+        ref = ray.remote(num_cpus=1)(hold).remote(str(task_done))
+        try:
+            deadline = time.monotonic() + 30
+            while not ray_busy() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            act = activity(None)
+            assert act.held_by_others.get("CPU") == 1.0 and act.busy, act
+        finally:
+            task_done.touch()
         ray.get(ref)
     finally:
         mon.stop()

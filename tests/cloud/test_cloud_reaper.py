@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _poll import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,7 +92,8 @@ def test_sigterm_hands_over_at_once_and_another_kernels_cluster_is_left_alone(tm
     ClusterState("gnb-old", "aws", "us-east-1", status="running", created_at=time.time() - 3600).save()
     proc, reaper = _kernel(tmp_path, "gnb-old", "stay")
     try:
-        time.sleep(0.5)
+        said = cfg / "gnb-old.reaper.log"
+        wait_for(lambda: said.exists() and "watching kernel" in said.read_text(), what="the reaper to watch")
         assert (cfg / "gnb-old.reaper").exists()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(10) == -signal.SIGTERM  # still ends the way SIGTERM ends a process
@@ -147,16 +149,16 @@ def test_a_kernel_shutdown_request_hands_a_launched_cloud_cluster_to_its_reaper_
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_cloud_cluster_handed_to_its_reaper_is_not_torn_down_again_at_the_kernel_s_exit(monkeypatch):
+def test_a_cloud_cluster_handed_to_its_reaper_is_not_torn_down_again_at_the_kernel_s_exit(
+    monkeypatch, fresh_manager
+):
     """After the handover the kernel exits at once (its local children gone), so its exit hook runs: it must not
     start a second teardown (racing the reaper's ``ray down``) nor release the reaper's lease."""
-    from gpu_notebook import _registry
     from gpu_notebook.cloud import _reaper
     from gpu_notebook.cluster import Cluster
     from gpu_notebook.cluster.providers.cloud import CloudProvider
 
-    manager = _registry.ClusterManager()
-    monkeypatch.setattr(_registry, "_MANAGER", manager)
+    manager = fresh_manager
     marked, torn = [], []
     monkeypatch.setattr(_reaper, "mark_terminating", lambda: marked.append(True))
     monkeypatch.setattr(CloudProvider, "teardown", lambda self, c, say, reason: torn.append(reason) or "")

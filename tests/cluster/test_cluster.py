@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from _poll import wait_for
 
 from gpu_notebook import Cluster, get_manager
 
@@ -116,14 +117,11 @@ def test_logs_keep_recent_output_per_rank(ip, shared, capsys):
 
 
 def test_output_printed_between_cells_by_a_background_thread_reaches_logs(ip, shared):
-    import time
-
     ip.run_cell(
         "%%distributed\nimport threading, time\n"
         "threading.Thread(target=lambda: (time.sleep(0.3), print('late', rank)), daemon=True).start()\n"
     )
-    time.sleep(1.0)
-    assert "late 0" in shared.logs(rank=0, tail=5)[0]
+    wait_for(lambda: "late 0" in shared.logs(rank=0, tail=5)[0], what="the late line in rank 0's log")
 
 
 @pytest.mark.parametrize(
@@ -228,26 +226,18 @@ def test_help_is_generated_from_the_arguments(ip):
     assert "--no-stream" in ip.find_cell_magic("distributed").__doc__
 
 
-def test_no_cluster_gives_a_clear_message(ip, capsys):
-    import gpu_notebook._registry as m
-    from gpu_notebook.cluster import ClusterManager
-
-    saved = m._MANAGER
-    m._MANAGER = ClusterManager()
-    try:
-        res = ip.run_cell("%%distributed\n1\n")
-        assert res.error_in_exec is not None
-        captured = capsys.readouterr()
-        assert "no cluster is running" in captured.err + captured.out
-    finally:
-        m._MANAGER = saved
+def test_no_cluster_gives_a_clear_message(ip, capsys, fresh_manager):
+    res = ip.run_cell("%%distributed\n1\n")
+    assert res.error_in_exec is not None
+    captured = capsys.readouterr()
+    assert "no cluster is running" in captured.err + captured.out
 
 
 def test_unplaceable_workers_fail_with_advice(ray_session):
-    from gpu_notebook.distributed import GroupTimeouts
+    from gpu_notebook.distributed import GroupError, GroupTimeouts
 
     c = Cluster(name="toobig", workers=2, cpus_per_worker=64, timeouts=GroupTimeouts(placement=3))
-    with pytest.raises(Exception, match="cannot grow: use --cpus-per-worker 4"):  # 8 CPUs in all
+    with pytest.raises(GroupError, match="cannot grow: use --cpus-per-worker 4"):  # 8 CPUs in all
         c.start()
     assert get_manager().get("toobig", None) is None
 

@@ -52,20 +52,15 @@ def test_widget_stops_charging_for_a_node_that_left() -> None:
     w.stop()
 
 
-def test_magic_status_sees_the_current_nodes(ip, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_magic_status_sees_the_current_nodes(ip, fresh_manager) -> None:
     from IPython.utils.capture import capture_output
-
-    from gpu_notebook import _registry
 
     clock = Clock()
     cluster = FakeCluster(clock)
     meter = cost_meter_for(cluster, clock=clock)
 
     # this kernel's clusters: only the fake one
-    manager: _registry.ClusterManager = _registry.ClusterManager()
-    manager._clusters[cluster.name] = cluster
-    manager._current = cluster.name
-    monkeypatch.setattr(_registry, "_MANAGER", manager)
+    fresh_manager.add(cluster)
     clock.t += 1800
     cluster.nodes = ["a", "b", "c"]  # the autoscaler added a node
     with capture_output() as cap:

@@ -15,10 +15,12 @@ import concurrent.futures
 import ctypes
 import multiprocessing
 import queue
+import sys
 import threading
 import time
 
 import pytest
+from _poll import wait_for
 
 from gpu_notebook import _settings
 from gpu_notebook.distributed import _interruptible
@@ -50,6 +52,19 @@ def _interrupt(thread: threading.Thread) -> None:
     assert n == 1
 
 
+def _in_a_sliced_wait(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked in one of ``_interruptible``'s sliced waits (where the interrupt must land)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _interruptible.__name__ and frame.f_code.co_name in (
+            "_sliced",
+            "sleep",
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @pytest.mark.parametrize("kind", sorted(BLOCKING))
 def test_each_blocking_wait_in_a_cell_thread_sees_the_interrupt(sliced, kind: str) -> None:
     got: list[BaseException] = []
@@ -64,7 +79,7 @@ def test_each_blocking_wait_in_a_cell_thread_sees_the_interrupt(sliced, kind: st
 
     t = threading.Thread(target=cell, daemon=True)
     t.start()
-    time.sleep(0.5)  # (this thread is not a cell's: a plain sleep)
+    wait_for(lambda: _in_a_sliced_wait(t) or not t.is_alive(), what=f"the cell thread to block in {kind}")
     _interrupt(t)
     t.join(30)  # a 600 s wait: only the interrupt ends it
     assert not t.is_alive(), f"{kind}: the interrupt did not reach the blocked wait"
@@ -90,10 +105,10 @@ def test_sliced_waits_keep_their_results_and_timeouts(sliced) -> None:
         with pytest.raises(concurrent.futures.TimeoutError):
             concurrent.futures.Future().result(timeout=0.2)
         t0 = time.monotonic()
-        time.sleep(0.3)
+        time.sleep(0.3)  # the call under test (the sliced sleep), not a wait
         assert time.monotonic() - t0 >= 0.3
         with pytest.raises(ValueError):
-            time.sleep(-1)  # the original's errors
+            time.sleep(-1)  # the call under test: the original's errors
         worker = threading.Thread(target=time.sleep, args=(0.2,))
         worker.start()
         worker.join()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
+from _poll import wait_for
+
 from gpu_notebook.distributed._outside_wait import OutsideWaitWatch, cell_line, message
 
 
@@ -19,18 +21,33 @@ def _blocked_thread(seconds: float) -> threading.Thread:
     return t
 
 
-def _watch(seq: list[int], thread: threading.Thread, out: list[str]) -> OutsideWaitWatch:
+STILL_S = 0.3
+
+
+def _watch(seq: list[int], thread: threading.Thread, out: list[str], polls: list[float]) -> OutsideWaitWatch:
+    """A watch of ``thread`` reading ``seq[0]``; ``polls`` gets the time of each of its readings."""
     assert thread.ident is not None
+
+    def read() -> int:
+        polls.append(time.monotonic())
+        return seq[0]
+
     return OutsideWaitWatch(
-        lambda: seq[0], thread.ident, 0, [0], [1], 1800.0, out.append, poll_s=0.05, still_s=0.3
+        read, thread.ident, 0, [0], [1], 1800.0, out.append, poll_s=0.05, still_s=STILL_S
     ).start()
 
 
+def _looked_for(polls: list[float], seconds: float) -> bool:
+    """Whether the watch has polled for ``seconds`` and then once more: whatever it was to report in that time, it
+    has written by now (``polls[0]`` is the reading at its creation)."""
+    return len(polls) >= 3 and polls[-2] - polls[1] >= seconds
+
+
 def test_a_new_collective_with_the_thread_blocked_is_reported_once():
-    seq, out = [7], []
-    thread = _blocked_thread(3)
-    w = _watch(seq, thread, out)
-    time.sleep(0.3)
+    seq, out, polls = [7], [], []
+    thread = _blocked_thread(30)
+    w = _watch(seq, thread, out, polls)
+    wait_for(lambda: _looked_for(polls, 2 * STILL_S), what="the watch to look at the blocked thread")
     assert not out  # no collective since the cell started: nothing to say
     seq[0] = 8
     deadline = time.monotonic() + 20
@@ -43,7 +60,7 @@ def test_a_new_collective_with_the_thread_blocked_is_reported_once():
 
 
 def test_a_thread_that_goes_on_running_python_is_not_reported():
-    seq, out = [1], []
+    seq, out, polls = [1], [], []
     stop = threading.Event()
 
     def busy() -> None:  # point-to-point done, then computing in Python: its bytecode keeps moving
@@ -53,9 +70,9 @@ def test_a_thread_that_goes_on_running_python_is_not_reported():
 
     t = threading.Thread(target=busy, daemon=True)
     t.start()
-    w = _watch(seq, t, out)
+    w = _watch(seq, t, out, polls)
     seq[0] = 2
-    time.sleep(1.5)
+    wait_for(lambda: _looked_for(polls, 5 * STILL_S), what="the watch to look at the busy thread")
     w.stop()
     stop.set()
     assert not out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from _poll import wait_for
 from IPython.utils.capture import capture_output
 
 # the code ends at 1.5 s, under the 2 s timeout; its value then takes another second to pickle (twice 0.5 s:
@@ -34,8 +35,10 @@ def test_a_timeout_after_the_code_ended_reports_nothing(ip, shared) -> None:
     out = _cell(ip, SLOW_REPLY)
     assert "interrupt" not in out.lower() and "timeout" not in out.lower(), out
     assert list(ip.user_ns["got"]) == [7, 7]
+    started = time.monotonic()
     out = _cell(ip, "%%distributed --timeout 2\nimport time\ntime.sleep(1.5)\n")
-    time.sleep(1)  # past the timeout: nothing fires late
+    # past that cell's timeout (2 s from its start): nothing fires late
+    wait_for(lambda: time.monotonic() > started + 2.5, what="the end of the cell's --timeout")
     out += _cell(ip, "%%distributed -o after\n6 * 7\n")
     assert "interrupt" not in out.lower(), out
     assert list(ip.user_ns["after"]) == [42, 42]

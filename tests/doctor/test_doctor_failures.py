@@ -146,7 +146,7 @@ def _bench_with_stuck_rank1() -> Any:
     import torch.distributed as dist
 
     if dist.get_rank() == 1:
-        time.sleep(4)  # stuck elsewhere: never joins the benchmark
+        time.sleep(4)  # the scenario, not a wait: stuck elsewhere, never joins the benchmark
         return None
     t0 = time.monotonic()
     try:

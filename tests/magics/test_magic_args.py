@@ -12,7 +12,6 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from gpu_notebook import _registry
 from gpu_notebook.cloud import CloudRequestError, ClusterSpec
 from gpu_notebook.cluster import Cluster
 from gpu_notebook.cost import BudgetPolicy, IdleStopPolicy
@@ -20,11 +19,10 @@ from gpu_notebook.magics._common import MagicError, parse, reported
 
 
 @pytest.fixture
-def shell(ip, monkeypatch: pytest.MonkeyPatch):
+def shell(ip, monkeypatch: pytest.MonkeyPatch, fresh_manager):
     """``ip`` with no cluster current, and ``Cluster.start``/``plan`` recording instead of starting anything."""
     from gpu_notebook.cluster import _cluster
 
-    monkeypatch.setattr(_registry, "_MANAGER", _registry.ClusterManager())
     ip.started = []  # the clusters that got as far as start() or plan()
 
     def start(self: Any, progress: Any = None) -> None:
@@ -255,8 +253,7 @@ def test_a_syntax_error_in_a_cell_shows_the_cell_not_ast_py(shell) -> None:
     assert "no cluster" not in shown  # found before a cluster is needed
 
 
-def test_a_quoted_namespace_is_rendered_without_its_quotes(ip, monkeypatch) -> None:
-    monkeypatch.setattr(_registry, "_MANAGER", _registry.ClusterManager())
+def test_a_quoted_namespace_is_rendered_without_its_quotes(ip, fresh_manager) -> None:
     with capture_output() as cap:
         res = ip.run_cell("%gpu_cluster start --cloud kubernetes --gpu A100:1 --namespace 'x' --dry-run")
     assert res.error_in_exec is None, cap.stderr

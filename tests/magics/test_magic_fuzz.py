@@ -233,7 +233,7 @@ def _finite(values: dict[str, Any]) -> bool:
 
 
 @pytest.fixture
-def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
+def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, fresh_manager):
     """``ip`` with no cluster (a fresh manager) and spies in place of everything that would start something;
     a current checkpoint store with one small checkpoint."""
     import torch
@@ -245,8 +245,6 @@ def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any):
     from gpu_notebook.cluster.workshop import Workshop
     from gpu_notebook.magics import _cluster as cluster_magics
     from gpu_notebook.magics import _monitor as monitor_magics
-
-    monkeypatch.setattr(_registry, "_MANAGER", _registry.ClusterManager())
 
     def start(self: Any, progress: Any = None) -> None:
         if self.options.get("cloud"):

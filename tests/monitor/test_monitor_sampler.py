@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from _poll import wait_for
 
 from gpu_notebook.monitor import (
     GPU_METRICS,
@@ -295,14 +296,18 @@ def test_utilisation_summary_per_node_and_gpu() -> None:
 
 
 def test_utilisation_summary_on_cpu_node() -> None:
-    import time
+    clock = Clock()
+    s = NodeSampler("laptop", nvml=None, host=True, clock=clock)
+    mon = Monitor(samplers=[s], autopull=False, clock=clock).start()
+    cpu = HOST_METRICS.index("cpu_percent")
 
-    s = NodeSampler("laptop", nvml=None, host=True)
-    mon = Monitor(samplers=[s], autopull=False).start()
-    time.sleep(0.1)
-    s.tick()
-    time.sleep(0.1)
-    s.tick()
+    def tick() -> bool:
+        """A sample 0.1 s later; whether it has the host's CPU % (which needs the kernel's CPU time to have moved
+        on since the last reading, in real time)."""
+        clock.t += 0.1
+        return not math.isnan(s.tick()[cpu])
+
+    wait_for(tick, what="a CPU reading of the host")
     mon.pull()
     summ = utilisation_summary(mon, 60)["laptop"]
     assert summ["has_gpu"] is False and summ["gpus"] == {} and math.isnan(summ["mean_gpu_util"])

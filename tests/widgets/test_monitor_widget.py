@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import comm
 import numpy as np
 import pytest
+from _poll import wait_for
 
 from gpu_notebook.monitor import Monitor, NodeSampler
 from gpu_notebook.testing.nvml import FakeGPU, FakeNVML, steps
@@ -200,15 +202,18 @@ def test_background_thread_refreshes(wire: Wire) -> None:
 
     mon = Monitor.local(nvml=lambda: FakeNVML(1), interval=0.1, pull_interval=0.1).start()
     try:
+        others = set(threading.enumerate())
         w = MonitorWidget(mon, interval=0.1)
         deadline = time.monotonic() + 20
         while w.refreshes < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert w.refreshes >= 3 and "live" in repr(w)
+        refreshers = [t for t in threading.enumerate() if t.name == w.thread_name and t not in others]
+        assert len(refreshers) == 1  # this widget's
         w.stop()
         n = w.refreshes
-        time.sleep(0.3)
-        assert w.refreshes == n and "paused" in repr(w)
+        wait_for(lambda: not refreshers[0].is_alive(), what="the refresh thread to end")
+        assert w.refreshes == n and "paused" in repr(w)  # nothing refreshes it any more
     finally:
         mon.stop()
 

@@ -117,6 +117,8 @@ class S3Store(Store):
         boto3 ``request_checksum_calculation``: ``"when_required"`` (default) or ``"when_supported"``.
     client
         A ready boto3 S3 client (overrides the options above).
+    sleep
+        How the backoff between retries waits (``time.sleep``; a test records the delays instead).
     """
 
     def __init__(
@@ -134,6 +136,7 @@ class S3Store(Store):
         read_timeout_s: float = 60.0,
         checksum: str = "when_required",
         client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
         **client_kwargs: Any,
     ) -> None:
         self.bucket, self.prefix = _parse(url)
@@ -144,6 +147,7 @@ class S3Store(Store):
         self.part_size = max(5 * 2**20, int(part_size_mb * 2**20))
         self.retries = int(retries)
         self.backoff_s = float(backoff_s)
+        self._sleep = sleep
         self._conditional: bool | None = None  # None = unknown, detected on first create-only write
         self._lock = threading.Lock()
         # explicit credentials, only so that error messages can be scrubbed of them (never printed or stored)
@@ -294,7 +298,7 @@ class S3Store(Store):
             except Exception as e:  # noqa: BLE001 - classified just below: retried or re-raised
                 retryable = self._retryable(e)
                 if retryable and attempt < self.retries:
-                    time.sleep(delay * (0.5 + random.random()))
+                    self._sleep(delay * (0.5 + random.random()))
                     delay = min(delay * 2, 10.0)
                     continue
                 err = self._error(what, key, e, attempt + 1 if retryable else 0)
