@@ -7,7 +7,7 @@ parts load on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpu_notebook._lazy import lazy_module
 
@@ -23,6 +23,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from IPython.core.interactiveshell import InteractiveShell
+
     from gpu_notebook.cluster import Cluster, ClusterManager, get_manager
 
 __getattr__, __dir__ = lazy_module(
@@ -36,14 +38,14 @@ __getattr__, __dir__ = lazy_module(
 )
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """Register the gpu_notebook magics: ``%load_ext gpu_notebook``."""
     from gpu_notebook.magics import register
 
     register(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """Remove the gpu_notebook magics: ``%unload_ext gpu_notebook``.
 
     The live views the magics started stop; clusters stay until ``%gpu_cluster stop`` (or

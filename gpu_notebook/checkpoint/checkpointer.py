@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -59,6 +59,9 @@ from .save.spread import Spread
 from .save.start import SaveStart, start_save
 from .snapshot import BufferPool, Snapshot, release_memory
 from .stores import Store, open_store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._preemption import PreemptionNotice
 
 __all__ = ["Checkpointer", "SaveHandle", "current"]
 
@@ -437,7 +440,7 @@ class Checkpointer:
         self._preemption.on_preemption = value
 
     @property
-    def preempted(self) -> Any:
+    def preempted(self) -> PreemptionNotice | None:
         """The :class:`PreemptionNotice` once this machine (or, in a job, any rank's) got one, else None."""
         return self._preemption.notice
 

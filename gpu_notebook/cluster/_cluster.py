@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_notebook import cost
 from gpu_notebook._display import Progress
@@ -22,8 +22,8 @@ from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._run import run_in_background
 from gpu_notebook.cluster._status import (
-    ClusterState,
     ClusterStatus,
+    LifecycleState,
     NodeInfo,
     WorkerInfo,
     dashboard_links,
@@ -40,6 +40,9 @@ from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerG
 from gpu_notebook.distributed._background import BackgroundCell, refuse_second
 from gpu_notebook.distributed._process_group import nccl_needs_gpus
 from gpu_notebook.distributed._stacks import NATIVE_TIMEOUT_S, StacksReport, gather
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook import cloud
 
 __all__ = ["Cluster", "ClusterError", "ClusterStatus", "NodeInfo", "WorkerInfo"]
 
@@ -137,7 +140,7 @@ class Cluster:
         self.created_at = time.time()
         self.started_at: float | None = None
         self.last_activity = time.time()
-        self.state: ClusterState = "new"
+        self.state: LifecycleState = "new"
         self._stop_hooks: list[Callable[[str], None]] = []
         self._cell_counter = 0
         self.policies: Any = None  # the cost/idle watcher, when --idle-stop or --budget is given
@@ -158,7 +161,7 @@ class Cluster:
         return self.provider.kind
 
     @property
-    def cloud_state(self) -> Any:
+    def cloud_state(self) -> cloud.ClusterState | None:
         """What a ``cloud=`` cluster launched (a :class:`gpu_notebook.cloud.ClusterState`), until torn down."""
         return self._cloud.state if self._cloud is not None else None
 
@@ -202,7 +205,7 @@ class Cluster:
             self.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
@@ -374,11 +377,11 @@ class Cluster:
         )
 
     # ---- cloud ---------------------------------------------------------------------------------------------
-    def cloud_spec(self) -> Any:
+    def cloud_spec(self) -> cloud.ClusterSpec:
         """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
         return cloud_spec(self)
 
-    def plan(self) -> Any:
+    def plan(self) -> cloud.Plan:
         """What ``start`` would launch for a cloud cluster, and its estimated cost: launches nothing."""
         provider = self.provider
         if not isinstance(provider, CloudProvider):

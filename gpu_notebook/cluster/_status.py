@@ -23,8 +23,8 @@ from gpu_notebook import _settings
 from gpu_notebook.monitor._export import running_servers
 
 __all__ = [
-    "ClusterState",
     "ClusterStatus",
+    "LifecycleState",
     "DashboardLink",
     "NodeInfo",
     "WorkerInfo",
@@ -173,8 +173,9 @@ class NodeInfo:
     is_head: bool = False
 
 
-#: Where a :class:`~gpu_notebook.Cluster` is in its life: made, started (or failed to start), stopping, stopped.
-ClusterState = Literal["new", "running", "failed", "stopping", "stopped"]
+#: Where a :class:`~gpu_notebook.Cluster` is in its life: made, started (or failed to start), stopping, stopped
+#: (not :class:`gpu_notebook.cloud.ClusterState`, the record of what a cloud launch created).
+LifecycleState = Literal["new", "running", "failed", "stopping", "stopped"]
 
 
 @dataclass
@@ -184,7 +185,7 @@ class ClusterStatus:
     name: str
     kind: str
     address: str
-    state: ClusterState
+    state: LifecycleState
     backend: str | None
     uptime_s: float
     nodes: list[NodeInfo] = field(default_factory=list)

@@ -14,10 +14,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gpu_notebook import _registry
 from gpu_notebook.catalog import get_catalog, normalize_market
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.catalog import Catalog
 
 LOCAL = "local"
 MARKETS = ("on_demand", "spot", "reserved_1y")
@@ -61,7 +64,7 @@ class NodePrice:
 LOCAL_PRICE = NodePrice(LOCAL, LOCAL, LOCAL, "on_demand", 0.0, {m: 0.0 for m in MARKETS}, "local cluster", "")
 
 
-def resolve_price(spec: Any, catalog: Any = None) -> NodePrice:
+def resolve_price(spec: Any, catalog: Catalog | None = None) -> NodePrice:
     """Turn a node spec into a :class:`NodePrice` using the catalog (overrides apply).
 
     ``spec`` is ``None``/``"local"`` ($0), a :class:`NodePrice`, a number (USD/hour, every market),
@@ -131,6 +134,17 @@ class Interval:
         return self.hours(now) * rate
 
 
+class NodeCost(TypedDict):
+    """One node's line of a :class:`CostSnapshot`: its price now and what it cost so far."""
+
+    node_id: str
+    label: str  # the price's label (cloud, instance type, region, market)
+    usd_per_hour: float  # while it runs (its last price once it left)
+    hours: float
+    spent_usd: float
+    running: bool
+
+
 @dataclass
 class CostSnapshot:
     """The meter's numbers at one moment (what the widget and ``%gpu_cost`` show)."""
@@ -142,7 +156,7 @@ class CostSnapshot:
     node_hours: float
     nodes_running: int
     by_market: dict[str, float]  # what the same node-hours would cost in each market
-    nodes: list[dict[str, Any]]
+    nodes: list[NodeCost]
     is_local: bool
     source: str
     date: str
@@ -262,7 +276,7 @@ class CostMeter:
         cluster: Any = None,
         node_pricing: NodePricing | None = None,
         clock: Callable[[], float] = time.time,
-        catalog: Any = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self._cluster_ref = weakref.ref(cluster) if cluster is not None else None
         self.clock = clock
@@ -407,7 +421,7 @@ class CostMeter:
         """All numbers at ``at`` (default now) in one object (text and HTML reprs)."""
         at = self.clock() if at is None else at
         with self._lock:
-            per_node: dict[str, dict[str, Any]] = {}
+            per_node: dict[str, NodeCost] = {}
             for iv in self._intervals:
                 row = per_node.setdefault(
                     iv.node_id,
@@ -423,7 +437,9 @@ class CostMeter:
                 row["hours"] += iv.hours(at)
                 row["spent_usd"] += iv.cost(at)
                 if iv.end is None:
-                    row.update(running=True, usd_per_hour=iv.price.usd_per_hour, label=iv.price.label)
+                    row.update(
+                        {"running": True, "usd_per_hour": iv.price.usd_per_hour, "label": iv.price.label}
+                    )
             rate = self.usd_per_hour()
             spent = self.spent(at)
             priced = [iv.price for iv in self._intervals if not iv.price.is_local and iv.price.known]

@@ -17,9 +17,19 @@ __all__ = [
     "Advice",
     "Aggregator",
     "GPU_METRICS",
+    "GpuMetric",
+    "GpuProcess",
+    "GpuReading",
+    "GpuSeries",
     "HOST_METRICS",
+    "HostMetric",
+    "HostReading",
+    "HostSeries",
+    "Latest",
     "Monitor",
+    "MonitoredCluster",
     "NodeSampler",
+    "NodeUtilisation",
     "PrometheusServer",
     "REMEDIES",
     "RingBuffer",
@@ -32,6 +42,7 @@ __all__ = [
     "sampler_actor_class",
     "stop_monitors",
     "utilisation_summary",
+    "UtilisationSummary",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +64,19 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from gpu_notebook.monitor._ring import RingBuffer
     from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler, sampler_actor_class
+    from gpu_notebook.monitor._shapes import (
+        GpuMetric,
+        GpuProcess,
+        GpuReading,
+        GpuSeries,
+        HostMetric,
+        HostReading,
+        HostSeries,
+        Latest,
+        MonitoredCluster,
+        NodeUtilisation,
+        UtilisationSummary,
+    )
 
 __getattr__, __dir__ = lazy_module(
     __name__,
@@ -76,5 +100,16 @@ __getattr__, __dir__ = lazy_module(
         "HOST_METRICS": "._sampler",
         "NodeSampler": "._sampler",
         "sampler_actor_class": "._sampler",
+        "GpuMetric": "._shapes",
+        "GpuProcess": "._shapes",
+        "GpuReading": "._shapes",
+        "GpuSeries": "._shapes",
+        "HostMetric": "._shapes",
+        "HostReading": "._shapes",
+        "HostSeries": "._shapes",
+        "Latest": "._shapes",
+        "MonitoredCluster": "._shapes",
+        "NodeUtilisation": "._shapes",
+        "UtilisationSummary": "._shapes",
     },
 )

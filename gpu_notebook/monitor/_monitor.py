@@ -16,7 +16,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from gpu_notebook import _registry
 from gpu_notebook._display import error_line
@@ -27,15 +27,15 @@ from gpu_notebook.monitor._html import snapshot_table_html, snapshot_table_text
 from gpu_notebook.monitor._sampler import NodeSampler, sampler_actor_class
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Mapping
-
     from gpu_notebook.monitor._shapes import (
+        GpuProcess,
         GpuSeries,
         HostSeries,
         Latest,
-        NodeUtilisation,
+        MonitoredCluster,
         UtilisationSummary,
     )
+    from gpu_notebook.widgets import MonitorWidget
 
 __all__ = [
     "Monitor",
@@ -91,7 +91,7 @@ class Monitor:
 
     def __init__(
         self,
-        cluster: Any = None,
+        cluster: MonitoredCluster | None = None,
         *,
         interval: float = 0.5,
         pull_interval: float = 1.0,
@@ -306,8 +306,8 @@ class Monitor:
 
     def _background_sync(self, full: bool) -> None:
         """From the pull thread: never waits. ``full`` also asks Ray for the node list (new nodes)."""
-        if full:
-            nodes = [n for n in self.cluster.ray_nodes() if n.get("Alive", True)]
+        if full:  # (the pull thread calls it only in cluster mode)
+            nodes = [n for n in cast("MonitoredCluster", self.cluster).ray_nodes() if n.get("Alive", True)]
         if not self._sync_lock.acquire(blocking=False):
             return  # sync_nodes() runs in another thread
         try:
@@ -383,7 +383,7 @@ class Monitor:
     def __enter__(self) -> Monitor:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- data -----------------------------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ class Monitor:
         """Latest slow-tier data per node (GPU processes, PCIe throughput)."""
         return {n: dict(s.slow) for n, s in self.aggregator.states()}
 
-    def gpu_processes(self) -> list[dict[str, Any]]:
+    def gpu_processes(self) -> list[GpuProcess]:
         """Processes on each GPU (slow tier), with the cluster rank when the pid is one of its workers.
 
         Returns rows ``{"node", "gpu", "pid", "used_mib", "rank"}`` (``rank`` is None for other processes).
@@ -437,7 +437,7 @@ class Monitor:
                     ranks[(str(w.node_id), int(w.pid))] = int(w.rank)
             except Exception:  # noqa: BLE001 - ranks are a nicety: the processes are listed without them
                 pass
-        rows = []
+        rows: list[GpuProcess] = []
         for node, st in self.aggregator.states():
             for g in st.slow.get("gpus", []):
                 for p in g.get("processes", []):
@@ -489,7 +489,7 @@ class Monitor:
         return srv
 
     # -- display --------------------------------------------------------------------------------------------------
-    def widget(self, **kwargs: Any) -> Any:
+    def widget(self, **kwargs: Any) -> MonitorWidget:
         """A live dashboard widget (see :class:`gpu_notebook.widgets.MonitorWidget`)."""
         from gpu_notebook.widgets import MonitorWidget
 
@@ -565,7 +565,7 @@ def utilisation_summary(monitor: Monitor, window_s: float) -> UtilisationSummary
     return monitor.utilisation_summary(window_s)
 
 
-def busiest_utilisation(summary: Mapping[str, NodeUtilisation]) -> tuple[Literal["gpu", "cpu"], float | None]:
+def busiest_utilisation(summary: UtilisationSummary) -> tuple[Literal["gpu", "cpu"], float | None]:
     """What idle detection compares with its threshold: ``("gpu", busiest GPU's mean %)``, or, when no node has
     a GPU, ``("cpu", busiest node's CPU %)``; the value is None when no node has samples yet.
 
@@ -602,13 +602,13 @@ def _default_cluster(cluster: Any, local: bool) -> Any:
     return cluster
 
 
-def running_monitor(cluster: Any = None, *, local: bool = False) -> Monitor | None:
+def running_monitor(cluster: MonitoredCluster | None = None, *, local: bool = False) -> Monitor | None:
     """The shared monitor :func:`monitor_for` would return, if it is running; never starts one (None then)."""
     mon = _registry.monitors.get(_key(_default_cluster(cluster, local)))
     return mon if mon is not None and mon.started else None
 
 
-def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> Monitor:
+def monitor_for(cluster: MonitoredCluster | None = None, *, local: bool = False, **kwargs: Any) -> Monitor:
     """The shared, started monitor for ``cluster`` (default: the current cluster, else this machine).
 
     ``%gpu_monitor`` uses this, so repeated calls reuse the same samplers.
@@ -622,7 +622,9 @@ def monitor_for(cluster: Any = None, *, local: bool = False, **kwargs: Any) -> M
     return mon
 
 
-def stop_monitors(cluster: Any = None, *, local: bool = False, every: bool = False) -> list[str]:
+def stop_monitors(
+    cluster: MonitoredCluster | None = None, *, local: bool = False, every: bool = False
+) -> list[str]:
     """Stop the shared monitor :func:`running_monitor` finds (``every``: also this machine's and every
     cluster's); returns what was stopped, in words (``"this machine"``, ``"cluster 'shared'"``).
 

@@ -8,19 +8,21 @@ picks a metric by variable names it with these types so the key is checked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 __all__ = [
     "GpuMetric",
+    "GpuProcess",
     "GpuReading",
     "GpuSeries",
     "HostMetric",
     "HostReading",
     "HostSeries",
     "Latest",
+    "MonitoredCluster",
     "NodeUtilisation",
     "UtilisationSummary",
 ]
@@ -121,3 +123,23 @@ class NodeUtilisation(TypedDict):
 
 #: node id -> its utilisation over the window
 UtilisationSummary = dict[str, NodeUtilisation]
+
+
+class GpuProcess(TypedDict):
+    """A process on a GPU (:meth:`Monitor.gpu_processes`), with its rank when it is one of the cluster's workers."""
+
+    node: str
+    gpu: int
+    pid: int
+    used_mib: float
+    rank: int | None
+
+
+class MonitoredCluster(Protocol):
+    """What a :class:`Monitor` needs of a cluster: its Ray nodes (``ray.nodes()`` entries, one sampler each).
+
+    A :class:`gpu_notebook.Cluster` is one. The monitor also uses, where the cluster has them, ``add_stop_hook(fn)``
+    (it stops with the cluster), ``status()`` (which GPU process is which rank), ``running`` and ``name``.
+    """
+
+    def ray_nodes(self) -> list[dict[str, Any]]: ...

@@ -29,13 +29,11 @@ from gpu_notebook.monitor._html import WAITING
 from gpu_notebook.widgets._live import LiveView, RateCap
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.monitor import Advice, Monitor
-    from gpu_notebook.monitor._shapes import GpuMetric, GpuSeries, HostSeries
+    from gpu_notebook.monitor import Advice, GpuMetric, GpuSeries, HostSeries, Monitor
 
 __all__ = ["MonitorWidget", "RateCap"]
 
-#: One line on every chart: ``("gpu", node, gpu index)``, ``("node", node, None)`` (the node's GPU mean),
-#: ``("node", node, "host")`` (its host metrics) or ``("all", "mean" | "min" | "max", None)`` (over the cluster).
+#: A line of a chart: ("gpu", node, GPU index), ("node", node, None: GPU mean | "host"), ("all", "mean"|"min"|"max", None)
 TraceKey = tuple[Literal["gpu", "node", "all"], str, int | str | None]
 
 
@@ -231,11 +229,10 @@ class MonitorWidget(LiveView):
         states = agg.states()  # a copy: the pull thread may add nodes meanwhile
         gpus = [(n, g) for n, s in states for g in s.gpus]
         nodes = [n for n, s in states if s.gpus] if gpus else [n for n, _ in states]
-        keys: tuple[TraceKey, ...]
         if gpus:
             mode: Literal["gpu", "host"] = "gpu"
             if len(gpus) <= self.max_traces:
-                keys = tuple(("gpu", n, g["index"]) for n, g in gpus)
+                keys: tuple[TraceKey, ...] = tuple(("gpu", n, g["index"]) for n, g in gpus)
             elif len(nodes) <= self.max_traces:
                 keys = tuple(("node", n, None) for n in nodes)
             else:
@@ -441,8 +438,7 @@ class MonitorWidget(LiveView):
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(np.mean(v)) if v else math.nan
 
-            # NaN when no GPU reports it (NVML_ERROR_NOT_SUPPORTED), never 0
-            def total(k: GpuMetric) -> float:
+            def total(k: GpuMetric) -> float:  # NaN if no GPU reports it (NVML_ERROR_NOT_SUPPORTED), never 0
                 v = [r[k] for r in g if not math.isnan(r[k])]
                 return float(sum(v)) if v else math.nan
 
@@ -595,8 +591,7 @@ class MonitorWidget(LiveView):
             if metric == "heat":
                 heat_at = i
                 continue
-            # (only the heat map's entry has no key)
-            t, y = self._series(metric, cast("TraceKey", key), since, now, cache)
+            t, y = self._series(metric, cast("TraceKey", key), since, now, cache)  # (heat has no key)
             mark = (len(t), float(t[-1]) if len(t) else math.nan)
             if not force and self._sent.get(i) == mark:
                 continue  # this trace got nothing new (a stale node): do not resend it
