@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from gpu_notebook import _registry
 
@@ -32,6 +32,10 @@ def _active_checkpointer_note(timeout: float = 60.0) -> str:
         return f"; its pending saves finished, the latest checkpoint is step {latest.step} ({latest.id})"
     except Exception as e:  # noqa: BLE001 - never let this block the stop
         return f"; could not read the active checkpointer ({type(e).__name__}: {e})"
+
+
+#: Where a budget is: under its warning level, warned (``warn_fraction`` of it spent), or stopped (at 100%).
+BudgetState = Literal["ok", "warned", "stopped"]
 
 
 class BudgetPolicy:
@@ -86,7 +90,7 @@ class BudgetPolicy:
         self.on_budget_checkpoint = on_budget_checkpoint
         self._stop = stop
         self.notify = notify or default_notify
-        self.state = "ok"  # ok | warned | stopped
+        self.state: BudgetState = "ok"
         self.message = ""
 
     @property

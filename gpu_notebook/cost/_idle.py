@@ -10,7 +10,7 @@ import math
 import os
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from gpu_notebook import _registry
 from gpu_notebook import monitor as gpu_monitor
@@ -92,6 +92,10 @@ def default_utilisation(cluster: Any) -> Utilisation:
     return CpuUtilisation()
 
 
+#: Where an idle stop is: work is running, idle (under the threshold), counting down to the stop, or stopped.
+IdleState = Literal["active", "idle", "countdown", "stopped"]
+
+
 class IdleStopPolicy:
     """Stop the workers after ``minutes`` of idleness, with a countdown first.
 
@@ -141,7 +145,7 @@ class IdleStopPolicy:
         self._seen_activity: Any = None
         self._last_check: float | None = None
         self.last_utilisation: float | None = None
-        self.state = "active"  # active | idle | countdown | stopped
+        self.state: IdleState = "active"
         self.message = ""
         self.remaining_s: float | None = None
 
