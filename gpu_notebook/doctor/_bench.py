@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.doctor._shapes import RankCaller
+    from gpu_notebook.doctor._shapes import (
+        BenchRow,
+        LinkRow,
+        PairTiming,
+        RankBench,
+        RankCaller,
+        SizeTiming,
+        Where,
+    )
 
 __all__ = [
     "COLLECTIVE_TIMEOUT",
@@ -145,7 +153,7 @@ def collective_failed(exc: BaseException, rank: int, what: str, timeout: float) 
     )
 
 
-def _where() -> dict[str, Any]:
+def _where() -> Where:
     ip = None
     try:
         import sys
@@ -169,7 +177,7 @@ def allreduce_bench(
     dtype: str = "float32",
     check: bool = True,
     collective_timeout: float = COLLECTIVE_TIMEOUT,
-) -> dict[str, Any]:
+) -> RankBench:
     """Time all-reduce (sum) for each message size; run it in every rank of an initialised process group.
 
     Returns this rank's measurements: ``{"rank", "world_size", "backend", "dtype", "hostname", "node_ip",
@@ -185,7 +193,7 @@ def allreduce_bench(
     elem = torch.tensor([], dtype=tdtype).element_size()
     sizes = message_sizes(min_bytes, max_bytes, factor, elem)
     what = "creating the benchmark's process group"
-    rows = []
+    rows: list[SizeTiming] = []
     try:
         group = bench_group(list(range(n)), collective_timeout)
         buf = torch.zeros(sizes[-1][1] if sizes else 1, dtype=tdtype, device=device)
@@ -240,7 +248,7 @@ def pair_bench(
     iters: int = 10,
     warmup: int = 3,
     collective_timeout: float = COLLECTIVE_TIMEOUT,
-) -> list[dict[str, Any]]:
+) -> list[PairTiming]:
     """Time a 2-rank all-reduce for each pair of ranks in turn (all ranks must call this, with equal pairs).
 
     Every rank creates every pair's sub-group (``dist.new_group`` is collective); only the pair's members
@@ -254,7 +262,7 @@ def pair_bench(
     rank = dist.get_rank()
     count = max(1, nbytes // 4)
     buf = torch.zeros(count, dtype=torch.float32, device=device)
-    out = []
+    out: list[PairTiming] = []
     what = "creating the benchmark's process group"
     try:
         everyone = bench_group(list(range(dist.get_world_size())), collective_timeout)
@@ -333,8 +341,8 @@ class BenchResult:
     world_size: int
     backend: str
     dtype: str
-    rows: list[dict[str, Any]]
-    pairs: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[BenchRow]
+    pairs: list[LinkRow] = field(default_factory=list)
     pair_mode: str = "node"
     slow: list[str] = field(default_factory=list)
     rank_nodes: dict[int, str] = field(default_factory=dict)
@@ -456,11 +464,11 @@ class BenchResult:
         )
 
 
-def combine(per_rank: list[dict[str, Any]]) -> tuple[int, str, str, list[dict[str, Any]]]:
+def combine(per_rank: list[RankBench]) -> tuple[int, str, str, list[BenchRow]]:
     """Merge per-rank :func:`allreduce_bench` results into rows with mean time, algbw, busbw, #wrong."""
     n = per_rank[0]["world_size"]
     dtype = per_rank[0]["dtype"]
-    rows = []
+    rows: list[BenchRow] = []
     for i, first in enumerate(per_rank[0]["rows"]):
         times = [r["rows"][i]["time_us"] for r in per_rank]
         t = statistics.fmean(times)
@@ -537,9 +545,9 @@ def bench_allreduce(
     return result
 
 
-def _rank_nodes(per_rank: list[dict[str, Any]]) -> dict[int, str]:
+def _rank_nodes(per_rank: list[RankBench]) -> dict[int, str]:
     """Rank -> node label: the host name, or ``host/ip`` when host names collide."""
-    hosts: dict[tuple[str, Any], int] = {}
+    hosts: dict[tuple[str, str | None], int] = {}
     for r in per_rank:
         hosts.setdefault((r["hostname"], r.get("node_ip")), len(hosts))
     host_names = {r["hostname"] for r in per_rank}
@@ -569,7 +577,7 @@ def _link_test(
         collective_timeout=collective_timeout,
         timeout=timeout,
     )
-    by_pair: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    by_pair: dict[tuple[int, ...], list[PairTiming]] = {}
     for rank_timings in timings:
         for t in rank_timings:
             by_pair.setdefault(tuple(t["pair"]), []).append(t)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gpu_notebook.doctor._bench import COLLECTIVE_TIMEOUT, bench_group, collective_failed, free_group
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.doctor._shapes import RankCaller
+    from gpu_notebook.doctor._shapes import RankCaller, ScalingRow, WorkersTiming
 
 __all__ = ["REFERENCE", "scaling_sizes", "scaling_train", "ScalingResult", "bench_scaling", "scaling_rows"]
 
@@ -48,7 +48,7 @@ def scaling_train(
     layers: int = 4,
     seed: int = 0,
     collective_timeout: float = COLLECTIVE_TIMEOUT,
-) -> list[dict[str, Any]]:
+) -> list[WorkersTiming]:
     """Run in every rank: for each worker count, DDP-train an MLP on synthetic data and time ``steps`` steps.
 
     Returns this rank's timings for the counts it took part in: ``{"workers", "elapsed", "samples"}``.
@@ -64,7 +64,7 @@ def scaling_train(
     threads = torch.get_num_threads()
     if not on_gpu:
         torch.set_num_threads(1)
-    out = []
+    out: list[WorkersTiming] = []
     what = "creating the benchmark's process group"
     try:
         everyone = bench_group(list(range(dist.get_world_size())), collective_timeout)
@@ -139,13 +139,13 @@ def _train_step(model: Any, opt: Any, loss_fn: Any, x: Any, y: Any) -> None:
     opt.step()
 
 
-def scaling_rows(per_rank: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+def scaling_rows(per_rank: list[list[WorkersTiming]]) -> list[ScalingRow]:
     """Combine per-rank timings: throughput = samples of all members / slowest member's time."""
-    by_k: dict[int, list[dict[str, Any]]] = {}
+    by_k: dict[int, list[WorkersTiming]] = {}
     for rank_rows in per_rank:
         for r in rank_rows:
             by_k.setdefault(int(r["workers"]), []).append(r)
-    rows = []
+    rows: list[ScalingRow] = []
     base = None
     for k in sorted(by_k):
         members = by_k[k]
@@ -171,7 +171,7 @@ class ScalingResult:
     """Throughput of the same model on 1..N workers, with speedup and efficiency against one worker."""
 
     backend: str
-    rows: list[dict[str, Any]]
+    rows: list[ScalingRow]
     steps: int
     reference: tuple[int, float] = field(default=REFERENCE)
 

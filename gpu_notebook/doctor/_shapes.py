@@ -8,9 +8,10 @@ failed leaves its key at a default and records why under ``probe_errors``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 __all__ = [
+    "BenchRow",
     "DiskUsage",
     "DistFacts",
     "Endpoint",
@@ -18,15 +19,22 @@ __all__ = [
     "FiInfo",
     "Interface",
     "KernelProbe",
+    "LinkRow",
     "NvmlFacts",
     "NvmlGpu",
     "PeerProbe",
+    "PairTiming",
     "PeerResult",
+    "RankBench",
     "RankCaller",
     "Route",
+    "ScalingRow",
     "ShmFacts",
+    "SizeTiming",
     "TcpProbe",
     "TorchGpu",
+    "Where",
+    "WorkersTiming",
 ]
 
 
@@ -203,3 +211,82 @@ class RankCaller(Protocol):
     def call(
         self, fn: Callable[..., Any], *args: Any, timeout: float | None = ..., **kwargs: Any
     ) -> list[Any]: ...
+
+
+class Where(TypedDict):
+    """Where a benchmark rank ran: its host, node address (None outside Ray) and process."""
+
+    hostname: str
+    node_ip: str | None
+    pid: int
+
+
+class SizeTiming(TypedDict):
+    """One rank's all-reduce of one message size."""
+
+    bytes: int
+    count: int  # elements
+    time_us: float  # per all-reduce
+    wrong: int  # result elements that were not the expected sum
+
+
+class RankBench(Where):
+    """What :func:`~gpu_notebook.doctor._bench.allreduce_bench` returns on one rank."""
+
+    rank: int
+    world_size: int
+    backend: str
+    dtype: str
+    rows: list[SizeTiming]
+
+
+class PairTiming(TypedDict):
+    """One rank's 2-rank all-reduce with the other rank of ``pair``."""
+
+    pair: list[int]
+    bytes: int
+    time_us: float
+
+
+class BenchRow(TypedDict):
+    """One message size of a :class:`~gpu_notebook.doctor.BenchResult`, over every rank (as nccl-tests prints)."""
+
+    bytes: int
+    count: int
+    type: str  # nccl-tests' name of the dtype
+    redop: str
+    time_us: float  # mean over the ranks
+    algbw: float  # GB/s
+    busbw: float  # GB/s
+    wrong: int  # summed over the ranks
+    time_us_per_rank: list[float]
+
+
+class LinkRow(TypedDict):
+    """One timed pair of nodes (or ranks) of a :class:`~gpu_notebook.doctor.BenchResult`."""
+
+    ranks: list[int]
+    names: list[str]
+    bytes: int
+    time_us: float
+    algbw: float
+    busbw: float
+
+
+class WorkersTiming(TypedDict):
+    """One rank's training on one worker count (:func:`~gpu_notebook.doctor._scaling.scaling_train`)."""
+
+    workers: int
+    elapsed: float  # seconds for the timed steps
+    samples: int  # this rank's samples in them
+    steps: NotRequired[int]  # absent in timings made before it was recorded: read as 1
+
+
+class ScalingRow(TypedDict):
+    """One worker count of a :class:`~gpu_notebook.doctor.ScalingResult`."""
+
+    workers: int
+    throughput: float  # samples/s of all members
+    speedup: float  # against one worker
+    efficiency: float  # speedup / workers
+    step_ms: float
