@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from plotly.graph_objects import Figure
+
     from gpu_notebook.doctor._shapes import (
         BenchRow,
         LinkRow,
@@ -407,7 +409,7 @@ class BenchResult:
             f"peak busbw {self.peak_busbw:.2f} GB/s, #wrong {self.wrong}>"
         )
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """A plotly figure of algbw and busbw against message size (log-log)."""
         import plotly.graph_objects as go
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TypedDict, cast
 
 from ._shapes import Facts
 
@@ -18,6 +18,17 @@ LEVELS = (OK, WARNING, ERROR)
 _ORDER = {ERROR: 0, WARNING: 1, OK: 2}
 _COLOURS = {OK: "#1a7f37", WARNING: "#9a6700", ERROR: "#cf222e"}
 _BACKGROUNDS = {OK: "#dafbe1", WARNING: "#fff8c5", ERROR: "#ffebe9"}
+
+
+class FindingDict(TypedDict):
+    """A :class:`Finding` as a plain dict (:meth:`Finding.to_dict`)."""
+
+    check: str
+    level: str  # one of LEVELS
+    node: str
+    rank: int | None
+    message: str
+    fix: str
 
 
 @dataclass(frozen=True)
@@ -51,9 +62,9 @@ class Finding:
         if self.level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, not {self.level!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FindingDict:
         """The finding as a plain dict."""
-        return asdict(self)
+        return cast("FindingDict", asdict(self))
 
 
 def _rank_label(ranks: Sequence[int | None]) -> str:
@@ -111,7 +122,7 @@ class DoctorReport:
         """All findings of one check."""
         return [f for f in self.findings if f.check == check]
 
-    def to_dicts(self) -> list[dict[str, Any]]:
+    def to_dicts(self) -> list[FindingDict]:
         """The findings as a list of plain dicts (e.g. for ``pandas.DataFrame``)."""
         return [f.to_dict() for f in self.findings]
 

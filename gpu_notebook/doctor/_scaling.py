@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from gpu_notebook.doctor._bench import COLLECTIVE_TIMEOUT, bench_group, collective_failed, free_group
 
 if TYPE_CHECKING:  # pragma: no cover
+    from plotly.graph_objects import Figure
+
     from gpu_notebook.doctor._shapes import RankCaller, ScalingRow, WorkersTiming
 
 __all__ = ["REFERENCE", "scaling_sizes", "scaling_train", "ScalingResult", "bench_scaling", "scaling_rows"]
@@ -202,7 +204,7 @@ class ScalingResult:
         tail = f"{last['workers']} workers at {last['efficiency'] * 100:.1f}%" if last else "no rows"
         return f"<ScalingResult {self.backend}: {tail}>"
 
-    def figure(self) -> Any:
+    def figure(self) -> Figure:
         """Plotly figure: measured speedup against the ideal line and the 8 x A100 reference point."""
         import plotly.graph_objects as go
 
