@@ -29,7 +29,7 @@ class GcResult:
         busy = f"; {self.leases} save(s) in flight {keep} what they reuse" if self.leases else ""
         if self.young:
             busy += (
-                f"; {self.young} unreferenced object(s) ({self.young_bytes / 1e6:.1f} MB) younger than the grace "
+                f"; {self.young} unreferenced object(s) ({fmt_bytes(self.young_bytes, unit='MB')}) younger than the grace "
                 f"period ({self.grace_s:g} s) kept, in case a save in flight wrote them (a later gc deletes "
                 "them; --grace 0 now, if no save is running on this store)"
             )
@@ -38,7 +38,7 @@ class GcResult:
     def __repr__(self) -> str:
         return (
             f"gc: kept {len(self.kept)} checkpoint(s), deleted {len(self.manifests)} checkpoint(s) and "
-            f"{len(self.objects)} object(s), freed {self.bytes / 1e6:.1f} MB{self._kept_text()}"
+            f"{len(self.objects)} object(s), freed {fmt_bytes(self.bytes, unit='MB')}{self._kept_text()}"
         )
 
     def dry_run_text(self) -> str:
@@ -46,7 +46,7 @@ class GcResult:
         return (
             f"gc (dry run, nothing deleted): would keep {len(self.kept)} checkpoint(s), would delete "
             f"{len(self.manifests)} checkpoint(s) and {len(self.objects)} object(s), would free "
-            f"{self.bytes / 1e6:.1f} MB{self._kept_text('keep')}"
+            f"{fmt_bytes(self.bytes, unit='MB')}{self._kept_text('keep')}"
         )
 
 

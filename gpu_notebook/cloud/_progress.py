@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_notebook._display import Progress
+from gpu_notebook._display import Progress, stamp
 
 from . import _ray_compat
 from ._state import ClusterState
@@ -92,9 +92,9 @@ class Stages:
         if self.progress is not None:
             if self.console is not None:
                 with contextlib.redirect_stdout(self.console):
-                    self.progress(f"[{elapsed:6.1f}s] {stage}")
+                    self.progress(stamp(elapsed, stage))
             else:
-                self.progress(f"[{elapsed:6.1f}s] {stage}")
+                self.progress(stamp(elapsed, stage))
 
     def ray_event(self, name: str, data: dict[str, Any]) -> None:
         stage = _ray_compat.EVENT_STAGES.get(name)

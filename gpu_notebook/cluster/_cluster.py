@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_notebook import cost
-from gpu_notebook._display import Progress
+from gpu_notebook._display import Progress, format_ranks
 from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
-from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._errors import ClusterError, not_running
 from gpu_notebook.cluster._run import run_in_background
 from gpu_notebook.cluster._status import (
     ClusterStatus,
@@ -266,7 +266,8 @@ class Cluster:
                     _connect.disconnect()
             raise
         self.state = "running"
-        self.started_at = self.last_activity = time.time()
+        self.touch()
+        self.started_at = self.last_activity
         manager.add(self)
         if self.options.get("idle_stop") or self.options.get("budget"):
             self.policies = cost.attach_policies(
@@ -409,7 +410,7 @@ class Cluster:
         old = self.world_size
         assert self.group is not None
         self.group.resize(workers, progress=progress)
-        self.last_activity = time.time()
+        self.touch()
         return (
             f"cluster {self.name!r} scaled from {old} to {workers} worker(s). Worker state was reset: the "
             f"process group was rebuilt, so variables and models on the workers are gone."
@@ -434,9 +435,21 @@ class Cluster:
 
     def _require_running(self) -> None:
         if not self.running:
-            raise ClusterError(
-                f"cluster {self.name or '?'!r} is not running: start it with %gpu_cluster start"
-            )
+            raise not_running(self.name)
+
+    def touch(self) -> None:
+        """Note activity now (a cell, a call, a resize ended): the idle stop counts from the last one."""
+        self.last_activity = time.time()
+
+    def await_stop(self, result: CellResult, limit_s: float = 30.0) -> None:
+        """When ``result`` ended because the cluster was stopped from another thread (a budget or idle stop),
+        wait until that thread has ended the workers (at most ``limit_s``): the cell's error then comes once the
+        cluster says "stopped", so every view agrees with it."""
+        if not any(f.kind == "stopped" for f in result.failures):
+            return
+        deadline = time.monotonic() + limit_s
+        while self.state == "stopping" and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     # ---- status ------------------------------------------------------------------------------------------
     def ray_nodes(self) -> list[dict[str, Any]]:
@@ -502,7 +515,7 @@ class Cluster:
             rank is not None and rank not in known
         ):  # a rank gone by a scale-down keeps its lines, and is known
             raise ValueError(
-                f"cluster {self.name!r} has no rank {rank}: ranks {_fmt_ranks(known) if known else 'none yet'}"
+                f"cluster {self.name!r} has no rank {rank}: ranks {format_ranks(known) if known else 'none yet'}"
             )
         ranks = [rank] if rank is not None else (self.log.ranks() or list(range(self.world_size)))
         return {r: self.log.tail(r, tail) for r in ranks}
@@ -521,14 +534,16 @@ class Cluster:
         self, code: str, ranks: str | Sequence[int] | None = ..., timeout: float | None = ...,
         stream: bool = ..., sink: Callable[[str], None] | None = ..., label: str | None = ...,
         progress: Progress | None = ..., header: str | None = ..., max_result_bytes: int | None = ...,
-        block: Literal[True] = ...,
+        block: Literal[True] = ..., *, name: str | None = ..., live: bool = ...,
+        on_done: Callable[[BackgroundCell], None] | None = ...,
     ) -> CellResult: ...  # fmt: skip
     @overload
     def run(
         self, code: str, ranks: str | Sequence[int] | None = ..., timeout: float | None = ...,
         stream: bool = ..., sink: Callable[[str], None] | None = ..., label: str | None = ...,
         progress: Progress | None = ..., header: str | None = ..., max_result_bytes: int | None = ...,
-        *, block: Literal[False],
+        *, block: Literal[False], name: str | None = ..., live: bool = ...,
+        on_done: Callable[[BackgroundCell], None] | None = ...,
     ) -> BackgroundCell: ...  # fmt: skip
     def run(
         self,
@@ -542,6 +557,10 @@ class Cluster:
         header: str | None = None,
         max_result_bytes: int | None = None,
         block: bool = True,
+        *,
+        name: str | None = None,
+        live: bool = False,
+        on_done: Callable[[BackgroundCell], None] | None = None,
     ) -> CellResult | BackgroundCell:
         """Run ``code`` on the selected ranks (all by default): what ``%%distributed`` does.
 
@@ -550,7 +569,9 @@ class Cluster:
         a rank's value may take, pickled, for this cell (None: the cluster's limit, 64 MiB by default; 0: no
         limit); a larger value comes back as a placeholder that says how to fetch it. ``block=False`` returns
         a :class:`~gpu_notebook.distributed._background.BackgroundCell` at once (``.get()`` waits for the
-        values); while it runs, another cell on these workers is refused (BusyError).
+        values); while it runs, another cell on these workers is refused (BusyError). A background cell's
+        ``name`` is how :func:`~gpu_notebook.distributed._background.find` knows it (default: a count); ``live``
+        keeps its view updated in a Jupyter kernel; ``on_done(cell)`` is called when it ends.
         """
         self._require_running()
         assert self.group is not None
@@ -559,8 +580,8 @@ class Cluster:
         if not block:
             return run_in_background(
                 self, code, ranks=ranks, timeout=timeout, sink=sink, header=header,
-                label=label or f"distributed-cell-{self._cell_counter}", name=str(self._cell_counter),
-                max_result_bytes=max_result_bytes,
+                label=label or f"distributed-cell-{self._cell_counter}", name=name or str(self._cell_counter),
+                max_result_bytes=max_result_bytes, live=live, on_done=on_done,
             )  # fmt: skip
         if stream and sink is None:
             sink = _stdout_sink
@@ -576,7 +597,7 @@ class Cluster:
                 max_result_bytes=max_result_bytes,
             )
         finally:
-            self.last_activity = time.time()
+            self.touch()
 
     def call(
         self,
@@ -599,7 +620,7 @@ class Cluster:
         try:
             result = self.group.call(fn, args, kwargs, ranks=ranks, timeout=timeout)
         finally:
-            self.last_activity = time.time()
+            self.touch()
         result.raise_for_failures(self.world_size)
         return list(result.values)
 
@@ -620,11 +641,3 @@ class Cluster:
 def _stdout_sink(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-def _fmt_ranks(ranks: list[int]) -> str:
-    return (
-        f"{ranks[0]}-{ranks[-1]}"
-        if ranks == list(range(ranks[0], ranks[-1] + 1))
-        else ", ".join(map(str, ranks))
-    )

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpu_notebook._display import Progress
-from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._errors import not_running
 from gpu_notebook.cluster._runtime_env import working_dir_of
 from gpu_notebook.distributed import CellResult, parse_ranks
 from gpu_notebook.distributed._background import BackgroundCell, refuse_second
@@ -58,9 +57,7 @@ def run_script(
         The cluster is not running.
     """
     if not cluster.running or cluster.group is None:
-        raise ClusterError(
-            f"cluster {cluster.name or '?'!r} is not running: start it with %gpu_cluster start"
-        )
+        raise not_running(cluster.name)
     script = script_for(
         target, tuple(args), module=module, working_dir=working_dir_of(cluster.options), cwd=os.getcwd()
     )
@@ -77,7 +74,7 @@ def run_script(
             progress=progress,
         )
     finally:
-        cluster.last_activity = time.time()
+        cluster.touch()
 
 
 def run_in_background(
@@ -116,7 +113,7 @@ def run_in_background(
                 max_result_bytes=max_result_bytes,
             )
         finally:
-            cluster.last_activity = time.time()
+            cluster.touch()
 
     return BackgroundCell(
         name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done

@@ -19,8 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_notebook._display import Progress
-from gpu_notebook.distributed import format_ranks
+from gpu_notebook._display import Progress, format_ranks, rank_label
 from gpu_notebook.distributed._process_group import RANK_VARIABLES
 from gpu_notebook.distributed._settings import MASK, rank_settings
 from gpu_notebook.errors import GpuNotebookError
@@ -306,7 +305,7 @@ class EnvReport:
                 continue
             lines.append(f"  {name}")
             for ranks, value in groups:
-                who = f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
+                who = rank_label(ranks)
                 lines.append(f"    {who:<{width - 2}}{value}")
         return "\n".join(lines)
 

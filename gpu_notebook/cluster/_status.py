@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_notebook import _settings
+from gpu_notebook._display import fmt_duration
 from gpu_notebook.monitor._export import running_servers
 
 __all__ = [
@@ -195,7 +196,7 @@ class ClusterStatus:
     def __str__(self) -> str:
         lines = [
             f"Cluster {self.name!r} ({self.kind}, {self.address}): {self.state}, backend {self.backend or '-'}, "
-            f"up {_fmt_duration(self.uptime_s)}",
+            f"up {fmt_duration(self.uptime_s)}",
             f"Nodes ({len(self.nodes)}):",
         ]
         for n in self.nodes:
@@ -246,7 +247,7 @@ class ClusterStatus:
         return (
             f"<div class='gpu-notebook-status'><b>Cluster {e(self.name)}</b> ({e(self.kind)}, "
             f"<code>{e(self.address)}</code>): {e(self.state)}, backend {e(self.backend or '-')}, "
-            f"up {_fmt_duration(self.uptime_s)}"
+            f"up {fmt_duration(self.uptime_s)}"
             f"<table><thead><tr><th>node</th><th>IP</th><th>CPUs</th><th>GPUs</th><th>state</th></tr></thead>"
             f"<tbody>{nodes}</tbody></table>"
             f"<table><thead><tr><th>rank</th><th>node</th><th>IP</th><th>pid</th><th>GPUs</th><th>CPUs</th>"
@@ -254,12 +255,3 @@ class ClusterStatus:
             + (f"<div>Dashboards: {links}</div>" if links else "")
             + "</div>"
         )
-
-
-def _fmt_duration(s: float) -> str:
-    s = int(s)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -8,10 +8,12 @@ the time of the check; it keeps its own state and message, and stops the cluster
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
+
+from gpu_notebook._display import fmt_duration as _fmt_duration
 
 __all__ = ["Notify", "Policy", "Utilisation", "default_notify", "fmt_duration", "log", "stop_and_report"]
 
@@ -53,14 +55,8 @@ class _Stoppable(Protocol):
     def cluster(self) -> Any: ...
 
 
-def fmt_duration(s: float) -> str:
-    """Seconds for people, rounded up: ``45s``, ``3m05s``, ``2h10m``."""
-    s = max(0, int(math.ceil(s)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+#: durations in the policies' messages, rounded up: a countdown never says ``0s`` while time is left
+fmt_duration = partial(_fmt_duration, round_up=True)
 
 
 def default_notify(msg: str) -> None:

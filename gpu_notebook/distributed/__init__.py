@@ -9,14 +9,26 @@ and faulthandler's report), ``_quiet`` (Ray's own notice of a death the cell rep
 cell gives back). Importing this package imports no ray or torch.
 """
 
+from gpu_notebook.distributed._background import BackgroundCell, BusyError
+from gpu_notebook.distributed._background import find as find_background
 from gpu_notebook.distributed._group import GroupError, GroupTimeouts, WorkerGroup
 from gpu_notebook.distributed._output import RankLog
 from gpu_notebook.distributed._process_group import choose_backend, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks, parse_ranks, plan_ranks
-from gpu_notebook.distributed._results import CellResult, DistributedError, RankFailure, RankResults
+from gpu_notebook.distributed._results import (
+    CellResult,
+    DistributedError,
+    RankFailure,
+    RankResults,
+    push_hint,
+    value_groups,
+    value_lines,
+)
 from gpu_notebook.distributed._worker import Worker
 
 __all__ = [
+    "BackgroundCell",
+    "BusyError",
     "CellResult",
     "DistributedError",
     "GroupError",
@@ -28,8 +40,12 @@ __all__ = [
     "Worker",
     "WorkerGroup",
     "choose_backend",
+    "find_background",
     "format_ranks",
     "parse_ranks",
     "plan_ranks",
+    "push_hint",
     "torchrun_env",
+    "value_groups",
+    "value_lines",
 ]

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_notebook import _registry
+from gpu_notebook._display import format_ranks
 from gpu_notebook.distributed import _rich
-from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._results import CellResult, RankResults
 from gpu_notebook.errors import GpuNotebookError
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpu_notebook.distributed._ranks import format_ranks
+from gpu_notebook._display import rank_label
 
 __all__ = ["OutsideWaitWatch", "STILL_S", "POLL_S"]
 
@@ -33,10 +33,6 @@ STILL_S = 3.0  # how long the cell's thread must stay on one bytecode after a ne
 
 _SKIP = ("site-packages", "dist-packages", os.sep + "lib" + os.sep + "python")
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank{'s' if len(ranks) != 1 else ''} {format_ranks(list(ranks))}"
 
 
 def cell_line(frame: Any) -> str:
@@ -62,7 +58,7 @@ def message(
     them = "it" if len(missing) == 1 else "them"
     return (
         f"gpu_notebook: rank {rank} is waiting in a collective on the default group, which needs "
-        f"{_ranks_text(missing)}, not running this cell (it runs on {_ranks_text(cell_ranks)})"
+        f"{rank_label(missing)}, not running this cell (it runs on {rank_label(cell_ranks)})"
         f"{f', at {where}' if where else ''}. The collective was issued from C++ (DistributedDataParallel's "
         f"gradient all-reduce in backward(), FSDP, a compiled op), which the check of dist.* calls cannot stop "
         f"before it starts. It waits for {them} until the collective timeout ({wait}). The stop button "

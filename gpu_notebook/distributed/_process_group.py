@@ -28,8 +28,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_notebook._display import format_ranks, rank_label
 from gpu_notebook.distributed._outside_wait import OutsideWaitWatch
-from gpu_notebook.distributed._ranks import RankPlan, format_ranks
+from gpu_notebook.distributed._ranks import RankPlan
 from gpu_notebook.errors import GpuNotebookError
 
 __all__ = [
@@ -90,11 +91,11 @@ def explain_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[b
     if len(no_gpu) == len(plans):
         return "gloo", "the workers have no GPUs"
     if no_gpu:
-        return "gloo", f"{_ranks_text(no_gpu)} {'has' if len(no_gpu) == 1 else 'have'} no GPU"
+        return "gloo", f"{rank_label(no_gpu)} {'has' if len(no_gpu) == 1 else 'have'} no GPU"
     no_cuda = [p.rank for p, ok in zip(plans, cuda, strict=True) if not ok]
     if no_cuda:
         return "gloo", (
-            f"CUDA does not work in {_ranks_text(no_cuda)} although Ray gave them GPUs "
+            f"CUDA does not work in {rank_label(no_cuda)} although Ray gave them GPUs "
             f"(a CPU-only PyTorch build, or no CUDA driver)"
         )
     holders: dict[tuple[str, str], list[int]] = {}
@@ -104,7 +105,7 @@ def explain_backend(plans: Iterable[RankPlan], cuda_available: bool | Sequence[b
     for (node_id, gpu), ranks in holders.items():
         if len(ranks) > 1:
             ip = next(p.node_ip for p in plans if p.node_id == node_id)
-            return "gloo", f"{_ranks_text(ranks)} share GPU {gpu} on node {ip}; NCCL needs one GPU per rank"
+            return "gloo", f"{rank_label(ranks)} share GPU {gpu} on node {ip}; NCCL needs one GPU per rank"
     return "nccl", ""
 
 
@@ -120,10 +121,6 @@ def nccl_needs_gpus(why: str) -> str:
         f"Use --backend gloo (or auto, which picks gloo here) on this cluster, or start one with GPUs "
         f"(--gpus-per-worker 1)"
     )
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
 # ---- the torchrun environment ----------------------------------------------------------------------------------
@@ -325,9 +322,9 @@ def _check_group(name: str, group: Any, ranks: frozenset[int]) -> None:
         return
     which = "the default group" if default else f"a group of ranks {format_ranks(sorted(members))}"
     raise CollectiveOutsideCellError(
-        f"dist.{name.lstrip('_')} on {which} needs {_ranks_text(missing)}, which "
+        f"dist.{name.lstrip('_')} on {which} needs {rank_label(missing)}, which "
         f"{'is' if len(missing) == 1 else 'are'} not running this cell (it runs on "
-        f"{_ranks_text(sorted(ranks))}): it would wait for {'it' if len(missing) == 1 else 'them'} forever. "
+        f"{rank_label(sorted(ranks))}): it would wait for {'it' if len(missing) == 1 else 'them'} forever. "
         f"Run the cell on every rank of the group, or use a group of this cell's ranks "
         f"(dist.new_group([...]), created in a cell on every rank)"
     )

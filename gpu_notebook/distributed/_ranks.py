@@ -6,6 +6,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_notebook._display import format_ranks
+
+__all__ = ["GPU_VISIBILITIES", "RankPlan", "format_ranks", "parse_ranks", "plan_ranks"]
+
 #: The ways a rank's ``CUDA_VISIBLE_DEVICES`` can be set (see :func:`plan_ranks`); the first is the default.
 GPU_VISIBILITIES = ("node", "own")
 
@@ -164,17 +168,3 @@ def parse_ranks(spec: str | Iterable[int] | None, world_size: int) -> list[int]:
     if not ranks:
         raise ValueError(f"empty rank selection {spec!r}")
     return sorted(ranks)
-
-
-def format_ranks(ranks: Sequence[int]) -> str:
-    """Compact form of a rank list: ``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    ranks = sorted(ranks)
-    out: list[str] = []
-    i = 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        out.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(out)

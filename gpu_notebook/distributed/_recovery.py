@@ -16,9 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpu_notebook._display import Progress, first_line
+from gpu_notebook._display import Progress, first_line, format_ranks
 from gpu_notebook.distributed._output import Streamer
-from gpu_notebook.distributed._ranks import format_ranks
 from gpu_notebook.distributed._remains import fault_summary
 from gpu_notebook.distributed._results import CellResult, FailureKind, RankFailure, RankResults
 from gpu_notebook.distributed._worker import CellReply, Worker

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpu_notebook.distributed._ranks import format_ranks
+from gpu_notebook._display import format_ranks, rank_label
 from gpu_notebook.errors import GpuNotebookError
 
 
@@ -126,14 +126,14 @@ class DistributedError(GpuNotebookError, Exception):
             note = "\n".join(ln for ln in note.splitlines() if not ln.startswith(lines[0]))
         died = [f.rank for f in self.failures if f.kind == "died"]
         for ranks, f in self.groups():
-            who = _who(ranks)
+            who = rank_label(ranks)
             lines.append("")
             if f.kind == "error" and died and lost_peer(f):
                 # a consequence of the death, not a second problem: gloo's socket error and its traceback
                 # (kept in .failures) would read as one
                 lines.append(
                     f"--- {who}: {f.etype}{_at(f)}: its collective lost the connection to "
-                    f"{_who(died)}, whose worker died"
+                    f"{rank_label(died)}, whose worker died"
                 )
             elif f.kind == "error":
                 lines.append(f"--- {who}: {f.etype}: {f.evalue}{_at(f)}")
@@ -188,10 +188,6 @@ def lost_peer(failure: RankFailure) -> bool:
     return failure.kind == "error" and bool(_PEER_LOST.search(failure.evalue))
 
 
-def _who(ranks: Sequence[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-
-
 def _at(failure: RankFailure) -> str:
     return f" at cell line {failure.cell_lines[-1]}" if failure.cell_lines else ""
 
@@ -214,3 +210,70 @@ class CellResult:
     def raise_for_failures(self, world_size: int | None = None) -> None:
         if self.failures:
             raise DistributedError(self.failures, self.note, world_size)
+
+    def value_lines(self) -> list[str]:
+        """The ranks' values as ``%px`` shows them (``Out[ranks 0-1]: 1.0``), see :func:`value_lines`."""
+        return value_lines(self.values.items())
+
+    def add_push_hint(self, notebook: Container[str]) -> None:
+        """Add :func:`push_hint` for the names in ``notebook`` (the notebook's variables) to :attr:`note`."""
+        hint = push_hint(self.failures, notebook)
+        if hint:
+            self.note = f"{self.note}\n{hint}" if self.note else hint
+
+
+def value_groups(values: Iterable[tuple[int, Any]]) -> list[tuple[list[int], str]]:
+    """The distinct ``repr`` texts of the ranks' values, each with the ranks that gave it, in order of first rank;
+    ``None`` (a cell without a value) is left out, and a ``__repr__`` that raises reads ``<repr failed: ...>``.
+
+    >>> value_groups([(0, 1.0), (1, 1.0), (2, None), (3, "x")])
+    [([0, 1], '1.0'), ([3], "'x'")]
+    """
+    groups: dict[str, list[int]] = {}
+    for rank, value in values:
+        if value is None:
+            continue
+        try:
+            text = repr(value)
+        except Exception as exc:  # noqa: BLE001 - a user object's __repr__ may raise anything; show the others
+            text = f"<repr failed: {exc}>"
+        groups.setdefault(text, []).append(rank)
+    return [(ranks, text) for text, ranks in groups.items()]
+
+
+def value_lines(values: Iterable[tuple[int, Any]]) -> list[str]:
+    """Each distinct value once, as ``%px`` shows it: ``Out[rank 0]: 1.0``, ``Out[ranks 0-3]: 'ok'``; a value
+    of several lines starts on the next line.
+
+    >>> value_lines([(0, 1.0), (1, 1.0)])
+    ['Out[ranks 0-1]: 1.0']
+    """
+    lines = []
+    for ranks, text in value_groups(values):
+        sep = "\n" if "\n" in text else " "
+        lines.append(f"Out[{rank_label(ranks)}]:{sep}{text}")
+    return lines
+
+
+def push_hint(failures: Iterable[RankFailure], notebook: Container[str]) -> str:
+    """What to do when a cell used a notebook variable the workers never got (their namespaces are separate):
+    the names a ``NameError`` says are not defined and ``notebook`` has, with the ``%gpu_push`` that sends them
+    ("" when there are none).
+
+    >>> f = RankFailure(0, "error", "NameError", "name 'lr' is not defined")
+    >>> push_hint([f], {"lr": 0.1})
+    "'lr' is defined in the notebook, not on the workers (each worker has its own namespace): send it first with %gpu_push lr"
+    """
+    names: list[str] = []
+    for f in failures:
+        m = re.fullmatch(r"name '(\w+)' is not defined", f.evalue) if f.etype == "NameError" else None
+        if m and m.group(1) in notebook and m.group(1) not in names:
+            names.append(m.group(1))
+    if not names:
+        return ""
+    which = ", ".join(repr(n) for n in names)
+    return (
+        f"{which} {'is' if len(names) == 1 else 'are'} defined in the notebook, not on the workers (each "
+        f"worker has its own namespace): send {'it' if len(names) == 1 else 'them'} first with "
+        f"%gpu_push {' '.join(names)}"
+    )

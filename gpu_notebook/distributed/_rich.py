@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_notebook.distributed._ranks import format_ranks
+from gpu_notebook._display import fmt_bytes, format_ranks, rank_label
 
 __all__ = [
     "HOLD_S",
@@ -133,7 +133,8 @@ def publish(
         plain = str(bundle["data"].get("text/plain", ""))[:10_000]
         kinds = ", ".join(m for m in bundle["data"] if m != "text/plain")
         note = (
-            f"{plain}\n[{kinds} not sent: {len(text) / 2**20:.1f} MiB, over {MAX_BUNDLE_BYTES // 2**20} MiB]"
+            f"{plain}\n[{kinds} not sent: {fmt_bytes(len(text), unit='MiB')}, over "
+            f"{fmt_bytes(MAX_BUNDLE_BYTES, binary=True)}]"
         )
         text = encode({"data": {"text/plain": note}, "metadata": {}})
     _RANK.sent += 0 if update else 1
@@ -423,8 +424,7 @@ class Router:
         publish_display_data(bundle["data"], bundle.get("metadata") or None)
 
     def _label(self, ranks: list[int]) -> str:
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-        return f"[{who} display]\n"
+        return f"[{rank_label(ranks)} display]\n"
 
     def _show(
         self, ranks: list[int], bundle: dict[str, Any], transient: dict[str, Any] | None = None
@@ -501,7 +501,7 @@ def view_html(bundle: dict[str, Any]) -> str:
 
     data = bundle.get("data", {})
     ranks = bundle.get("ranks") or []
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}" if ranks else "rank ?"
+    who = rank_label(ranks) if ranks else "rank ?"
     caption = f"<div style='font-size:smaller;color:#666'>[{who} display]</div>"
     for mime in ("image/png", "image/jpeg"):
         if isinstance(data.get(mime), str):

@@ -6,6 +6,7 @@ fails the first checkpoint. Neither shows up until training is well under way, s
 
 from __future__ import annotations
 
+from .._display import fmt_bytes
 from ._findings import Findings
 from ._report import ERROR, OK, WARNING, Finding
 from ._shapes import Facts
@@ -26,7 +27,9 @@ def check_storage(facts: Facts, node: str) -> list[Finding]:
         fix = (
             "" if level == OK else "free space or attach a bigger volume; keep checkpoints in object storage"
         )
-        out.add(level, f"{free:.1f} GiB free on {path} (least of the checked paths)", fix)
+        out.add(
+            level, f"{fmt_bytes(info['free'], unit='GiB')} free on {path} (least of the checked paths)", fix
+        )
     shm = facts.get("shm")
     if shm is None:
         out.warn("/dev/shm is missing", "mount a tmpfs at /dev/shm (or --ipc=host)", check="shm")
@@ -38,7 +41,7 @@ def check_storage(facts: Facts, node: str) -> list[Finding]:
         if level == OK
         else "docker run --shm-size=16g (or --ipc=host); on Kubernetes mount an emptyDir with medium: Memory"
     )
-    msg = f"/dev/shm is {total:.2f} GiB ({shm['free'] / GiB:.2f} GiB free)"
+    msg = f"/dev/shm is {fmt_bytes(shm['total'], unit='GiB', digits=2)} ({fmt_bytes(shm['free'], unit='GiB', digits=2)} free)"
     if level != OK:
         msg += ": DataLoader workers die with 'Bus error' / 'insufficient shared memory'"
     return out.add(level, msg, fix, check="shm").findings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -32,6 +33,7 @@ from gpu_notebook.magics._common import (
     options,
     parse,
     progress_printer,
+    refuse_others,
     reported,
     show,
     shown_short,
@@ -255,22 +257,8 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "workshop": (ADDRESS, *POLICY_ARGS, *WORKSHOP_ARGS),
     "students": (WORKSHOP_START_ARGS[0], ALL, *STUDENTS_ARGS),
 }
-EVERY_OPTION = (
-    NAME,
-    *START_ARGS,
-    *ENV_ARGS,
-    *CLOUD_ARGS,
-    *POLICY_ARGS,
-    *ALLREDUCE_ARGS,
-    *SCALING_ARGS,
-    LOCAL,
-    NATIVE,
-    *LOGS_ARGS,
-    ALL,
-    *WORKSHOP_START_ARGS,
-    *WORKSHOP_ARGS,
-    *STUDENTS_ARGS,
-)
+#: the options of each benchmark: one of the other's is refused (a usage error, never silently ignored)
+BENCH_OPTIONS = {"bench allreduce": ALLREDUCE_ARGS, "bench scaling": SCALING_ARGS}
 
 #: what each subcommand takes after its name, for its usage line
 POSITIONALS = {
@@ -294,11 +282,6 @@ stacks_args = options(NATIVE)
 logs_args = options(*LOGS_ARGS)
 stop_args = options(ALL)
 workshop_args = options(*WORKSHOP_START_ARGS, *WORKSHOP_ARGS, *STUDENTS_ARGS)
-
-
-def _given(args: Any, opts: tuple[Option, ...]) -> list[Option]:
-    """The options among ``opts`` that are not at their default."""
-    return [o for o in opts if getattr(args, o.dest, None) != o.default]
 
 
 @magics_class
@@ -371,15 +354,8 @@ class ClusterMagics(Magics):
             ) from None
 
     # ---- subcommands ------------------------------------------------------------------------------------------
-    def _refuse_options(self, args: Any, opts: tuple[Option, ...], what: str) -> None:
-        """Usage error for the first option among ``opts`` that is not at its default."""
-        given = _given(args, opts)
-        if given:
-            raise UsageError(f"{given[0].flag} does not apply to {what}")
-
-    def _check_options(self, args: Any) -> None:
-        allowed = {o.dest for o in OPTIONS[args.command]}
-        self._refuse_options(args, tuple(o for o in EVERY_OPTION if o.dest not in allowed), args.command)
+    def _check_options(self, args: argparse.Namespace) -> None:
+        refuse_others(args, OPTIONS, args.command)
         # NAME positionally or as --name (as for start): the same thing, said once
         if args.command != "start" and args.name is not None:
             if args.args and args.args[0] != args.name:
@@ -389,7 +365,7 @@ class ClusterMagics(Magics):
             if not args.args:
                 args.args = [args.name]
 
-    def _check_cloud_options(self, args: Any) -> None:
+    def _check_cloud_options(self, args: argparse.Namespace) -> None:
         """What a cloud would silently ignore is refused instead."""
         if args.gpus_per_worker is not None:
             raise UsageError(
@@ -406,11 +382,11 @@ class ClusterMagics(Magics):
         if args.cloud != "gcp" and args.project is not None:
             raise UsageError("--project applies to --cloud gcp only")
 
-    def _no_extra(self, args: Any) -> None:
+    def _no_extra(self, args: argparse.Namespace) -> None:
         if args.args:
             raise UsageError(f"{args.command} takes no positional arguments (got {' '.join(args.args)})")
 
-    def _cmd_start(self, args: Any) -> None:
+    def _cmd_start(self, args: argparse.Namespace) -> None:
         self._no_extra(args)
         cloud_only = [o for o in CLOUD_ARGS if o.dest != "cloud" and getattr(args, o.dest)]
         if cloud_only and not args.cloud:
@@ -480,7 +456,7 @@ class ClusterMagics(Magics):
             f"%gpu_cluster start --name NAME ..."
         )
 
-    def _cmd_status(self, args: Any) -> None:
+    def _cmd_status(self, args: argparse.Namespace) -> None:
         if args.args and get_manager().get(args.args[0], None) is None and _saved_cloud(args.args[0]):
             info = CloudLauncher().status(args.args[0])
             show(info["state"])
@@ -492,7 +468,7 @@ class ClusterMagics(Magics):
         cluster = self._pick(args)
         show(cluster.status())
 
-    def _cmd_stop(self, args: Any) -> None:
+    def _cmd_stop(self, args: argparse.Namespace) -> None:
         if args.all:
             for msg in get_manager().stop_all("stopped by the user"):
                 print(msg)
@@ -509,7 +485,7 @@ class ClusterMagics(Magics):
                 f"%gpu_cluster stop --all stops every cluster"
             )
 
-    def _cmd_scale(self, args: Any) -> None:
+    def _cmd_scale(self, args: argparse.Namespace) -> None:
         if len(args.args) != 1:
             raise UsageError("scale takes one argument: the new number of workers, e.g. %gpu_cluster scale 4")
         workers = convert(
@@ -519,10 +495,10 @@ class ClusterMagics(Magics):
         )
         print(get_manager().require_current().scale(workers, progress=progress_printer()))
 
-    def _cmd_restart(self, args: Any) -> None:
+    def _cmd_restart(self, args: argparse.Namespace) -> None:
         print(self._pick(args).restart(progress=progress_printer()))
 
-    def _cmd_doctor(self, args: Any) -> None:
+    def _cmd_doctor(self, args: argparse.Namespace) -> None:
         if args.local:
             show(diagnose_local())
             return
@@ -530,23 +506,21 @@ class ClusterMagics(Magics):
         alone = "; or check this machine and kernel alone (driver, CUDA, torch): %gpu_cluster doctor --local"
         show(diagnose(self._pick(args, instead=alone)))
 
-    def _cmd_bench(self, args: Any) -> None:
+    def _cmd_bench(self, args: argparse.Namespace) -> None:
         if len(args.args) != 1 or args.args[0] not in ("allreduce", "scaling"):
             raise UsageError(
                 "bench takes one argument: allreduce or scaling, e.g. %gpu_cluster bench allreduce"
             )
         kind = args.args[0]
         # the arguments are checked before any cluster is needed; an option of the other benchmark is an error
-        self._refuse_options(
-            args, {"allreduce": SCALING_ARGS, "scaling": ALLREDUCE_ARGS}[kind], f"bench {kind}"
-        )
+        refuse_others(args, BENCH_OPTIONS, f"bench {kind}")
         cluster = get_manager().require_current()
         if kind == "allreduce":
             show(bench_allreduce(cluster, max_bytes=args.max_bytes, iters=args.iters))
         else:
             show(bench_scaling(cluster, steps=args.steps))
 
-    def _cmd_list(self, args: Any) -> None:
+    def _cmd_list(self, args: argparse.Namespace) -> None:
         self._no_extra(args)
         manager = get_manager()
         clusters = manager.list()
@@ -564,23 +538,23 @@ class ClusterMagics(Magics):
         if not clusters and not others:
             print("no clusters in this kernel; start one with %gpu_cluster start")
 
-    def _cmd_use(self, args: Any) -> None:
+    def _cmd_use(self, args: argparse.Namespace) -> None:
         if len(args.args) != 1:
             raise UsageError("use takes one argument: the cluster's name (see %gpu_cluster list)")
         c = get_manager().use(args.args[0])
         print(f"current cluster: {c.name!r} ({c.world_size} workers)")
 
-    def _cmd_workshop(self, args: Any) -> None:
+    def _cmd_workshop(self, args: argparse.Namespace) -> None:
         workshop(args)
 
-    def _cmd_students(self, args: Any) -> None:
+    def _cmd_students(self, args: argparse.Namespace) -> None:
         students(args)
 
-    def _cmd_env(self, args: Any) -> None:
+    def _cmd_env(self, args: argparse.Namespace) -> None:
         """Each rank's effective settings (torchrun variables, NCCL_*, --env names...), secrets as ****."""
         show(rank_env(self._pick(args)))
 
-    def _cmd_logs(self, args: Any) -> None:
+    def _cmd_logs(self, args: argparse.Namespace) -> None:
         cluster = self._pick(args)
         with usage_errors(ValueError):  # logs' own checks: --rank 99 of a 2-rank cluster, --tail 0
             logs = cluster.logs(rank=args.rank, tail=args.tail)
@@ -590,11 +564,11 @@ class ClusterMagics(Magics):
             for line in lines:
                 print(f"[rank {rank}] {line}")
 
-    def _cmd_stacks(self, args: Any) -> None:
+    def _cmd_stacks(self, args: argparse.Namespace) -> None:
         """Each rank's Python stack of every thread (also while a cell runs): where is each rank?"""
         print(self._pick(args).stacks(native=args.native))
 
-    def _pick(self, args: Any, instead: str = "") -> Any:
+    def _pick(self, args: argparse.Namespace, instead: str = "") -> Any:
         if args.args:
             if len(args.args) > 1:
                 raise UsageError(f"{args.command} takes at most one cluster name")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any, Literal, TypeVar
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument
 
+from gpu_notebook._display import Progress, stage_printer
 from gpu_notebook.errors import GpuNotebookError
 from gpu_notebook.magics._args import split
 
@@ -63,7 +63,7 @@ class MissingExtra(MagicError, ImportError):
     """An optional dependency is not installed; the message says which extra of gpu_notebook installs it."""
 
 
-def parse(magic_func: Callable[..., Any], line: str) -> Any:
+def parse(magic_func: Callable[..., Any], line: str) -> argparse.Namespace:
     """Parse a magic's arguments: the line is split as a shell splits it (quotes removed, see
     :func:`~gpu_notebook.magics._args.split`), each option's value checked by its type (see
     :mod:`~gpu_notebook.magics._args`). A mistake raises a :class:`UsageError` that names the option and the value
@@ -73,7 +73,8 @@ def parse(magic_func: Callable[..., Any], line: str) -> Any:
     except UsageError as exc:
         raise usage_error(magic_func, str(exc)) from None
     try:
-        return magic_func.parser.parse_args(argv)  # type: ignore[attr-defined]  # set by @magic_arguments
+        args: argparse.Namespace = magic_func.parser.parse_args(argv)  # type: ignore[attr-defined]  # set by @magic_arguments
+        return args
     except (UsageError, SystemExit) as exc:
         msg = _option_named(str(exc)) if isinstance(exc, UsageError) else "bad arguments"
         raise usage_error(magic_func, msg, _typed_command(magic_func, argv)) from None
@@ -327,7 +328,7 @@ def options(*opts: Option) -> Callable[[F], F]:
     return add
 
 
-def refuse_others(args: Any, table: Mapping[str, Sequence[Option]], command: str) -> None:
+def refuse_others(args: argparse.Namespace, table: Mapping[str, Sequence[Option]], command: str) -> None:
     """A usage error for the first option given that ``command`` does not take (per ``table``): an option
     is never silently ignored (``stop --budget 5`` must not look as if it did something)."""
     mine = {o.dest for o in table[command]}
@@ -337,14 +338,9 @@ def refuse_others(args: Any, table: Mapping[str, Sequence[Option]], command: str
                 raise UsageError(f"{o.flag} does not apply to {command}")
 
 
-def progress_printer() -> Callable[[str], None]:
-    """A progress callback that prints each stage with the elapsed time."""
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        print(f"[{time.monotonic() - t0:6.1f}s] {msg}", flush=True)
-
-    return say
+def progress_printer() -> Progress:
+    """A progress callback that prints each stage with the elapsed time (the shared stage printer)."""
+    return stage_printer()
 
 
 def error(msg: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import html
 from typing import Any
 
@@ -123,7 +124,7 @@ class CostMagics(Magics):
         meter.poll()  # the nodes as they are now (one may have left or joined since the meter last looked)
         return meter
 
-    def _cmd_show(self, args: Any) -> None:
+    def _cmd_show(self, args: argparse.Namespace) -> None:
         meter = self._meter()
         if args.text:
             print(meter.snapshot())
@@ -135,7 +136,7 @@ class CostMagics(Magics):
         else:
             display(view)
 
-    def _cmd_status(self, args: Any) -> None:
+    def _cmd_status(self, args: argparse.Namespace) -> None:
         last = last_stopped() if get_manager().current is None else None
         if last is not None:  # after a budget or idle stop: what the stopped cluster cost, its final figure
             name, meter, reason = last
@@ -144,7 +145,7 @@ class CostMagics(Magics):
             return
         print(self._meter().snapshot())
 
-    def _cmd_policies(self, args: Any) -> None:
+    def _cmd_policies(self, args: argparse.Namespace) -> None:
 
         cluster = get_manager().current
         if cluster is None:
@@ -165,7 +166,7 @@ class CostMagics(Magics):
             + (f" (replaces {' and '.join(replaced)})" if replaced else "")
         )
 
-    def _cmd_catalog(self, args: Any) -> None:
+    def _cmd_catalog(self, args: argparse.Namespace) -> None:
 
         cat = get_catalog()
         rows = cat.table(cloud=args.cloud, gpu=args.gpu, region=args.region)
@@ -200,13 +201,13 @@ class CostMagics(Magics):
             )
         )
 
-    def _cmd_refresh(self, args: Any) -> None:
+    def _cmd_refresh(self, args: argparse.Namespace) -> None:
 
         clouds = [args.cloud] if args.cloud else None
         regions = [args.region] if args.region else None
         print(get_catalog().refresh(clouds=clouds, regions=regions))
 
-    def _cmd_stop(self, args: Any) -> None:
+    def _cmd_stop(self, args: argparse.Namespace) -> None:
         n = sum(w.live for w in self._widgets)
         for w in self._widgets:  # also one whose thread ended with its cluster: it leaves its snapshot behind
             w.stop()

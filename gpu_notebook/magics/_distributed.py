@@ -3,6 +3,7 @@ background), move variables (thin magics)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 import time
@@ -13,10 +14,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpu_notebook.cluster import get_manager
-from gpu_notebook.cluster._run import run_in_background
-from gpu_notebook.distributed import format_ranks, parse_ranks
-from gpu_notebook.distributed._background import BackgroundCell, BusyError, find, refuse_second
+from gpu_notebook.cluster import Cluster, get_manager
+from gpu_notebook.distributed import BackgroundCell, BusyError, CellResult, find_background, parse_ranks
 from gpu_notebook.magics._args import duration, identifier, name, rank_list, rank_number, size
 from gpu_notebook.magics._common import (
     MagicError,
@@ -44,9 +43,10 @@ def cell_syntax_error(exc: SyntaxError) -> CellSyntaxError:
     return err
 
 
-def target_cluster(args: Any) -> Any:
+def target_cluster(args: argparse.Namespace) -> Cluster:
     """The cluster a rank-targeting magic runs on: ``--cluster NAME``, else the current one."""
-    return get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+    cluster: Cluster = get_manager().get(args.cluster) if args.cluster else get_manager().require_current()
+    return cluster
 
 
 @contextlib.contextmanager
@@ -58,7 +58,7 @@ def busy_is_usage() -> Iterator[None]:
         raise UsageError(str(exc)) from None
 
 
-def print_buffered(result: Any, shown: Any = None) -> None:
+def print_buffered(result: CellResult, shown: Any = None) -> None:
     """Print what each rank wrote, after the run (``--no-stream``), prefixed as streamed output is (only the
     ``shown`` ranks', when given: ``--output-ranks``)."""
     for rank in sorted(result.outputs):
@@ -68,17 +68,7 @@ def print_buffered(result: Any, shown: Any = None) -> None:
             print(f"[rank {rank}] {out_line}")
 
 
-def wait_for_the_stop(cluster: Any, result: Any, limit_s: float = 30.0) -> None:
-    """A stop from another thread (a budget or idle stop) ends the cell at once, while that thread still ends
-    the workers: the cell's error comes once the cluster says "stopped", so every view agrees with it."""
-    if not any(f.kind == "stopped" for f in result.failures):
-        return
-    deadline = time.monotonic() + limit_s
-    while cluster.state == "stopping" and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
-def conclude(result: Any, world_size: int) -> None:
+def conclude(result: CellResult, world_size: int) -> None:
     """Fail the cell with the per-rank report when a rank failed; else show the run's note, if any."""
     if result.failures:
         result.raise_for_failures(world_size)
@@ -86,21 +76,10 @@ def conclude(result: Any, world_size: int) -> None:
         print(result.note, file=sys.stderr)
 
 
-def _show_values(values: Any) -> None:
+def show_values(result: CellResult) -> None:
     """Print each rank's value like ``%px`` does; identical values from several ranks are shown once."""
-    groups: dict[str, list[int]] = {}
-    for rank, value in values.items():
-        if value is None:
-            continue
-        try:
-            text = repr(value)
-        except Exception as exc:  # noqa: BLE001 - a user object's __repr__ may raise anything; show the others
-            text = f"<repr failed: {exc}>"
-        groups.setdefault(text, []).append(rank)
-    for text, ranks in groups.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
-        sep = "\n" if "\n" in text else " "
-        print(f"Out[{who}]:{sep}{text}")
+    for line in result.value_lines():
+        print(line)
 
 
 def _ends_with_semicolon(cell: str) -> bool:
@@ -124,25 +103,6 @@ def _ends_with_semicolon(cell: str) -> bool:
         if tok.type not in skip:
             return tok.type == tokenize.OP and tok.string == ";"
     return False
-
-
-def _push_hint(failures: Any, ns: dict[str, Any]) -> str:
-    """What to do when a cell used a notebook variable the workers never got (their namespaces are separate)."""
-    import re
-
-    names: list[str] = []
-    for f in failures:
-        m = re.fullmatch(r"name '(\w+)' is not defined", f.evalue) if f.etype == "NameError" else None
-        if m and m.group(1) in ns and m.group(1) not in names:
-            names.append(m.group(1))
-    if not names:
-        return ""
-    which = ", ".join(repr(n) for n in names)
-    return (
-        f"{which} {'is' if len(names) == 1 else 'are'} defined in the notebook, not on the workers (each "
-        f"worker has its own namespace): send {'it' if len(names) == 1 else 'them'} first with "
-        f"%gpu_push {' '.join(names)}"
-    )
 
 
 #: which ranks a magic runs on or sends to, the same option in every magic that selects ranks (--targets is
@@ -261,7 +221,7 @@ class DistributedMagics(Magics):
         return None
 
     @contextlib.contextmanager
-    def _output_ranks(self, args: Any) -> Iterator[Any]:
+    def _output_ranks(self, args: argparse.Namespace) -> Iterator[Any]:
         """``--output-ranks``: only those ranks' output is shown, in this cell and the background cell it starts."""
         from gpu_notebook.distributed import _rich
 
@@ -289,7 +249,7 @@ class DistributedMagics(Magics):
         except SyntaxError as exc:
             raise cell_syntax_error(exc) from None
 
-    def _run(self, args: Any, line: str, cell: str, shown: Any = None) -> None:
+    def _run(self, args: argparse.Namespace, line: str, cell: str, shown: Any = None) -> None:
         """Run the cell and show its output and values; a rank's failure fails the cell (DistributedError)."""
         cluster = target_cluster(args)
         count = getattr(self.shell, "execution_count", None)
@@ -313,23 +273,16 @@ class DistributedMagics(Magics):
         if args.out and (len(result.values) or not result.failures):
             self._ns[args.out] = result.values
         if result.ranks and result.values and not _ends_with_semicolon(cell):  # a trailing ; hides values
-            _show_values(dict(result.values.items()))
-        wait_for_the_stop(cluster, result)
-        if result.failures:
-            hint = _push_hint(result.failures, self._ns)
-            if hint:
-                result.note = f"{result.note}\n{hint}" if result.note else hint
+            show_values(result)
+        cluster.await_stop(result)
+        result.add_push_hint(self._ns)
         conclude(result, cluster.world_size)
 
-    def _run_background(self, args: Any, line: str, cell: str) -> BackgroundCell:
+    def _run_background(self, args: argparse.Namespace, line: str, cell: str) -> BackgroundCell:
         """Start the cell in a thread and return its handle, shown as a view the thread keeps updating."""
         if args.no_stream:
             raise UsageError("--no-stream and --noblock: a background cell's output is kept in its handle")
         cluster = target_cluster(args)
-        if not cluster.running or cluster.group is None:
-            raise UsageError(f"cluster {cluster.name!r} is not running: start it with %gpu_cluster start")
-        with busy_is_usage():
-            refuse_second(cluster.group)
         count = getattr(self.shell, "execution_count", None)
         count = count - 1 if isinstance(count, int) else None  # IPython counts the cell before running it
         ns, out = self._ns, args.out
@@ -338,9 +291,8 @@ class DistributedMagics(Magics):
             if out and bg.result is not None and (len(bg.result.values) or not bg.result.failures):
                 ns[out] = bg.result.values
 
-        with usage_errors(ValueError):  # a bad --ranks selection
-            return run_in_background(
-                cluster,
+        with busy_is_usage(), usage_errors(ValueError):  # a bad --ranks selection
+            return cluster.run(
                 cell,
                 ranks=args.ranks,
                 timeout=args.timeout,
@@ -350,6 +302,7 @@ class DistributedMagics(Magics):
                 max_result_bytes=args.max_result,
                 live=getattr(self.shell, "kernel", None) is not None,  # a Jupyter kernel: update the view
                 on_done=bind,
+                block=False,
             )
 
     @magic_arguments()
@@ -391,7 +344,7 @@ class DistributedMagics(Magics):
         args = parse(self.gpu_result, line)
         with reported(self.gpu_result, strip_quotes=True):
             try:
-                bg = find(args.name)
+                bg = find_background(args.name)
             except LookupError as exc:
                 raise UsageError(str(exc.args[0])) from None
             if args.cancel and bg.cancel():
@@ -412,7 +365,7 @@ class DistributedMagics(Magics):
             if args.out and (len(result.values) or not result.failures):
                 self._ns[args.out] = result.values
             if result.values:
-                _show_values(dict(result.values.items()))
+                show_values(result)
             conclude(result, bg.world_size)
         return None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -132,7 +133,7 @@ class MonitorMagics(Magics):
         return None
 
     @staticmethod
-    def _monitor(args: Any) -> Any:
+    def _monitor(args: argparse.Namespace) -> Any:
         return monitor_for(
             local=args.local,
             interval=args.interval,
@@ -140,7 +141,7 @@ class MonitorMagics(Magics):
             advice_threshold=args.threshold,
         )
 
-    def _cmd_show(self, args: Any) -> Any:
+    def _cmd_show(self, args: argparse.Namespace) -> Any:
         w = self._monitor(args).widget(
             interval=args.refresh, window_s=args.window, max_msgs_per_s=self.max_msgs_per_s
         )
@@ -149,10 +150,10 @@ class MonitorMagics(Magics):
         return None
 
     @staticmethod
-    def _running(args: Any) -> Any:
+    def _running(args: argparse.Namespace) -> Any:
         return running_monitor(local=args.local)
 
-    def _cmd_stop(self, args: Any) -> None:
+    def _cmd_stop(self, args: argparse.Namespace) -> None:
         had_widgets = bool(self._widgets)
         for w in self._widgets:
             w.stop()
@@ -164,15 +165,15 @@ class MonitorMagics(Magics):
         else:
             print("GPU monitor stopped." if had_widgets else "No GPU monitor is running.")
 
-    def _cmd_status(self, args: Any) -> None:
+    def _cmd_status(self, args: argparse.Namespace) -> None:
         mon = self._running(args)
         print(repr(mon) if mon is not None else "No GPU monitor is running; start one with %gpu_monitor")
 
-    def _cmd_snapshot(self, args: Any) -> None:
+    def _cmd_snapshot(self, args: argparse.Namespace) -> None:
         mon = self._monitor(args)
         display(Static(mon.snapshot_html(), mon.snapshot_text()))
 
-    def _cmd_advice(self, args: Any) -> None:
+    def _cmd_advice(self, args: argparse.Namespace) -> None:
         items = self._monitor(args).advice(args.advice_window, args.threshold)
         print(
             "\n".join(a.message for a in items)
@@ -180,13 +181,13 @@ class MonitorMagics(Magics):
             else "No under-used GPU (or not enough history yet for the advice window)."
         )
 
-    def _cmd_csv(self, args: Any) -> None:
+    def _cmd_csv(self, args: argparse.Namespace) -> None:
         mon = self._monitor(args)
         # no GPU anywhere: the host metrics, not an empty nvidia-smi table
         text = mon.to_csv(args.path, hosts=mon.gpu_count == 0)
         print(f"wrote {args.path}" if args.path else text, end="\n" if args.path else "")
 
-    def _cmd_prometheus(self, args: Any) -> None:
+    def _cmd_prometheus(self, args: argparse.Namespace) -> None:
         mon = self._monitor(args)
         if mon.cluster is not None:  # the export carries the cluster's cost, read from its shared meter
             cost_meter_for(mon.cluster)

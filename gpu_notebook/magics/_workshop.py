@@ -16,6 +16,7 @@ A student::
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -85,7 +86,7 @@ STUDENTS_ARGS = (option("--text", action="store_true", help="students: a text ta
 _VIEWS: list[Any] = []
 
 
-def start_student(args: Any, cluster_kwargs: dict[str, Any]) -> None:
+def start_student(args: argparse.Namespace, cluster_kwargs: dict[str, Any]) -> None:
     """``%gpu_cluster start --workshop NAME --student ID``: a quota refusal is a usage error."""
     if args.student is None:
         raise UsageError("--workshop needs --student ID (your student ID: it finds your workers again)")
@@ -101,7 +102,7 @@ def start_student(args: Any, cluster_kwargs: dict[str, Any]) -> None:
         raise UsageError(str(exc)) from None
 
 
-def workshop(args: Any) -> None:
+def workshop(args: argparse.Namespace) -> None:
     """``%gpu_cluster workshop start NAME [rules]``, ``workshop stop [NAME]``, ``workshop status [NAME]``."""
     verb, rest = (args.args[0], args.args[1:]) if args.args else (None, [])
     if verb not in ("start", "stop", "status") or len(rest) > 1 or (verb == "start" and not rest):
@@ -138,7 +139,7 @@ def workshop(args: Any) -> None:
         show(ws.students())
 
 
-def students(args: Any) -> None:
+def students(args: argparse.Namespace) -> None:
     """``%gpu_cluster students [--text]``, ``students stop ID``, ``students stop --all``."""
     verb = args.args[0] if args.args else None
     if verb not in (None, "stop") or (verb == "stop" and len(args.args) != 2 and not args.all):

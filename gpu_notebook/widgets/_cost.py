@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_notebook._display import fmt_duration
 from gpu_notebook.widgets._live import LiveView, RateCap
 
 __all__ = ["CostWidget", "cost_view"]
@@ -25,10 +26,7 @@ _MARKET_LABELS = {"on_demand": "on-demand", "spot": "spot", "reserved_1y": "1-ye
 
 
 def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = max(0, int(s))
-    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return "?" if s is None else fmt_duration(s, minutes=True)
 
 
 def header_html(snap: Any) -> str:
