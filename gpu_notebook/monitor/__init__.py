@@ -17,6 +17,7 @@ __all__ = [
     "Advice",
     "Aggregator",
     "GPU_METRICS",
+    "GpuInfo",
     "GpuMetric",
     "GpuProcess",
     "GpuReading",
@@ -33,6 +34,7 @@ __all__ = [
     "PrometheusServer",
     "REMEDIES",
     "RingBuffer",
+    "SamplerInfo",
     "busiest_utilisation",
     "grafana_dashboard",
     "monitor_for",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook.monitor._ring import RingBuffer
     from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler, sampler_actor_class
     from gpu_notebook.monitor._shapes import (
+        GpuInfo,
         GpuMetric,
         GpuProcess,
         GpuReading,
@@ -75,6 +78,7 @@ if TYPE_CHECKING:  # pragma: no cover
         Latest,
         MonitoredCluster,
         NodeUtilisation,
+        SamplerInfo,
         UtilisationSummary,
     )
 
@@ -100,6 +104,7 @@ __getattr__, __dir__ = lazy_module(
         "HOST_METRICS": "._sampler",
         "NodeSampler": "._sampler",
         "sampler_actor_class": "._sampler",
+        "GpuInfo": "._shapes",
         "GpuMetric": "._shapes",
         "GpuProcess": "._shapes",
         "GpuReading": "._shapes",
@@ -110,6 +115,7 @@ __getattr__, __dir__ = lazy_module(
         "Latest": "._shapes",
         "MonitoredCluster": "._shapes",
         "NodeUtilisation": "._shapes",
+        "SamplerInfo": "._shapes",
         "UtilisationSummary": "._shapes",
     },
 )

@@ -25,7 +25,15 @@ from gpu_notebook.monitor._ring import RingBuffer
 from gpu_notebook.monitor._sampler import GPU_METRICS, HOST_METRICS, NodeSampler
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.monitor._shapes import GpuReading, GpuSeries, HostReading, HostSeries, Latest
+    from gpu_notebook.monitor._shapes import (
+        GpuInfo,
+        GpuReading,
+        GpuSeries,
+        HostReading,
+        HostSeries,
+        Latest,
+        SamplerInfo,
+    )
 
 __all__ = ["Aggregator", "LocalHandle", "RayHandle", "NodeState"]
 
@@ -39,7 +47,7 @@ class LocalHandle:
         self.sampler = sampler
         self.node_id = sampler.node_id
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> SamplerInfo:
         return self.sampler.info()
 
     def read_since(self, seq: int, slow_seq: int) -> dict[str, Any]:
@@ -54,12 +62,12 @@ class RayHandle:
 
     remote = True
 
-    def __init__(self, actor: Any, node_id: str, info: dict[str, Any] | None = None) -> None:
+    def __init__(self, actor: Any, node_id: str, info: SamplerInfo | None = None) -> None:
         self.actor = actor
         self.node_id = node_id
         self._info = info
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> SamplerInfo:
         if self._info is None:
             import ray
 
@@ -83,7 +91,7 @@ class NodeState:
     """What the aggregator knows about one node."""
 
     node: str
-    info: dict[str, Any]
+    info: SamplerInfo
     buffer: RingBuffer
     seq: int = 0
     slow_seq: int = -1
@@ -97,7 +105,7 @@ class NodeState:
     error: str = ""  # why the last pull of this node failed ("" when it answered)
 
     @property
-    def gpus(self) -> list[dict[str, Any]]:
+    def gpus(self) -> list[GpuInfo]:
         return list(self.info.get("gpus", []))
 
     @property
@@ -158,7 +166,7 @@ class Aggregator:
         with self._nodes_lock:
             return list(self.nodes.items())
 
-    def _new_state(self, info: dict[str, Any]) -> NodeState:
+    def _new_state(self, info: SamplerInfo) -> NodeState:
         interval = float(info.get("interval", 0.5))
         cols = list(info["columns"])
         return NodeState(
@@ -212,7 +220,7 @@ class Aggregator:
         state.last_seen = self.clock()
         return len(t)
 
-    def _reshape(self, old: NodeState, info: dict[str, Any]) -> NodeState:
+    def _reshape(self, old: NodeState, info: SamplerInfo) -> NodeState:
         """The node's sampler restarted with other columns (a GPU appeared or disappeared): its series start
         again with the new columns, like a new node under the same name (the old history goes)."""
         state = self._new_state({**info, "node": old.node})
@@ -271,7 +279,7 @@ class Aggregator:
         return got
 
     # -- queries --------------------------------------------------------------------------------------------------
-    def gpu_list(self) -> list[tuple[str, dict[str, Any]]]:
+    def gpu_list(self) -> list[tuple[str, GpuInfo]]:
         """``(node, gpu_info)`` for every GPU, node order then GPU index."""
         return [(node, g) for node, s in self.states() for g in s.gpus]
 

@@ -28,7 +28,7 @@ import numpy as np
 from gpu_notebook.monitor._ring import RingBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.monitor._shapes import GpuMetric, HostMetric
+    from gpu_notebook.monitor._shapes import GpuInfo, GpuMetric, HostMetric, SamplerInfo
 
 __all__ = [
     "GPU_METRICS",
@@ -101,7 +101,7 @@ class GpuSource:
         self.nvml = nvml
         n = nvml.nvmlDeviceGetCount()
         self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        self.gpus: list[dict[str, Any]] = []
+        self.gpus: list[GpuInfo] = []
         self._unsupported: list[set[str]] = [set() for _ in range(n)]
         for i, h in enumerate(self.handles):
             mem = self._call(i, "nvmlDeviceGetMemoryInfo", h)
@@ -451,14 +451,14 @@ class NodeSampler:
         return f"NodeSampler({getattr(self, 'node_id', '?')!r}, gpus={n}, nvml={getattr(self, 'nvml_kind', '?')}, every {getattr(self, 'interval', 0):g}s, {state})"
 
     # -- description ----------------------------------------------------------------------------------------------
-    def info(self) -> dict[str, Any]:
+    def info(self) -> SamplerInfo:
         """Static description: node, hostname, GPUs (index, name, uuid, memory, power limit), columns."""
         return {
             "node": self.node_id,
             "hostname": socket.gethostname(),
             "epoch": self.epoch,
             "has_gpu": bool(self.gpu and self.gpu.count),
-            "gpus": [dict(g) for g in (self.gpu.gpus if self.gpu else [])],
+            "gpus": [g.copy() for g in (self.gpu.gpus if self.gpu else [])],
             "driver": self.gpu.driver if self.gpu else "",
             "nvml": self.nvml_kind,
             "columns": list(self.buffer.columns),

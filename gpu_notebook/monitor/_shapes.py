@@ -14,6 +14,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 __all__ = [
+    "GpuInfo",
     "GpuMetric",
     "GpuProcess",
     "GpuReading",
@@ -24,6 +25,7 @@ __all__ = [
     "Latest",
     "MonitoredCluster",
     "NodeUtilisation",
+    "SamplerInfo",
     "UtilisationSummary",
 ]
 
@@ -43,6 +45,35 @@ GpuMetric = Literal[
 ]
 #: A per-node host metric, as sampled (the order of ``HOST_METRICS``).
 HostMetric = Literal["cpu_percent", "mem_used_mib", "mem_total_mib", "net_rx_Bps", "net_tx_Bps", "load1"]
+
+
+class GpuInfo(TypedDict):
+    """What a sampler knows of one of its GPUs once (NaN where NVML did not say)."""
+
+    index: int
+    name: str
+    uuid: str
+    mem_total_mib: float
+    power_limit_w: float
+
+
+class SamplerInfo(TypedDict):
+    """A sampler's description of itself and its node (:meth:`NodeSampler.info`): what the aggregator keeps."""
+
+    node: str
+    hostname: str
+    epoch: str  # new each time the sampler starts: a reader then reads again from the first row
+    has_gpu: bool
+    gpus: list[GpuInfo]
+    driver: str
+    nvml: str  # "nvml", "fake" or "none"
+    columns: list[str]  # of the rows: ``gpu<i>.<metric>`` and ``host.<metric>``
+    gpu_metrics: list[GpuMetric]
+    host_metrics: list[HostMetric]
+    interval: float
+    slow_interval: float
+    capacity: int  # rows kept
+    labels: dict[str, str]
 
 
 class GpuReading(TypedDict):
