@@ -34,7 +34,9 @@ __all__ = [
     "PrometheusServer",
     "REMEDIES",
     "RingBuffer",
+    "Rows",
     "SamplerInfo",
+    "SamplerReply",
     "busiest_utilisation",
     "grafana_dashboard",
     "monitor_for",
@@ -78,7 +80,9 @@ if TYPE_CHECKING:  # pragma: no cover
         Latest,
         MonitoredCluster,
         NodeUtilisation,
+        Rows,
         SamplerInfo,
+        SamplerReply,
         UtilisationSummary,
     )
 
@@ -115,7 +119,9 @@ __getattr__, __dir__ = lazy_module(
         "Latest": "._shapes",
         "MonitoredCluster": "._shapes",
         "NodeUtilisation": "._shapes",
+        "Rows": "._shapes",
         "SamplerInfo": "._shapes",
+        "SamplerReply": "._shapes",
         "UtilisationSummary": "._shapes",
     },
 )

@@ -32,7 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
         HostReading,
         HostSeries,
         Latest,
+        Rows,
         SamplerInfo,
+        SamplerReply,
     )
 
 __all__ = ["Aggregator", "LocalHandle", "RayHandle", "NodeState"]
@@ -50,7 +52,7 @@ class LocalHandle:
     def info(self) -> SamplerInfo:
         return self.sampler.info()
 
-    def read_since(self, seq: int, slow_seq: int) -> dict[str, Any]:
+    def read_since(self, seq: int, slow_seq: int) -> SamplerReply:
         return self.sampler.read_since(seq, slow_seq)
 
     def stop(self) -> None:
@@ -193,7 +195,7 @@ class Aggregator:
             self._inflight.pop(node, None)
 
     # -- pulling --------------------------------------------------------------------------------------------------
-    def _ingest(self, state: NodeState, reply: dict[str, Any]) -> int:
+    def _ingest(self, state: NodeState, reply: SamplerReply) -> int:
         if reply.get("epoch") and reply["epoch"] != state.epoch:
             # the sampler restarted: its sequence numbers start again from zero
             state.epoch = reply["epoch"]
@@ -346,7 +348,7 @@ class Aggregator:
                 hosts.append(cast("HostReading", h))  # the metric keys are HOST_METRICS, filled just above
         return {"gpus": gpus, "hosts": hosts}
 
-    def rows_since(self, node: str, seq: int) -> dict[str, Any]:
+    def rows_since(self, node: str, seq: int) -> Rows:
         """New merged rows of one node since ``seq`` (for consumers that keep their own copy)."""
         return self.nodes[node].buffer.read_since(seq)
 

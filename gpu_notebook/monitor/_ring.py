@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from gpu_notebook.monitor._shapes import Rows
 
 __all__ = ["RingBuffer"]
 
@@ -79,12 +82,12 @@ class RingBuffer:
         idx = np.arange(start, stop) % self.capacity
         return self._t[idx].copy(), self._data[idx].copy()
 
-    def read_since(self, seq: int, max_rows: int | None = None) -> dict[str, Any]:
+    def read_since(self, seq: int, max_rows: int | None = None) -> Rows:
         """Rows appended since sequence number ``seq``.
 
         Returns
         -------
-        dict
+        Rows
             ``seq`` (pass it next time), ``t`` (n,), ``data`` (n, columns), ``dropped`` (rows lost because
             they were overwritten before this read).
         """

@@ -21,14 +21,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from gpu_notebook.monitor._ring import RingBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from gpu_notebook.monitor._shapes import GpuInfo, GpuMetric, HostMetric, SamplerInfo
+    from gpu_notebook.monitor._shapes import GpuInfo, GpuMetric, HostMetric, SamplerInfo, SamplerReply
 
 __all__ = [
     "GPU_METRICS",
@@ -496,13 +496,13 @@ class NodeSampler:
         self._slow_cost += time.perf_counter() - t0
         return slow
 
-    def read_since(self, seq: int = 0, slow_seq: int = -1, max_rows: int | None = None) -> dict[str, Any]:
+    def read_since(self, seq: int = 0, slow_seq: int = -1, max_rows: int | None = None) -> SamplerReply:
         """New rows since ``seq`` (see :meth:`RingBuffer.read_since`), plus the slow tier if it changed.
 
         A read from ``seq=0`` (a reader's first, or its first after this sampler restarted) also carries
         ``info`` (see :meth:`info`), so the reader learns the columns of the rows it gets.
         """
-        out = self.buffer.read_since(seq, max_rows)
+        out = cast("SamplerReply", self.buffer.read_since(seq, max_rows))  # its other keys are set here
         out["node"] = self.node_id
         out["epoch"] = self.epoch
         if int(seq) == 0:

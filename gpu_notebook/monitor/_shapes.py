@@ -8,7 +8,7 @@ picks a metric by variable names it with these types so the key is checked.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, Protocol, TypedDict
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -25,7 +25,9 @@ __all__ = [
     "Latest",
     "MonitoredCluster",
     "NodeUtilisation",
+    "Rows",
     "SamplerInfo",
+    "SamplerReply",
     "UtilisationSummary",
 ]
 
@@ -74,6 +76,25 @@ class SamplerInfo(TypedDict):
     slow_interval: float
     capacity: int  # rows kept
     labels: dict[str, str]
+
+
+class Rows(TypedDict):
+    """Rows of a ring buffer since a sequence number (:meth:`RingBuffer.read_since`)."""
+
+    seq: int  # pass it next time
+    t: np.ndarray  # (n,) epoch seconds
+    data: np.ndarray  # (n, columns)
+    dropped: int  # rows overwritten before this read
+
+
+class SamplerReply(Rows):
+    """What a sampler sends the aggregator on a pull (:meth:`NodeSampler.read_since`)."""
+
+    node: str
+    epoch: str
+    slow_seq: int
+    info: NotRequired[SamplerInfo]  # with the rows from 0 (a first read, or after a restart)
+    slow: NotRequired[dict[str, Any]]  # the slow tier, when it changed since ``slow_seq``
 
 
 class GpuReading(TypedDict):
