@@ -1,18 +1,22 @@
-"""The named shapes of what a monitor hands out (``gpu_notebook.monitor._shapes``) match what it builds."""
+"""The named shapes of what a monitor hands out (``gpu_notebook.monitor.Latest``, ...) match what it builds."""
 
 from __future__ import annotations
 
 from typing import get_args
 
-from gpu_notebook.monitor import GPU_METRICS, HOST_METRICS, Monitor
-from gpu_notebook.monitor._shapes import (
+from gpu_notebook.monitor import (
+    GPU_METRICS,
+    HOST_METRICS,
+    GpuInfo,
     GpuMetric,
     GpuReading,
     GpuSeries,
     HostMetric,
     HostReading,
     Latest,
+    Monitor,
     NodeUtilisation,
+    SamplerInfo,
 )
 from gpu_notebook.testing.nvml import FakeNVML
 
@@ -30,6 +34,10 @@ def test_a_reading_a_series_and_a_summary_have_the_named_keys() -> None:
             t[0] += 0.5
             mon._own_local[0].tick(t[0])
         mon.pull()
+        (state,) = [s for _, s in mon.aggregator.states()]
+        assert set(state.info) == set(SamplerInfo.__annotations__)
+        for gpu in state.gpus:
+            assert set(gpu) == set(GpuInfo.__annotations__)
         latest = mon.latest()
         assert set(latest) == set(Latest.__annotations__)
         assert len(latest["gpus"]) == 2
