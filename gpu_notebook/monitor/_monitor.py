@@ -143,7 +143,7 @@ class Monitor:
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     @property
-    def kind(self) -> str:
+    def kind(self) -> Literal["samplers", "local", "cluster"]:
         if self._given is not None:
             return "samplers"
         return "local" if self.cluster is None else "cluster"
