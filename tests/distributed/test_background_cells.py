@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from gpu_notebook.distributed import DistributedError
-from gpu_notebook.distributed._background import BackgroundCell
+from gpu_notebook.distributed._background import BackgroundCell, BusyError
 
 # a "training loop" that runs until the notebook pushes `finish`
 TRAIN = """%%distributed --noblock -o got
@@ -61,7 +61,7 @@ def test_a_background_training_cell_while_other_cells_run(ip, shared) -> None:
     msg = str(second.error_in_exec)
     assert f"background cell {h.name} is running on ranks 0-1" in msg
     assert f"%gpu_result {h.name}" in msg and "--cancel" in msg
-    with pytest.raises(Exception, match="background cell"):  # the Python API refuses too
+    with pytest.raises(BusyError, match="background cell"):  # the Python API refuses too
         shared.run("1")
 
     ip.user_ns["finish"] = True
