@@ -434,6 +434,19 @@ def select_devices(
     )
 
 
+def import_torch_soon() -> None:
+    """Import torch in a background thread: a new rank worker does it while the driver ranks the workers, and
+    :func:`select_devices` then finds it imported (or waits for this import: Python's import lock)."""
+    threading.Thread(target=_import_torch, name="gpu_notebook-import-torch", daemon=True).start()
+
+
+def _import_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except Exception:  # noqa: BLE001 - only a head start: select_devices imports it again and raises what is wrong
+        pass
+
+
 def join(plan_env: dict[str, str], backend: str, timeout_s: float) -> str:
     """Set this process's torchrun environment and initialise torch.distributed (once).
 

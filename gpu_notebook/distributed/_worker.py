@@ -212,6 +212,7 @@ class RankWorker:
         _interruptible.install()  # a cell blocked in sleep() or a lock wait still sees the stop button
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
+        _process_group.import_torch_soon()  # init_process_group needs it next; what it prints goes to the cell
 
     def __repr__(self) -> str:
         return f"RankWorker(rank={self.rank})"
