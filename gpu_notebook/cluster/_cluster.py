@@ -537,8 +537,7 @@ class Cluster:
         self, code: str, ranks: str | Sequence[int] | None = ..., timeout: float | None = ...,
         stream: bool = ..., sink: Callable[[str], None] | None = ..., label: str | None = ...,
         progress: Progress | None = ..., header: str | None = ..., max_result_bytes: int | None = ...,
-        block: Literal[True] = ..., *, name: str | None = ..., live: bool = ...,
-        on_done: Callable[[BackgroundCell], None] | None = ...,
+        block: Literal[True] = ...,
     ) -> CellResult: ...  # fmt: skip
     @overload
     def run(

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_notebook import _registry
-from gpu_notebook._display import format_ranks
+from gpu_notebook._display import fmt_duration, format_ranks
 from gpu_notebook.distributed import _rich
 from gpu_notebook.distributed._results import CellResult, RankResults
 from gpu_notebook.errors import GpuNotebookError
@@ -196,6 +196,10 @@ class BackgroundCell:
         return (self.ended or time.time()) - self.started
 
     @property
+    def _elapsed_text(self) -> str:
+        return fmt_duration(self.elapsed, minutes=True)
+
+    @property
     def progress(self) -> int:
         """How many of its ranks have ended the cell."""
         return sum(state != "running" for state in self.rank_states().values())
@@ -265,7 +269,7 @@ class BackgroundCell:
         """Why a second cell is refused while this one runs, and what to do."""
         return (
             f"background cell {self.name} is running on ranks {format_ranks(self.ranks)} "
-            f"(for {_fmt_s(self.elapsed)}, {self.progress}/{len(self.ranks)} ranks done): {doing} now would "
+            f"(for {self._elapsed_text}, {self.progress}/{len(self.ranks)} ranks done): {doing} now would "
             f"queue behind it. Wait for it with %gpu_result {self.name} (or handle.wait()), or cancel it with "
             f"%gpu_result {self.name} --cancel (or handle.cancel()); %gpu_pull and %gpu_push work meanwhile."
         )
@@ -277,7 +281,7 @@ class BackgroundCell:
         for r, s in states.items():
             counts.setdefault(s, []).append(r)
         per = "; ".join(f"{s}: ranks {format_ranks(rs)}" for s, rs in counts.items())
-        return f"background cell {self.name}: {self.state}, {_fmt_s(self.elapsed)} ({per})"
+        return f"background cell {self.name}: {self.state}, {self._elapsed_text} ({per})"
 
     def _ending(self) -> str:
         if self.error is not None:
@@ -304,7 +308,7 @@ class BackgroundCell:
         )
         head = (
             f"<div><b>background cell {html.escape(self.name)}</b>: {html.escape(self.state)}, "
-            f"{html.escape(_fmt_s(self.elapsed))}</div><table><tr>{cells}</tr></table>"
+            f"{html.escape(self._elapsed_text)}</div><table><tr>{cells}</tr></table>"
         )
         out = "\n".join(self.output(VIEW_LINES))
         body = f"<pre style='max-height:30em;overflow:auto'>{html.escape(out)}</pre>" if out else ""
@@ -376,11 +380,6 @@ def _error_of(result: CellResult, world_size: int) -> Exception:
     except Exception as exc:  # noqa: BLE001 - the DistributedError it raises, for its text
         return exc
     return RuntimeError("no failure")
-
-
-def _fmt_s(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def _stdout(text: str) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook import _registry, cost
-from gpu_notebook._display import Progress
+from gpu_notebook._display import Progress, fmt_duration
 from gpu_notebook._registry import current_cluster
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._runtime_env import prepare_for_workers
@@ -82,18 +82,15 @@ class StudentInfo:
     def status(self) -> str:
         """What the teacher reads: ``running``, ``kernel gone (workers kept; idle stop in 12m)``, ..."""
         if self.state == "detached":
-            left = f"; idle stop in {_fmt_s(self.idle_stop_in_s)}" if self.idle_stop_in_s is not None else ""
+            left = (
+                f"; idle stop in {fmt_duration(self.idle_stop_in_s, minutes=True)}"
+                if self.idle_stop_in_s is not None
+                else ""
+            )
             return f"kernel gone (workers kept for a reconnect{left})"
         if self.state in ("running", "joined"):
             return self.state
         return f"{self.state}: {self.why}" if self.why else self.state
-
-
-def _fmt_s(s: float | None) -> str:
-    if s is None:
-        return "-"
-    s = max(0, int(s))
-    return f"{s // 60}m{s % 60:02d}s"
 
 
 @dataclass
