@@ -21,7 +21,6 @@ from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError, not_running
 from gpu_notebook.cluster._run import run_in_background
-from gpu_notebook.cluster._runtime_env import needs_own_processes
 from gpu_notebook.cluster._status import (
     ClusterStatus,
     LifecycleState,
@@ -234,8 +233,6 @@ class Cluster:
                 dashboard=self.dashboard,
                 progress=say,
                 runtime_env=_package_check.job_env(self.address, self.options),
-                # the default is 2 workers without GPUs (how many GPUs there are, Ray tells once started)
-                workers=None if needs_own_processes(self.options) else self.requested_workers or 2,
             )
             workers, cpus, gpus = self._size_workers()
             if self.backend_request == "nccl" and not gpus:  # before any worker starts: they would all fail

@@ -32,11 +32,6 @@ _CONNECTION: RayConnection | None = None
 
 #: Ray's system config for a local Ray we start: no idle workers prestarted for the first driver
 NO_PRESTART = {"prestart_worker_first_driver": False}
-#: ... and when the rank workers will take every CPU: the raylet starts one worker process per CPU as it comes
-#: up, and the rank actors take those processes, so their Python and Ray imports (2 s of CPU each) run while Ray's
-#: own agents start, instead of after ``ray.init`` returns (Ray's default prestarts them later, for the first
-#: driver, and on every machine however few of them get used)
-PRESTART_FOR_RANKS = {**NO_PRESTART, "enable_worker_prestart": True}
 
 
 #: seconds a ``host:port`` or ``ray://`` address has to answer a TCP connect before Ray is asked to connect
@@ -96,15 +91,11 @@ def connect(
     dashboard: bool = False,
     progress: Progress | None = None,
     runtime_env: dict[str, Any] | None = None,
-    workers: int | None = None,
 ) -> RayConnection:
     """Start a local Ray (``address=None``) or connect to one; reuse the connection this process already has.
 
     ``runtime_env`` is the job-wide one of a connection to an existing cluster (Ray Client needs our package
-    there: its server on the head unpickles our classes). ``workers``: how many rank actors will be started
-    right after a local start, None when they cannot use processes started beforehand (they have a
-    ``runtime_env``); when they will take every CPU, Ray starts their processes with itself
-    (:data:`PRESTART_FOR_RANKS`).
+    there: its server on the head unpickles our classes).
     """
     global _CONNECTION
     say = progress or (lambda msg: None)
@@ -142,12 +133,9 @@ def connect(
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         level = auth_log.level
         auth_log.setLevel(logging.ERROR)
-        num_cpus = int(cpus) if float(cpus).is_integer() else None
-        # Ray prestarts num_cpus processes: only when the rank actors will take them all (none idle for nothing)
-        prestart = num_cpus is not None and workers is not None and num_cpus <= workers
         init_kw = dict(
             address="local",
-            num_cpus=num_cpus,
+            num_cpus=int(cpus) if float(cpus).is_integer() else None,
             num_gpus=num_gpus,
             include_dashboard=dashboard,
             object_store_memory=store,
@@ -156,7 +144,7 @@ def connect(
             configure_logging=True,
             # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their own,
             # so on a 2-core laptop those idle workers only take CPU from the start (docs/benchmarks.md, "Small machines")
-            _system_config=PRESTART_FOR_RANKS if prestart else NO_PRESTART,
+            _system_config=NO_PRESTART,
         )
         try:
             for attempt in (1, 2):

@@ -262,13 +262,6 @@ def prepare_for_workers(
     return (runtime_env or None), dict(setup.env)
 
 
-def needs_own_processes(options: Mapping[str, Any]) -> bool:
-    """Whether the rank actors get a ``runtime_env``: Ray then starts processes of their own for them, and worker
-    processes it started beforehand (see :data:`gpu_notebook.cluster._connect.PRESTART_FOR_RANKS`) stay idle."""
-    setup = options.get("worker_setup") or WorkerSetup()
-    return bool(options.get("runtime_env") or setup.runtime_env())
-
-
 def working_dir_of(options: Mapping[str, Any]) -> str | None:
     """The workers' working dir in the notebook's filesystem, when they have one."""
     setup = options.get("worker_setup")

@@ -1,4 +1,4 @@
-"""Address mode: which Ray Client start-up failures are retried; and what a local start asks of Ray.
+"""Address mode: which Ray Client start-up failures are retried.
 
 A real head reached by host:port and by ray:// (cells, collectives, every rank's output, stop leaving the head
 running, a second connection to the head the first one left) is tested in test_ship_package.py, on a head whose
@@ -6,8 +6,6 @@ Python lacks gpu_notebook: one second Ray head for both.
 """
 
 from __future__ import annotations
-
-import pytest
 
 
 def test_ray_client_start_up_failures_are_retried_but_wrong_addresses_are_not() -> None:
@@ -74,43 +72,3 @@ def test_a_local_start_whose_node_timed_out_is_tried_once_more_and_other_failure
         _connect.connect(None, num_cpus=1)
     assert len(calls) == 2
 
-
-@pytest.mark.parametrize(
-    ("cpus", "workers", "prestart"),
-    [(2, 2, True), (1, 2, True), (4, 2, False), (2, None, False), (1.5, 2, False)],
-)
-def test_a_local_start_prestarts_worker_processes_only_when_the_ranks_take_them_all(
-    monkeypatch, cpus: float, workers: int | None, prestart: bool
-) -> None:
-    """Ray prestarts one worker process per CPU it is given: the rank actors take them (their imports run while
-    Ray's agents start) when there are at most as many CPUs as ranks, and no runtime_env (``workers=None``) asks
-    for processes of their own; otherwise none is prestarted, to sit idle. (``ray.init`` stands in here.)"""
-    import ray
-
-    from gpu_notebook.cluster import _connect
-
-    seen: dict[str, object] = {}
-
-    class Context:
-        address_info = {"gcs_address": "127.0.0.1:6379"}
-
-    def fake_init(**kw: object) -> Context:
-        seen.update(kw)
-        return Context()
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", fake_init)
-    monkeypatch.setattr(_connect, "_CONNECTION", None)
-    _connect.connect(None, num_cpus=cpus, workers=workers)
-    assert seen["_system_config"] == (_connect.PRESTART_FOR_RANKS if prestart else _connect.NO_PRESTART)
-    assert seen["num_cpus"] == (cpus if float(cpus).is_integer() else None)
-
-
-def test_rank_actors_with_a_runtime_env_need_processes_of_their_own() -> None:
-    from gpu_notebook.cluster._runtime_env import WorkerSetup, needs_own_processes
-
-    assert not needs_own_processes({})
-    assert not needs_own_processes({"worker_setup": WorkerSetup(env={"A": "1"})})  # variables are arguments
-    assert needs_own_processes({"worker_setup": WorkerSetup(pip=("six",))})
-    assert needs_own_processes({"worker_setup": WorkerSetup(working_dir="/tmp")})
-    assert needs_own_processes({"runtime_env": {"env_vars": {"A": "1"}}})

@@ -4,13 +4,19 @@ Before the kernel stopped its clusters on the shutdown request, ipykernel spent 
 Ray's processes, its own children, which outlived it. jupyter_client then sent the kernel SIGTERM at 2.5 s and
 SIGKILL at 5 s, and Ray printed its crash report. The kernel died killed, before any exit hook ran. Every restart
 of a workshop's kernel went that way. Now the clusters stop first, and the kernel exits by itself, with status 0.
+
+It must do so on a busy machine too (a 2-core laptop, or the suite's second phase running two files at once): the
+restart and the shutdown here happen while every core runs a busy loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -57,6 +63,18 @@ def _gone(procs: list[Any], within: float = 20.0) -> list[Any]:
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def _every_core_busy() -> Iterator[None]:
+    """A busy loop on each core while the block runs: the kernel's shutdown competes for the CPU."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for p in loops:
+            p.kill()
+            p.wait()
+
+
 def _start(km: Any) -> Any:
     kc = km.client()
     kc.start_channels()
@@ -82,7 +100,8 @@ def test_restart_and_shutdown_with_the_default_cluster_running_end_the_kernel_by
         assert any("raylet" in p.name() for p in ray_procs), [p.name() for p in ray_procs]
 
         kc.stop_channels()
-        km.restart_kernel(now=False)  # what Kernel > Restart does
+        with _every_core_busy():
+            km.restart_kernel(now=False)  # what Kernel > Restart does
         assert first.returncode == 0, f"the kernel was killed at the restart (status {first.returncode})"
         assert not _gone(ray_procs), "the old kernel's Ray processes outlived it"
 
@@ -96,7 +115,8 @@ def test_restart_and_shutdown_with_the_default_cluster_running_end_the_kernel_by
         second = km.provisioner.process
         ray_procs = _children(second.pid)
         kc.stop_channels()
-        km.shutdown_kernel(now=False)  # what closing the notebook (or Shut Down Kernel) does
+        with _every_core_busy():
+            km.shutdown_kernel(now=False)  # what closing the notebook (or Shut Down Kernel) does
         assert second.returncode == 0, f"the kernel was killed at shutdown (status {second.returncode})"
         assert not _gone(ray_procs), "the kernel's Ray processes outlived it"
     finally:
