@@ -11,9 +11,12 @@ this kernel imports, read from its own directory (:func:`package`), as two artif
   tag (``_planes.cpython-311-x86_64-linux-gnu.so``), so a node with the same Python loads it and a node with
   another Python ignores it and the checkpoint codec takes its numpy path (same bytes, slower). A wheel would be
   refused outright by ``pip`` on a node with another Python, and py_modules takes no sdist.
-- an **sdist** (``gpu_notebook-<version>.tar.gz``) for cloud clusters: sent through the launcher's
-  ``file_mounts`` and installed by ``pip install`` in the setup commands, so the C kernels are compiled for the
-  node's Python (the extension stays optional: a node without a compiler still installs, on the numpy path).
+- an **sdist** (``sdist/gpu_notebook-<version>.tar.gz``) for cloud clusters: its folder is sent through the
+  launcher's ``file_mounts`` and the file installed by ``pip install`` in the setup commands, so the C kernels
+  are compiled for the node's Python (the extension stays optional: a node without a compiler still installs,
+  on the numpy path). The mount is the folder, which holds nothing else, not the file: Ray warns about a file
+  mount (with Docker a bind-mounted file may not see updates), and it copies a folder's contents into the
+  remote path, so the file lands at :attr:`ShippedPackage.remote_sdist` all the same.
 
 Why the sdist is written here (``tarfile`` and a generated ``pyproject.toml``/``setup.py``) instead of by
 ``python -m build --sdist``: the running package may be an editable checkout with edits not yet committed, or a
@@ -42,7 +45,8 @@ from typing import NamedTuple
 
 __all__ = ["REMOTE_DIR", "ShippedPackage", "cache_dir", "package", "tree_digest"]
 
-#: Where the sdist lands on a cloud node (``file_mounts`` target; Ray expands ``~`` in the node's container).
+#: Where the sdist's folder lands on a cloud node, one subfolder per content (``file_mounts`` targets; Ray expands
+#: ``~`` in the node's container).
 REMOTE_DIR = "~/gpu_notebook_dist"
 #: The file name parts that are never shipped nor hashed: build products and caches, rebuilt on the node.
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".dylib", ".dll", ".o")
@@ -82,7 +86,7 @@ class ShippedPackage:
     version: str  # gpu_notebook.__version__ of the running package: what every node must report
     digest: str  # tree_digest() of its sources: what every node's copy must hash to
     tree: Path  # the package directory to ship as a py_modules entry (ends in /gpu_notebook)
-    sdist: Path  # gpu_notebook-<version>.tar.gz, installable with pip on a node
+    sdist: Path  # sdist/gpu_notebook-<version>.tar.gz, installable with pip on a node; alone in its folder
 
     @property
     def remote_sdist(self) -> str:
@@ -90,8 +94,12 @@ class ShippedPackage:
         return f"{REMOTE_DIR}/{self.digest[:16]}/{self.sdist.name}"
 
     def file_mounts(self) -> dict[str, str]:
-        """The Ray launcher's ``file_mounts`` entry (remote path: local path) that sends the sdist."""
-        return {self.remote_sdist: str(self.sdist)}
+        """The Ray launcher's ``file_mounts`` entry (remote path: local path) that sends the sdist.
+
+        The sdist's folder, not the file: Ray syncs a local folder's contents into the remote folder, so the
+        file arrives at :attr:`remote_sdist`, and a folder mount raises no "refers to a file" warning.
+        """
+        return {f"{REMOTE_DIR}/{self.digest[:16]}": str(self.sdist.parent)}
 
     def install_command(self) -> str:
         """The setup command that installs the sent sdist (replacing any gpu_notebook the image has).
@@ -139,7 +147,7 @@ def package(root: Path | None = None, cache: Path | None = None) -> ShippedPacka
     digest = tree_digest(str(root))
     where = (cache or cache_dir()) / f"{version}-{digest[:16]}"
     shipped = ShippedPackage(
-        version, digest, where / "tree" / "gpu_notebook", where / f"gpu_notebook-{version}.tar.gz"
+        version, digest, where / "tree" / "gpu_notebook", where / "sdist" / f"gpu_notebook-{version}.tar.gz"
     )
     if not (where / "done").exists():
         _build(root, version, where)
@@ -183,7 +191,9 @@ def _build(root: Path, version: str, where: Path) -> None:
             if "__pycache__" not in ext.parts:
                 (tree / ext.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ext, tree / ext.relative_to(root))
-        _write_sdist(root, files, version, tmp / f"gpu_notebook-{version}.tar.gz")
+        # in a folder of its own: that folder is what the launcher mounts, so nothing else may be in it
+        (tmp / "sdist").mkdir()
+        _write_sdist(root, files, version, tmp / "sdist" / f"gpu_notebook-{version}.tar.gz")
         (tmp / "done").write_text(version + "\n")
         try:
             tmp.rename(where)

@@ -222,10 +222,13 @@ def test_launch_and_teardown_end_to_end_with_recorded_ssh(aws, capsys, tmp_path)
     assert rec.matching(r"pip install -q -U torch==2\.13\.0")
     # our own package is this kernel's copy, sent with the launch (never fetched from an index by name)
     assert not rec.matching(r"gpu_notebook==")
-    # rsynced to the host, mounted into the container at ~ (/home/ray), installed from there
-    sdist = r"gpu_notebook_dist/[0-9a-f]{16}/gpu_notebook-0\.1\.0\.tar\.gz"
-    assert rec.matching(rf"^rsync .*/gpu_notebook-0\.1\.0\.tar\.gz \S+:/tmp/ray_tmp_mount/gnb-moto/~/{sdist}")
-    assert rec.matching(rf"docker run .*-v /tmp/ray_tmp_mount/gnb-moto/~/{sdist}:/home/ray/{sdist} ")
+    # the sdist's folder rsynced to the host (its contents: both paths end in "/"), that folder mounted into the
+    # container at ~ (/home/ray), the sdist installed from it
+    folder = r"gpu_notebook_dist/[0-9a-f]{16}"
+    sdist = rf"{folder}/gpu_notebook-0\.1\.0\.tar\.gz"
+    local = r"\S+/0\.1\.0-[0-9a-f]{16}/sdist/"
+    assert rec.matching(rf"^rsync .* -avz {local} \S+:/tmp/ray_tmp_mount/gnb-moto/~/{folder}/$")
+    assert rec.matching(rf"docker run .*-v /tmp/ray_tmp_mount/gnb-moto/~/{folder}:/home/ray/{folder} ")
     assert rec.matching(
         rf"pip install -q --force-reinstall --no-deps /home/ray/{sdist} && pip install -q /home/ray/{sdist}"
     )

@@ -31,7 +31,7 @@ GOLDEN_PACKAGE = ShippedPackage(
     "0.1.0",
     "0123456789abcdef" * 4,
     Path("/home/user/.cache/gpu_notebook/packages/0.1.0-0123456789abcdef/tree/gpu_notebook"),
-    Path("/home/user/.cache/gpu_notebook/packages/0.1.0-0123456789abcdef/gpu_notebook-0.1.0.tar.gz"),
+    Path("/home/user/.cache/gpu_notebook/packages/0.1.0-0123456789abcdef/sdist/gpu_notebook-0.1.0.tar.gz"),
 )
 
 # name -> typical request
@@ -106,7 +106,11 @@ def test_golden_configs_pass_rays_validation(name):
     # prepare_config merged setup commands into head/worker setup like `ray up` does: every node installs the
     # sent sdist, and nothing named gpu_notebook comes from a package index
     sent = GOLDEN_PACKAGE.remote_sdist
-    assert prepared["file_mounts"] == {sent: str(GOLDEN_PACKAGE.sdist)}
+    # the sdist's folder is mounted: Ray puts its contents in the remote folder, so the file lands at `sent`
+    assert prepared["file_mounts"] == {
+        "~/gpu_notebook_dist/0123456789abcdef": str(GOLDEN_PACKAGE.sdist.parent)
+    }
+    assert sent == "~/gpu_notebook_dist/0123456789abcdef/gpu_notebook-0.1.0.tar.gz"
     for key in ("head_setup_commands", "worker_setup_commands"):
         assert any(f"pip install -q --force-reinstall --no-deps {sent}" in c for c in prepared[key])
         assert not any("gpu_notebook==" in c for c in prepared[key])
@@ -237,10 +241,26 @@ def test_default_image_and_packages_match_this_machine():
     assert spec.pip_or_default == [f"torch=={version('torch').split('+')[0]}"]
     cfg = render_ray_config(spec, resolve(spec))
     assert cfg["docker"]["image"] == spec.image_or_default
-    # this kernel's own package is sent, at this kernel's version
+    # this kernel's own package is sent, at this kernel's version: a folder holding only the sdist, which Ray
+    # copies into the remote folder, where the setup commands install it from
     ((remote, local),) = cfg["file_mounts"].items()
-    assert Path(local).name == f"gpu_notebook-{version('gpu_notebook')}.tar.gz" and Path(local).is_file()
-    assert remote.endswith(Path(local).name) and any(remote in c for c in cfg["setup_commands"])
+    assert Path(local).is_dir()  # Ray's launcher warns "refers to a file" for a file mount
+    (sdist,) = Path(local).iterdir()
+    assert sdist.name == f"gpu_notebook-{version('gpu_notebook')}.tar.gz" and sdist.is_file()
+    sent = f"{remote}/{sdist.name}"
+    assert any(f"pip install -q --force-reinstall --no-deps {sent}" in c for c in cfg["setup_commands"])
+
+
+def test_this_kernels_package_mounts_a_folder_so_ray_warns_of_no_file_mount(capfd):
+    """Ray's config check (the one ``ray up`` runs) warns of every ``file_mounts`` entry that is a file."""
+    spec = ClusterSpec(cloud="aws", gpu="A100:8", name="gnb-d", **PINNED)
+    cfg = render_ray_config(spec, resolve(spec))
+    assert cfg["file_mounts"] and all(Path(local).is_dir() for local in cfg["file_mounts"].values())
+    rc.prepare_and_validate(cfg)
+    assert "File Mount" not in "".join(capfd.readouterr())
+    # the check does see a file mount, so the assertion above can fail
+    rc.prepare_and_validate({**cfg, "file_mounts": {"~/x/setup.py": __file__}})
+    assert "File Mount: (~/x/setup.py:" in "".join(capfd.readouterr())
 
 
 def test_ship_package_off_sends_nothing():

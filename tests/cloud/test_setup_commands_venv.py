@@ -1,10 +1,11 @@
 """The rendered cloud setup commands, run as a node runs them: in a fresh virtualenv that has no gpu_notebook.
 
 The node is a venv that borrows this environment's packages (Ray, torch, numpy, ...) but not gpu_notebook
-(gpu_notebook.testing.venv). The launcher's ``file_mounts`` are played by copying each local file to its remote
-path under the node's HOME (``~`` on the node), and every setup command runs unchanged in bash. Offline: pip may
-use no package index (``PIP_NO_INDEX``), so a command that fetched gpu_notebook by name from one would fail here,
-and the sdist builds with this environment's setuptools (no isolated build env to download).
+(gpu_notebook.testing.venv). The launcher's ``file_mounts`` are played as Ray plays a folder mount (its rsync of
+``local/`` to ``remote/``): each local folder's contents are copied into its remote path under the node's HOME
+(``~`` on the node), and every setup command runs unchanged in bash. Offline: pip may use no package index
+(``PIP_NO_INDEX``), so a command that fetched gpu_notebook by name from one would fail here, and the sdist builds
+with this environment's setuptools (no isolated build env to download).
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ def test_the_rendered_setup_commands_install_this_kernels_package_in_a_fresh_ven
     home.mkdir()
     for remote, local in config["file_mounts"].items():
         assert remote.startswith("~/")
-        target = home / remote[2:]
-        target.parent.mkdir(parents=True)
-        shutil.copy(local, target)
+        # a folder holding only the sdist: Ray's launcher warns of a file mount, and sends whatever else is there
+        assert os.path.isdir(local) and os.listdir(local) == [package.sdist.name]
+        shutil.copytree(local, home / remote[2:])
+    assert (home / package.remote_sdist[2:]).is_file()  # where the setup commands install it from
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env.update(
         HOME=str(home),

@@ -28,6 +28,9 @@ NOTEBOOKS = sorted((ROOT / "examples").glob("*.ipynb"))
 _AS_ROOT = re.compile(r"\bgnb-root-[0-9a-f]{6}\b|(?<![\w.-])/root(?:/|\b)|\broot@")
 _PIP = re.compile(r"pip3? install\b([^\n\"'&|;<]*)")
 _SETUP_NOTE = re.compile(r"setup installs ([^;\n<]*)")
+#: Ray's launcher warning for a ``file_mounts`` entry that is a file (ray/autoscaler/_private/docker.py); the
+#: code mounts the sdist's folder, so a config it renders never shows it
+_FILE_MOUNT = re.compile(r"File Mount: \(.*?\) refers to a file")
 
 
 def _generated_commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -79,7 +82,8 @@ class Installs:
             for m in _PIP.finditer(cmd):
                 names, _ = _installed(shlex.split(m.group(1)))
                 self.names.update(names)
-        # the sdist: REMOTE_DIR/<16 hex of its digest>/gpu_notebook-<version>.tar.gz (cloud._ship)
+        # the sdist: REMOTE_DIR/<16 hex of its digest>/gpu_notebook-<version>.tar.gz (ShippedPackage.remote_sdist,
+        # in the folder that the launcher's file_mounts sends)
         self.sdist = re.compile(re.escape(REMOTE_DIR) + r"/[0-9a-f]{16}/gpu_notebook-[\w.+-]+\.tar\.gz")
 
     def problems(self, text: str) -> list[str]:
@@ -149,6 +153,16 @@ def test_saved_outputs_were_not_made_as_root_and_hold_no_traceback() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_saved_outputs_show_no_file_mount_warning() -> None:
+    bad = [
+        f"{where}: Ray's {m.group(0)!r}: the code mounts a folder (re-run the notebook)"
+        for nb in NOTEBOOKS
+        for where, text in _outputs(nb)
+        if (m := _FILE_MOUNT.search(text))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checks_catch_a_stale_install_root_and_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     installs = Installs(_generated_commands(monkeypatch))
     assert "torch" in installs.names and "gpu-notebook" not in installs.names
@@ -165,3 +179,7 @@ def test_the_checks_catch_a_stale_install_root_and_an_error(monkeypatch: pytest.
     )
     assert _AS_ROOT.search("cluster_name: gnb-root-91b898") and _AS_ROOT.search("sent as /root/.cache/x")
     assert not _AS_ROOT.search("cluster_name: gnb-alice-91b898 /home/alice/.cache /opt/rootfs")
+    assert _FILE_MOUNT.search(
+        "WARN docker.py:20 -- File Mount: (~/gpu_notebook_dist/0123456789abcdef/gpu_notebook-0.1.0.tar.gz:"
+        "/home/ada/x/gpu_notebook-0.1.0.tar.gz) refers to a file.\n To ensure this mount updates properly"
+    )
