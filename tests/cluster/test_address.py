@@ -71,4 +71,3 @@ def test_a_local_start_whose_node_timed_out_is_tried_once_more_and_other_failure
     with pytest.raises(_connect.ConnectError, match="timed out during startup"):
         _connect.connect(None, num_cpus=1)
     assert len(calls) == 2
-
