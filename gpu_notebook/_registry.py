@@ -26,10 +26,8 @@ from __future__ import annotations
 import atexit
 import builtins
 import gc
-import subprocess
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
@@ -47,6 +45,7 @@ __all__ = [
     "UnknownClusterError",
     "active_checkpointer",
     "background_cells",
+    "before_kernel_shutdown",
     "catalog",
     "cost_meters",
     "current_cluster",
@@ -174,7 +173,7 @@ class ClusterManager(Generic[C]):
         the kernel is still alive when jupyter_client sends it SIGTERM (2.5 s) and SIGKILL (5 s). It dies
         killed before any ``atexit`` hook (this manager's :meth:`stop_all` among them) runs, and Ray's crash
         report lands in the server's log. Stopped first (a local Ray's processes all get their SIGTERM together
-        and are reaped: see ``_end_ray_processes_together``), the clusters leave no children, and the kernel exits
+        and are reaped: see :data:`before_kernel_shutdown`), the clusters leave no children, and the kernel exits
         at once.
         """
 
@@ -213,7 +212,11 @@ def _hook_kernel_shutdown(manager: ClusterManager[Any]) -> None:
         return
 
     def do_shutdown(restart: bool, *args: Any, **kwargs: Any) -> Any:
-        _end_ray_processes_together()
+        for prepare in before_kernel_shutdown.items():
+            try:
+                prepare()
+            except Exception:  # noqa: BLE001 - the kernel must shut down whatever a preparation does
+                pass
         try:
             manager.kernel_shutdown()
         except Exception:  # noqa: BLE001 - the kernel must shut down whatever our clusters do
@@ -235,51 +238,6 @@ def _hook_kernel_shutdown(manager: ClusterManager[Any]) -> None:
 
     kernel.do_shutdown = do_shutdown
     _HOOKED_KERNELS.add(kernel)
-
-
-def _end_ray_processes_together(grace_s: float = 0.25) -> None:
-    """Make this process's next ``ray.shutdown()`` end the local Ray it started (GCS, raylet, monitors) all at
-    once, without waiting for them in the kernel.
-
-    Ray's own shutdown sends each of its processes SIGTERM and waits up to 1 s for it, one after the other: about
-    1.2 s of the shutdown request's 2.5 s on an idle 2-core machine. Instead, once the driver has disconnected,
-    every process gets its SIGTERM at once (the raylet passes it on to its agents and workers, which end within
-    tens of ms) and a thread reaps them, with SIGKILL for what is left after ``grace_s``: given their SIGTERM
-    together, the GCS and the raylet outlived a whole second on a 2-core machine. ipykernel's end of the kernel's
-    children, which follows, then finds none left. A local Ray keeps nothing that a SIGKILL would lose.
-    """
-    worker = sys.modules.get("ray._private.worker")
-    node = getattr(worker, "_global_node", None)  # None: no Ray, or one this process did not start
-    if node is None or not hasattr(node, "all_processes"):
-        return
-
-    def kill_all_processes(
-        check_alive: bool = True, allow_graceful: bool = False, wait: bool = False
-    ) -> None:
-        procs = [info.process for infos in list(node.all_processes.values()) for info in infos]
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    proc.terminate()
-                except OSError:  # it has just ended
-                    pass
-        node.all_processes.clear()
-        threading.Thread(
-            target=_reap, args=(procs, grace_s), daemon=True, name="gpu_notebook-ray-reaper"
-        ).start()
-
-    node.kill_all_processes = kill_all_processes
-
-
-def _reap(procs: builtins.list[Any], grace_s: float) -> None:
-    """Wait for ``procs`` (``subprocess.Popen``) so that none stays a zombie; SIGKILL what outlives ``grace_s``."""
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def get_manager() -> ClusterManager[Any]:
@@ -431,6 +389,9 @@ launcher_listeners: Items[Callable[[str, dict[str, Any]], None]] = Items("launch
 #: True once our dispatcher is registered with Ray's launcher event system (global, and it only grows: once per
 #: process, whichever clusters come and go).
 launcher_hooked: Slot[bool] = Slot("launcher event hook")
+#: What runs first when Jupyter asks the kernel to shut down or restart, before its clusters stop (in the order
+#: added): the cluster package adds how a local Ray's processes end together, without the kernel waiting for each.
+before_kernel_shutdown: Items[Callable[[], None]] = Items("preparations for a kernel shutdown")
 #: The workshops this kernel's teacher started or connected to, the current one last: what
 #: ``%gpu_cluster students`` shows without ``--workshop`` (a workshop, not a cluster: it is in no manager).
 workshops: Items[Any] = Items("workshops")

@@ -105,6 +105,15 @@ def test_a_kernel_shutdown_request_stops_the_clusters_before_the_kernel_s_own_sh
         is_initialized=lambda: True, shutdown=lambda: order.append("ray.shutdown")
     )
     monkeypatch.setitem(sys.modules, "ray", fake_ray)
+    preparations: _registry.Items[object] = _registry.Items("preparations")
+    monkeypatch.setattr(_registry, "before_kernel_shutdown", preparations)
+
+    def failing_preparation() -> None:
+        order.append("failing preparation")
+        raise OSError("no such process")
+
+    preparations.add(failing_preparation)
+    preparations.add(lambda: order.append("prepared"))
 
     class Handing(FakeCluster):
         def kernel_shutdown(self) -> str:
@@ -124,8 +133,10 @@ def test_a_kernel_shutdown_request_stops_the_clusters_before_the_kernel_s_own_sh
     assert "do_shutdown" in vars(kernel)  # wrapped on the instance
     assert wrapped(True) == {"status": "ok", "restart": True}
     assert kernel.calls == [True]  # the kernel's own shutdown ran once, with the restart flag
-    # a failure stops no other; then a Ray the kernel started itself shuts down too
-    assert order == ["broken", "cloud", "ray.shutdown"] and plain.stopped == ["kernel exit"]
+    # the preparations first (one failing stops no other), then the clusters (a failure stops no other); then a
+    # Ray the kernel started itself shuts down too
+    assert order == ["failing preparation", "prepared", "broken", "cloud", "ray.shutdown"]
+    assert plain.stopped == ["kernel exit"]
     assert cloud.stopped == []  # left to its reaper
     m.add(FakeCluster("later"))
     assert kernel.do_shutdown is wrapped  # wrapped once
@@ -191,3 +202,11 @@ def test_the_kernel_state_outside_the_manager_lives_in_typed_fields() -> None:
         assert current_workshop() is marker
     finally:
         _registry.workshops.remove(marker)
+
+
+def test_the_cluster_package_prepares_a_local_ray_to_end_at_once_at_a_kernel_shutdown() -> None:
+    """Whoever can start a local Ray (cluster._connect) has registered how its processes end together."""
+    from gpu_notebook.cluster import _connect, _ray_exit
+
+    assert _connect is not None
+    assert _ray_exit.end_ray_processes_together in _registry.before_kernel_shutdown.items()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gpu_notebook._display import Progress, first_line
+from gpu_notebook.cluster import _ray_exit  # noqa: F401 - a local Ray we start ends at once at a kernel shutdown
 from gpu_notebook.errors import GpuNotebookError
 
 
