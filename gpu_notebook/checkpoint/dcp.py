@@ -1,4 +1,5 @@
-"""torch.distributed.checkpoint (DCP) on our stores: dedup and deltas per write item, FSDP2 and DTensor states.
+"""Experimental: torch.distributed.checkpoint (DCP) on our stores: dedup and deltas per write item, FSDP2 and
+DTensor states.
 
 ``dcp.save(state_dict, storage_writer=DCPWriter(url))`` and ``dcp.load(state_dict, storage_reader=DCPReader(url))``
 work as with DCP's ``FileSystemWriter`` / ``FileSystemReader``, including what DCP does itself: FSDP2
@@ -19,8 +20,26 @@ load in one process (``no_dist=True``). What differs is where and how the bytes 
   of one. The metadata is JSON (no pickle): tensors' dtypes, sizes and chunks, and each item's chunk records.
 
 A commit is named by its sequence number; ``checkpoint_id`` (DCP's argument) is kept as its label, and a reader
-picks the newest commit, a ``seq``, or the newest with a label. See ``docs/checkpoint.md`` ("torch.distributed
-.checkpoint").
+picks the newest commit, a ``seq``, or the newest with a label. See ``docs/checkpoint.md`` ("Experimental:
+FSDP2 and DTensor").
+
+**Experimental.** The names here (``DCPWriter``, ``DCPReader``, ``DCPCommit``, ``list_commits``) keep working, but
+this module is a second implementation of ideas the :class:`~.Checkpointer` has, and shares only the codec's frames
+(``format/codec.py``), the stores and the commit-retry bound (``save/order.py``'s ``COMMIT_TRIES``) with it. What
+it does not share:
+
+- **Its layout and commit**: ``dcp/commits/<seq>.json`` and ``dcp/objects/``, numbered on their own, not the
+  manifests and commit order of ``docs/checkpoint-format.md`` (no ``parent``, no branches, no ``FORMAT`` marker,
+  no leases). ``list()``, ``show``, exports, ``%gpu_checkpoint`` and the standalone ``reader.py`` do not see it.
+- **Its rebasing rule**: a changed chunk is a delta against that chunk's last full frame, and is written full
+  (the new base) once the delta passes ``REBASE_RATIO`` (60%) of the base; not the Checkpointer's plan
+  (``full_every``, ``max_restore_ratio``, a new base when the last delta cost the average).
+- **Its encoder**: chunks are encoded and written in DCP's call, on one thread per rank, not by the Checkpointer's
+  background pipeline.
+- **No gc**: a Checkpointer's ``gc`` never touches ``dcp/``, and nothing deletes a DCP commit or chunk: every chunk
+  ever written stays. Deleting a commit's file frees nothing (later commits reuse its chunks). To reclaim space,
+  delete the whole ``dcp/`` folder or prefix once none of its commits is needed (``rm -r <folder>/dcp``, ``aws s3
+  rm --recursive s3://bucket/prefix/dcp/``), e.g. with one prefix per run.
 """
 
 from __future__ import annotations
@@ -61,6 +80,7 @@ from gpu_notebook.checkpoint._errors import CheckpointError, NoCheckpointError, 
 from gpu_notebook.checkpoint.format import codec
 from gpu_notebook.checkpoint.format._scratch import heap_empty
 from gpu_notebook.checkpoint.format.manifest import blake3_available, hash_fn
+from gpu_notebook.checkpoint.save.order import COMMIT_TRIES
 from gpu_notebook.checkpoint.stores import Store, open_store
 
 __all__ = ["DCPCommit", "DCPReader", "DCPWriter", "list_commits"]
@@ -86,7 +106,7 @@ def _commit_key(seq: int) -> str:
 
 @dataclass(frozen=True)
 class DCPCommit:
-    """One committed DCP save: its sequence number, label (``checkpoint_id``), time and bytes."""
+    """One committed DCP save (experimental): its sequence number, label (``checkpoint_id``), time and bytes."""
 
     seq: int
     label: str | None
@@ -97,7 +117,8 @@ class DCPCommit:
 
 
 def list_commits(store: str | os.PathLike[str] | Store) -> list[DCPCommit]:
-    """Every DCP commit in ``store``, oldest first."""
+    """Every DCP commit in ``store``, oldest first (experimental; nothing deletes them: see the module's
+    docstring, "No gc")."""
     st = open_store(store)
     out = []
     for info in st.list(COMMITS):
@@ -196,8 +217,9 @@ def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
 
 
 class DCPWriter(StorageWriter):
-    """A DCP ``StorageWriter`` into a store (a folder or ``s3://``; ``store_options`` go to
-    :func:`~.stores.open_store`). Keep one per rank across saves: its deltas are against what it wrote before.
+    """Experimental (see the module's docstring): a DCP ``StorageWriter`` into a store (a folder or ``s3://``;
+    ``store_options`` go to :func:`~.stores.open_store`). Keep one per rank across saves: its deltas are against
+    what it wrote before.
 
     ``last_written_bytes`` / ``last_logical_bytes``: what this rank's last save wrote and how big its part of the
     state is; ``last_commit``: the coordinator's last commit (None on other ranks).
@@ -282,8 +304,11 @@ class DCPWriter(StorageWriter):
             "logical": sum(i["nbytes"] for i in items),
             "written": sum(i["written"] for i in items),
         }
-        seq = _next_seq(self.store)
-        for _ in range(100):  # another writer on the same prefix took the number: the next free one
+        # the bound of a Checkpointer's commit (save/order.py): every try lists the commits again, so a try is
+        # lost only to a writer on the same prefix that committed between this listing and this write
+        seq = 0
+        for _ in range(COMMIT_TRIES):
+            seq = max(seq, _next_seq(self.store))
             doc["seq"] = seq
             body = json.dumps(doc, separators=(",", ":")).encode()
             if self.store.put(_commit_key(seq), body, create_only=True):
@@ -291,7 +316,8 @@ class DCPWriter(StorageWriter):
             seq += 1
         else:
             raise CheckpointError(
-                f"could not commit the DCP save in {self.store.url}: 100 sequence numbers taken"
+                f"could not commit the DCP save in {self.store.url}: {COMMIT_TRIES} places were taken by other "
+                "writers while it tried them"
             )
         self.last_commit = DCPCommit(
             seq, self.label, doc["created"], len(items), doc["logical"], doc["written"]
@@ -409,8 +435,9 @@ def _next_seq(store: Store) -> int:
 
 
 class DCPReader(StorageReader):
-    """A DCP ``StorageReader`` from a store: the newest commit, or ``seq=``, or the newest with ``label=`` (the
-    ``checkpoint_id`` it was saved with; DCP's own ``checkpoint_id`` argument to ``dcp.load`` picks a label too)."""
+    """Experimental (see the module's docstring): a DCP ``StorageReader`` from a store: the newest commit, or
+    ``seq=``, or the newest with ``label=`` (the ``checkpoint_id`` it was saved with; DCP's own ``checkpoint_id``
+    argument to ``dcp.load`` picks a label too)."""
 
     def __init__(
         self,

@@ -12,6 +12,15 @@ Tensors come back as numpy arrays. ``bfloat16`` and ``float8_e4m3fn``/``float8_e
 ``ml_dtypes`` installed they come back as its dtypes, else as ``uint16`` / ``uint8`` arrays of the same bit patterns
 (a *view*; :meth:`Reader.dtypes` names the real dtype of every leaf). ``tensors="torch"`` gives torch tensors
 of the saved dtypes instead.
+
+Why this duplicates ``gpu_notebook.checkpoint``'s own decoding (``restore/decode.py``, ``format/codec.py``,
+``format/tree.py``): a file that can be copied anywhere cannot import them, and the library cannot import this
+file's decoding instead, since its own decodes in parallel, with ranged reads ahead and the C kernels of
+``_planes.c``. So the format is decoded twice, once here for portability and once there for speed, and the two are
+held together by tests rather than by shared code: ``tests/checkpoint/test_checkpoint_reader.py`` reads every
+golden store (every format version from 3 to ``FORMAT_VERSION``, both hashes; ``tests/checkpoint/golden/``) and
+stores written by today's code through this reader and through ``Checkpointer.restore`` and compares them bit for
+bit, and fails when a format version from 3 to ``FORMAT_VERSION`` has no golden store.
 """
 
 from __future__ import annotations

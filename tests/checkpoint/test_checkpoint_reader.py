@@ -88,6 +88,15 @@ def test_the_reader_reads_every_golden_checkpoint_bit_exact(store: Path) -> None
     assert as_torch["t"]["bf16"].view(torch.uint16).numpy().tobytes() == latest["t"]["bf16"].tobytes()
 
 
+def test_every_format_version_from_3_has_golden_stores_of_both_hashes() -> None:
+    """The comparison above is what keeps this reader and ``Checkpointer.restore`` (two decoders of one format, see
+    reader.py's docstring) from drifting apart: a new format version must come with its golden stores
+    (``golden/make_golden.py``) for it to cover that version."""
+    have = {(int(p.parent.name.removeprefix("v")), p.name) for p in GOLDEN_STORES}
+    want = {(v, h) for v in range(3, reader.FORMAT_VERSION + 1) for h in ("blake3", "sha256")}
+    assert have == want
+
+
 def _state(g: torch.Generator, scale: float) -> dict[str, Any]:
     f = torch.randn(4000, generator=g) * scale
     return {

@@ -1,7 +1,7 @@
 """torch.distributed.checkpoint through our stores (issue 20, item 1): DCPWriter / DCPReader.
 
 In one process (``no_dist=True``): every dtype, plain values, deltas and dedup, labels and sequence numbers, a
-damaged store, and S3 (moto's server). With real gloo ranks (tests/checkpoint/_dcp_ranks.py, forked from one
+commit raced by another writer, a damaged store, and S3 (moto's server). With real gloo ranks (tests/checkpoint/_dcp_ranks.py, forked from one
 process that imported torch): an FSDP2 (``fully_shard``) model saved at 4 ranks with ``dcp.save`` and then
 ``dcp.async_save`` (the second save a delta), loaded at 2 ranks (DCP's resharding) and in one process, bit-exact.
 """
@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from gpu_notebook.checkpoint import CheckpointError, NoCheckpointError
 from gpu_notebook.checkpoint.dcp import COMMITS, OBJECTS, DCPReader, DCPWriter, list_commits
+from gpu_notebook.checkpoint.save.order import COMMIT_TRIES
 
 HERE = pathlib.Path(__file__).parent
 
@@ -155,6 +156,45 @@ def test_a_missing_or_damaged_checkpoint_says_so(tmp_path) -> None:
         reader.read_metadata()
         (item,) = reader.commit["items"]  # type: ignore[index]
         reader._item_bytes(item, {})
+
+
+def test_a_commit_raced_by_another_writer_takes_the_next_free_place(tmp_path, monkeypatch) -> None:
+    """The DCP commit retries under the Checkpointer's bound (save/order.py's ``COMMIT_TRIES``), listing the
+    commits again at every try: places other writers took between the listing and the write are skipped at once;
+    a store where every try is lost fails the save after ``COMMIT_TRIES`` tries, with no commit."""
+    store = tmp_path / "store"
+    writer = DCPWriter(store)
+    real_put = writer.store.put
+    lost: list[str] = []
+
+    def racing_put(key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
+        if key.startswith(COMMITS) and not lost:  # two commits of another writer land first
+            doc = json.loads(bytes(data))
+            for seq in (1, 2):
+                other = json.dumps({**doc, "seq": seq, "label": "other"}).encode()
+                assert real_put(f"{COMMITS}{seq:010d}.json", other, create_only=True)
+            lost.append(key)
+            return False
+        return real_put(key, data, create_only=create_only)
+
+    monkeypatch.setattr(writer.store, "put", racing_put)
+    _save({"w": torch.arange(10.0)}, writer, checkpoint_id="mine")
+    assert lost == [f"{COMMITS}0000000001.json"]
+    assert [(c.seq, c.label) for c in list_commits(store)] == [(1, "other"), (2, "other"), (3, "mine")]
+
+    tries: list[str] = []
+
+    def losing_put(key: str, data: bytes | memoryview, create_only: bool = True) -> bool:
+        if key.startswith(COMMITS):
+            tries.append(key)
+            return False
+        return real_put(key, data, create_only=create_only)
+
+    monkeypatch.setattr(writer.store, "put", losing_put)
+    with pytest.raises(CheckpointException, match=f"{COMMIT_TRIES} places were taken by other writers"):
+        _save({"w": torch.arange(10.0)}, writer)
+    assert len(tries) == COMMIT_TRIES
+    assert len(list_commits(store)) == 3
 
 
 def test_on_s3(tmp_path) -> None:

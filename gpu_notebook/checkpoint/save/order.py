@@ -28,13 +28,14 @@ from ..format.manifest import (
 )
 from ..stores import Store
 
-__all__ = ["CommitOrder"]
+__all__ = ["COMMIT_TRIES", "CommitOrder"]
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
 #: how many places a commit tries before giving up (each lost place is another writer's commit that landed
-#: between this writer's listing and its write)
-_TRIES = 16
+#: between this writer's listing and its write; every try lists again, so one try is one lost race, however
+#: many commits landed). The experimental DCP writer (``checkpoint/dcp.py``) commits under this same bound.
+COMMIT_TRIES = 16
 
 
 class CommitOrder:
@@ -95,7 +96,7 @@ class CommitOrder:
         self._raise_marker()
         doc = {**doc, "parent": self.parent}
         others: list[str] = []
-        for _ in range(_TRIES):
+        for _ in range(COMMIT_TRIES):
             taken = self._taken_from(seq)
             for cid in taken:
                 there = self._read(cid)
@@ -114,7 +115,7 @@ class CommitOrder:
                 return self._committed(doc)
             # taken between the listing and the write: list again (it is seen there now)
         raise CheckpointError(
-            f"checkpoint of step {doc.get('step')} not committed: {_TRIES} places in the commit order of "
+            f"checkpoint of step {doc.get('step')} not committed: {COMMIT_TRIES} places in the commit order of "
             f"{self.store.url} were taken by other writers while it tried them"
         )
 
