@@ -389,6 +389,24 @@ def _apply(
             cat.update_price(cloud, name, region, market, p, source=source, date=date)
 
 
+@dataclass
+class _Refresh:
+    """What every source of one refresh shares: the catalog it changes, the report it fills, how it fetches."""
+
+    cat: PriceBook
+    report: RefreshReport
+    fetch: Fetch
+    urls: dict[str, str]  # base URL overrides by cloud (tests point them at saved samples)
+    only: set[str] | None  # the regions asked for; None: every region the catalog lists
+    today: str  # the date each updated price is stamped with
+
+    def apply(
+        self, cloud: str, prices: dict[tuple[str, str], dict[str, float]], source: str, derive_reserved: bool
+    ) -> None:
+        """Merge ``prices`` of ``cloud`` into the catalog and the report (see :func:`_apply`)."""
+        _apply(self.cat, self.report, cloud, prices, source, self.today, derive_reserved)
+
+
 def refresh_catalog(
     cat: PriceBook,
     clouds: Iterable[str] | None = None,
@@ -433,123 +451,182 @@ def refresh_catalog(
     CatalogError
         When nothing could be refreshed (offline, no access); the message lists each failure.
     """
-    fetch = fetch or url_fetcher(timeout)
-    urls = dict(urls or {})
-    report = RefreshReport()
-    todo = [normalize_cloud(c) for c in (clouds or ("aws", "gcp", "azure"))]
     only = set(regions) if regions else None
     today = _dt.date.today().isoformat()
-
-    prices: dict[tuple[str, str], dict[str, float]]
+    run = _Refresh(cat, RefreshReport(), fetch or url_fetcher(timeout), dict(urls or {}), only, today)
+    todo = [normalize_cloud(c) for c in (clouds or ("aws", "gcp", "azure"))]
+    # each source records its own failures in the report and returns, so one failing source stops no other
     if "aws" in todo:
-        items = cat.instances(cloud="aws")
-        names = [i.name for i in items]
-        aws_regions = sorted({r for i in items for r in i.prices if only is None or r in only})
-        source = aws_source
-        if source == "auto":
-            source = "api" if (aws_pricing_client is not None or aws_credentials_available()) else "none"
-        if source not in ("api", "bulk", "none"):
-            raise ValueError(f"aws_source is 'auto', 'api' or 'bulk', not {aws_source!r}")
-        if source == "none":
-            report.errors.append(
-                "aws on-demand: no AWS credentials for the Price List Query API; pass "
-                "aws_source='bulk' to download the public offer files (several hundred MB per region)"
-            )
-        for region in aws_regions if source != "none" else []:
-            here = [i.name for i in items if region in i.prices]
-            if source == "api":
-                where = f"pricing.get_products ({region})"
-                try:
-                    offer = fetch_aws_products(region, here, aws_pricing_client)
-                # botocore (no access, expired token, offline: many types): this region's failure, reported
-                except Exception as e:  # noqa: BLE001
-                    report.errors.append(f"aws {region}: {type(e).__name__}: {str(e)[:200]}")
-                    continue
-            else:
-                where = urls.get("aws", AWS_BULK_URL).format(region=region)
-                try:
-                    offer = _fetch_json(fetch, where)
-                except CatalogError as e:
-                    report.errors.append(f"aws {region}: {e}")
-                    if "cannot reach" in str(e):
-                        break  # offline: one message is enough
-                    continue
-            prices = parse_aws_bulk(offer, names)
-            prices = {(n, region): p for (n, _r), p in prices.items()}  # one region per offer
-            _apply(cat, report, "aws", prices, source=where, date=today, derive_reserved=True)
-        if aws_spot is None:
-            aws_spot = aws_spot_client is not None or aws_credentials_available()
-            if not aws_spot:
-                report.notes.append("no AWS credentials: spot prices stay typical estimates")
-        if aws_spot:
-            for region in aws_regions:
-                here = [i.name for i in items if region in i.prices]
-                try:
-                    client = aws_spot_client(region) if aws_spot_client else None
-                    spot = fetch_aws_spot(region, here, client)
-                    _apply(
-                        cat,
-                        report,
-                        "aws",
-                        {k: {"spot": v} for k, v in spot.items()},
-                        source=f"ec2.describe_spot_price_history ({region})",
-                        date=today,
-                        derive_reserved=False,
-                    )
-                # as above, for the spot history
-                except Exception as e:  # noqa: BLE001
-                    report.errors.append(f"aws spot {region}: {type(e).__name__}: {str(e)[:200]}")
-
+        _refresh_aws(run, aws_source, aws_pricing_client, aws_spot, aws_spot_client)
     if "azure" in todo:
-        for it in cat.instances(cloud="azure"):
-            url = azure_url(it.name, urls.get("azure", AZURE_RETAIL_URL))
-            try:
-                prices = {}
-                pages = 0
-                while url and pages < 20:
-                    doc = _fetch_json(fetch, url)
-                    for k, v in parse_azure_retail(doc).items():
-                        prices.setdefault(k, {}).update(v)
-                    url = doc.get("NextPageLink") or ""
-                    pages += 1
-                if only is not None:
-                    prices = {k: v for k, v in prices.items() if k[1] in only}
-                _apply(
-                    cat, report, "azure", prices, source=AZURE_RETAIL_URL, date=today, derive_reserved=True
-                )
-            except CatalogError as e:
-                report.errors.append(f"azure {it.name}: {e}")
-                if "cannot reach" in str(e):
-                    break
-
+        _refresh_azure(run)
     if "gcp" in todo:
-        key = gcp_api_key or _settings.gcp_api_key() or os.environ.get("GOOGLE_API_KEY")
-        base = urls.get("gcp", GCP_BILLING_URL)
-        if not key and "gcp" not in urls:
-            report.errors.append(
-                "gcp: the Cloud Billing Catalog API needs an API key "
-                "(set GPU_NOTEBOOK_GCP_API_KEY); GCP prices unchanged"
-            )
-        else:
-            try:
-                skus: list[dict[str, Any]] = []
-                token = ""
-                for _ in range(50):
-                    q = {"currencyCode": "USD", "pageSize": "5000"}
-                    if key:
-                        q["key"] = key
-                    if token:
-                        q["pageToken"] = token
-                    doc = _fetch_json(fetch, base + "?" + urllib.parse.urlencode(q))
-                    skus.extend(doc.get("skus") or [])
-                    token = doc.get("nextPageToken") or ""
-                    if not token:
-                        break
-                prices = parse_gcp_skus(skus, cat.instances(cloud="gcp"), only)
-                _apply(cat, report, "gcp", prices, source=GCP_BILLING_URL, date=today, derive_reserved=True)
-            except CatalogError as e:
-                report.errors.append(f"gcp: {e}")
+        _refresh_gcp(run, gcp_api_key)
+    return _finish(run, save)
 
+
+def _refresh_aws(
+    run: _Refresh,
+    aws_source: str,
+    pricing_client: Any,
+    aws_spot: bool | None,
+    spot_client: Callable[[str], Any] | None,
+) -> None:
+    """AWS on-demand and reserved prices, then spot prices, in every region the catalog lists for AWS.
+
+    Raises
+    ------
+    ValueError
+        ``aws_source`` is none of ``auto``, ``api`` or ``bulk`` (a caller's mistake, not a source failing).
+    """
+    items = run.cat.instances(cloud="aws")
+    regions = sorted({r for i in items for r in i.prices if run.only is None or r in run.only})
+    source = aws_source
+    if source == "auto":
+        source = "api" if (pricing_client is not None or aws_credentials_available()) else "none"
+    if source not in ("api", "bulk", "none"):
+        raise ValueError(f"aws_source is 'auto', 'api' or 'bulk', not {aws_source!r}")
+    if source == "none":
+        run.report.errors.append(
+            "aws on-demand: no AWS credentials for the Price List Query API; pass "
+            "aws_source='bulk' to download the public offer files (several hundred MB per region)"
+        )
+    else:
+        _refresh_aws_on_demand(run, items, regions, source, pricing_client)
+    if aws_spot is None:
+        aws_spot = spot_client is not None or aws_credentials_available()
+        if not aws_spot:
+            run.report.notes.append("no AWS credentials: spot prices stay typical estimates")
+    if aws_spot:
+        _refresh_aws_spot(run, items, regions, spot_client)
+
+
+def _refresh_aws_on_demand(
+    run: _Refresh, items: list[InstanceType], regions: list[str], source: str, pricing_client: Any
+) -> None:
+    """On-demand and reserved prices per region from ``source``: ``"api"`` (boto3) or ``"bulk"`` (offer files).
+
+    A region that fails is reported and the next one is tried; an unreachable offer file ends the loop, as every
+    other region's would fail the same way (offline: one message is enough).
+    """
+    names = [i.name for i in items]
+    for region in regions:
+        here = [i.name for i in items if region in i.prices]
+        if source == "api":
+            where = f"pricing.get_products ({region})"
+            try:
+                offer = fetch_aws_products(region, here, pricing_client)
+            # botocore (no access, expired token, offline: many types): this region's failure, reported
+            except Exception as e:  # noqa: BLE001
+                run.report.errors.append(f"aws {region}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+        else:
+            where = run.urls.get("aws", AWS_BULK_URL).format(region=region)
+            try:
+                offer = _fetch_json(run.fetch, where)
+            except CatalogError as e:
+                run.report.errors.append(f"aws {region}: {e}")
+                if "cannot reach" in str(e):
+                    break  # offline: one message is enough
+                continue
+        prices = parse_aws_bulk(offer, names)
+        prices = {(n, region): p for (n, _r), p in prices.items()}  # one region per offer
+        run.apply("aws", prices, source=where, derive_reserved=True)
+
+
+def _refresh_aws_spot(
+    run: _Refresh, items: list[InstanceType], regions: list[str], spot_client: Callable[[str], Any] | None
+) -> None:
+    """Spot prices per region from ``ec2.describe_spot_price_history``; a region that fails is reported."""
+    for region in regions:
+        here = [i.name for i in items if region in i.prices]
+        try:
+            client = spot_client(region) if spot_client else None
+            spot = fetch_aws_spot(region, here, client)
+            run.apply(
+                "aws",
+                {k: {"spot": v} for k, v in spot.items()},
+                source=f"ec2.describe_spot_price_history ({region})",
+                derive_reserved=False,
+            )
+        # botocore (no access, expired token, offline: many types): this region's failure, reported
+        except Exception as e:  # noqa: BLE001
+            run.report.errors.append(f"aws spot {region}: {type(e).__name__}: {str(e)[:200]}")
+
+
+def _refresh_azure(run: _Refresh) -> None:
+    """Azure prices of each instance type the catalog lists, one Retail Prices query per type.
+
+    A type that fails is reported and the next one is tried; an unreachable API ends the loop (offline: one
+    message is enough).
+    """
+    for it in run.cat.instances(cloud="azure"):
+        try:
+            prices = _azure_prices(run, it.name)
+            run.apply("azure", prices, source=AZURE_RETAIL_URL, derive_reserved=True)
+        except CatalogError as e:
+            run.report.errors.append(f"azure {it.name}: {e}")
+            if "cannot reach" in str(e):
+                break
+
+
+def _azure_prices(run: _Refresh, sku: str) -> dict[tuple[str, str], dict[str, float]]:
+    """Every page (at most 20) of the Retail Prices API's answer for ``sku``, parsed, in the regions asked for."""
+    url = azure_url(sku, run.urls.get("azure", AZURE_RETAIL_URL))
+    prices: dict[tuple[str, str], dict[str, float]] = {}
+    pages = 0
+    while url and pages < 20:
+        doc = _fetch_json(run.fetch, url)
+        for k, v in parse_azure_retail(doc).items():
+            prices.setdefault(k, {}).update(v)
+        url = doc.get("NextPageLink") or ""
+        pages += 1
+    if run.only is not None:
+        prices = {k: v for k, v in prices.items() if k[1] in run.only}
+    return prices
+
+
+def _refresh_gcp(run: _Refresh, gcp_api_key: str | None) -> None:
+    """GCP prices composed from the Cloud Billing Catalog's SKUs; without an API key (and no URL override,
+    as tests give) the API cannot be asked, which is reported."""
+    key = gcp_api_key or _settings.gcp_api_key() or os.environ.get("GOOGLE_API_KEY")
+    if not key and "gcp" not in run.urls:
+        run.report.errors.append(
+            "gcp: the Cloud Billing Catalog API needs an API key "
+            "(set GPU_NOTEBOOK_GCP_API_KEY); GCP prices unchanged"
+        )
+        return
+    try:
+        skus = _gcp_skus(run.fetch, run.urls.get("gcp", GCP_BILLING_URL), key)
+        prices = parse_gcp_skus(skus, run.cat.instances(cloud="gcp"), run.only)
+        run.apply("gcp", prices, source=GCP_BILLING_URL, derive_reserved=True)
+    except CatalogError as e:
+        run.report.errors.append(f"gcp: {e}")
+
+
+def _gcp_skus(fetch: Fetch, base: str, key: str | None) -> list[dict[str, Any]]:
+    """Every Compute Engine SKU in USD, page by page (at most 50 pages of 5000)."""
+    skus: list[dict[str, Any]] = []
+    token = ""
+    for _ in range(50):
+        q = {"currencyCode": "USD", "pageSize": "5000"}
+        if key:
+            q["key"] = key
+        if token:
+            q["pageToken"] = token
+        doc = _fetch_json(fetch, base + "?" + urllib.parse.urlencode(q))
+        skus.extend(doc.get("skus") or [])
+        token = doc.get("nextPageToken") or ""
+        if not token:
+            break
+    return skus
+
+
+def _finish(run: _Refresh, save: bool) -> RefreshReport:
+    """The report of a refresh that updated something (the catalog restamped and, with ``save``, saved); with
+    nothing updated, the report when nothing failed either, else a :class:`CatalogError` listing the failures
+    (the catalog keeps its prices)."""
+    cat, report = run.cat, run.report
     if not report.updated:
         if report.errors:
             raise CatalogError(
@@ -558,7 +635,7 @@ def refresh_catalog(
             )
         return report
     cat.source = "refreshed from providers' price lists (see each instance's source)"
-    cat.date = today
+    cat.date = run.today
     if save:
         path = cache_path()
         try:
