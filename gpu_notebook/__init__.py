@@ -16,6 +16,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Cluster",
     "ClusterManager",
+    "CloudLaunch",
+    "Policies",
+    "Resources",
+    "Runtime",
     "get_manager",
     "load_ipython_extension",
     "unload_ipython_extension",
@@ -25,7 +29,15 @@ __all__ = [
 if TYPE_CHECKING:  # pragma: no cover
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpu_notebook.cluster import Cluster, ClusterManager, get_manager
+    from gpu_notebook.cluster import (
+        CloudLaunch,
+        Cluster,
+        ClusterManager,
+        Policies,
+        Resources,
+        Runtime,
+        get_manager,
+    )
 
 __getattr__, __dir__ = lazy_module(
     __name__,
@@ -33,6 +45,10 @@ __getattr__, __dir__ = lazy_module(
     {
         "Cluster": "gpu_notebook.cluster",
         "ClusterManager": "gpu_notebook.cluster",
+        "CloudLaunch": "gpu_notebook.cluster",
+        "Policies": "gpu_notebook.cluster",
+        "Resources": "gpu_notebook.cluster",
+        "Runtime": "gpu_notebook.cluster",
         "get_manager": "gpu_notebook.cluster",
     },
 )

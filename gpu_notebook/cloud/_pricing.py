@@ -1,6 +1,6 @@
 """What each node of a launched cloud cluster costs: the cost meter's ``node_pricing`` for a saved cluster.
 
-``Cluster.start`` sets ``cluster.options["node_pricing"] = node_pricing_for(state, nodes=...)`` after a launch,
+``Cluster.start`` sets ``cluster.node_pricing = node_pricing_for(state, nodes=...)`` after a launch,
 so :class:`gpu_notebook.cost.CostMeter` (and with it ``--budget`` and ``%gpu_cost``) prices every Ray node of the
 cluster from what was launched: the head at its instance type on demand, each worker at the worker instance
 type in the market it was launched in, in the cluster's region, from the catalog

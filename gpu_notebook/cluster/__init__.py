@@ -3,8 +3,10 @@ worker group.
 
 The modules: ``_cluster`` (the :class:`Cluster`), ``providers/`` (where its Ray comes from: local, address,
 cloud), ``_connect`` (the process's one Ray connection), ``_status`` (what ``status()`` returns), ``_manager``
-(the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`), ``_runtime_env`` (what
-the workers start with: ``--working-dir``, ``--pip``, ``--env``) and ``_run`` (a script run as torchrun would).
+(the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`), ``options`` (a Cluster's
+settings in frozen dataclasses: :class:`Resources`, :class:`Runtime`, :class:`Policies`, :class:`CloudLaunch`),
+``_runtime_env`` (what the workers start with: ``--working-dir``, ``--pip``, ``--env``) and ``_run`` (a script
+run as torchrun would).
 """
 
 from gpu_notebook.cluster._cluster import Cluster
@@ -14,8 +16,10 @@ from gpu_notebook.cluster._manager import ClusterManager, get_manager
 from gpu_notebook.cluster._run import run_script
 from gpu_notebook.cluster._runtime_env import EnvReport, WorkerSetup, rank_env, worker_setup
 from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
+from gpu_notebook.cluster.options import CloudLaunch, Policies, Resources, Runtime
 
 __all__ = [
+    "CloudLaunch",
     "Cluster",
     "ClusterError",
     "ClusterManager",
@@ -23,6 +27,9 @@ __all__ = [
     "ConnectError",
     "EnvReport",
     "NodeInfo",
+    "Policies",
+    "Resources",
+    "Runtime",
     "WorkerInfo",
     "WorkerSetup",
     "get_manager",

@@ -8,11 +8,11 @@ size and start the worker group, run code, stop in order.
 from __future__ import annotations
 
 import html
-import math
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from gpu_notebook import cost
@@ -26,9 +26,10 @@ from gpu_notebook.cluster._status import (
     LifecycleState,
     NodeInfo,
     WorkerInfo,
-    dashboard_links,
-    ray_dashboard_url,
+    cluster_status,
 )
+from gpu_notebook.cluster.options import CloudLaunch, ClusterOptions, Policies, Resources, Runtime
+from gpu_notebook.cluster.options import gather as gather_settings
 from gpu_notebook.cluster.providers import (
     AddressProvider,
     CloudProvider,
@@ -57,31 +58,24 @@ class Cluster:
     ----------
     name
         How ``%gpu_cluster list`` and ``use`` refer to it (default ``local``, ``local-2``, ... or the address).
-    workers
-        Number of rank workers (default: one per GPU of the cluster, or 2 without GPUs).
-    cpus_per_worker
-        CPUs each worker holds; fractions are allowed so several workers fit on a small laptop
-        (default: 1, or less so that the workers fit on this machine).
-    gpus_per_worker
-        GPUs each worker holds (default: 1 when the cluster has GPUs, else 0).
     address
         ``None`` starts a local Ray cluster on this machine, or, as ``ray.init()`` does, connects to the cluster
         named by the ``RAY_ADDRESS`` environment variable when it is set; ``local`` always starts a local one;
         ``auto``, ``host:port`` or ``ray://host:port`` connects to an existing one (an address where nothing
         answers fails within seconds).
-    dashboard
-        Start Ray's dashboard with a local cluster (off by default: lighter).
-    backend
-        ``auto`` (NCCL when every worker has a GPU, else gloo), ``gloo`` or ``nccl``.
-    gpu_visibility
-        ``node`` (the default: each worker sees its node's workers' GPUs, local rank k's GPU as ``cuda:k``, as
-        under torchrun) or ``own`` (each sees only its GPUs, as ``cuda:0``); see ``docs/distributed.md``.
-    **options
-        Extras other parts read (``idle_stop``, ``budget``, ``budget_checkpoint_timeout_s``, ``node_pricing``,
-        ``cloud``, ``reaper``, ``max_result_bytes`` (the most a rank's value may take, pickled, to come back:
-        default 64 MiB, 0 no limit) ...), kept in :attr:`options`. A ``cloud`` cluster gets ``node_pricing`` from
-        what it launched, and a reaper process that tears it down if this process dies first
-        (``reaper=False`` turns it off; see ``docs/cloud.md``).
+    timeouts
+        How long the worker group waits for placement, start and replies (a
+        :class:`~gpu_notebook.distributed.GroupTimeouts`).
+    resources, runtime, policies, launch
+        The settings, grouped (see :mod:`gpu_notebook.cluster.options`): :class:`Resources` (``workers``,
+        ``cpus_per_worker``, ``gpus_per_worker``, ``backend``), :class:`Runtime` (``gpu_visibility``,
+        ``dashboard``, ``worker_setup``, ``runtime_env``, ``ship_package``, ``max_result_bytes``),
+        :class:`Policies` (``idle_stop``, ``budget``, ``on_budget_checkpoint``, ``budget_checkpoint_timeout_s``,
+        ``node_pricing``) and :class:`CloudLaunch` (``cloud``, ``region``, ``gpu``, ``spot``, ``reaper``, ...).
+    **settings
+        Each field of those dataclasses, as a keyword of its own name: ``Cluster(workers=2)`` is
+        ``Cluster(resources=Resources(workers=2))``. A keyword that names no setting, or a setting given both
+        ways, is a ``TypeError``; a value out of range a ``ValueError``.
 
     Examples
     --------
@@ -93,31 +87,18 @@ class Cluster:
     def __init__(
         self,
         name: str | None = None,
-        workers: int | None = None,
-        cpus_per_worker: float | None = None,
-        gpus_per_worker: float | None = None,
+        *,
         address: str | None = None,
-        dashboard: bool = False,
-        backend: str = "auto",
-        gpu_visibility: str = "node",
         timeouts: GroupTimeouts | None = None,
-        **options: Any,
+        resources: Resources | None = None,
+        runtime: Runtime | None = None,
+        policies: Policies | None = None,
+        launch: CloudLaunch | None = None,
+        **settings: Any,
     ) -> None:
-        if workers is not None and workers < 1:
-            raise ValueError("--workers must be at least 1")
-        # checked before anything starts: a nan or inf would pass every comparison below and fail much later
-        if cpus_per_worker is not None and not 0 <= cpus_per_worker < math.inf:
-            raise ValueError(f"--cpus-per-worker must be a finite number >= 0, not {cpus_per_worker!r}")
-        if gpus_per_worker is not None and not 0 <= gpus_per_worker < math.inf:
-            raise ValueError(f"--gpus-per-worker must be a finite number >= 0, not {gpus_per_worker!r}")
-        for key, what in (("idle_stop", "minutes"), ("budget", "US dollars")):
-            value = options.get(key)
-            if value is not None and not 0 < value < math.inf:
-                raise ValueError(
-                    f"--{key.replace('_', '-')} must be a positive number of {what}, not {value!r}"
-                )
-        if backend == "nccl" and gpus_per_worker == 0:
-            raise ValueError(nccl_needs_gpus("--gpus-per-worker 0 gives the workers none"))
+        groups = {"resources": resources, "runtime": runtime, "policies": policies, "launch": launch}
+        #: every setting, in its group's frozen dataclass
+        self.settings: ClusterOptions = gather_settings(groups, settings)
         if address is not None:
             address = _connect.normalise_address(address)
         # address="local": a local Ray even when RAY_ADDRESS names a cluster (None follows RAY_ADDRESS, as ray.init)
@@ -125,15 +106,10 @@ class Cluster:
         if self._local_requested:
             address = None
         self.name = name or ""
-        self.requested_workers = workers
-        self.cpus_per_worker = cpus_per_worker
-        self.gpus_per_worker = gpus_per_worker
         self.address = address
-        self.dashboard = dashboard
-        self.backend_request = backend
-        self.gpu_visibility = gpu_visibility
         self.timeouts = timeouts or GroupTimeouts()
-        self.options: dict[str, Any] = dict(options)
+        # what the cost meter prices the nodes by: the user's, else what a cloud provider sets once launched
+        self.node_pricing: Any = self.settings.policies.node_pricing
         self.log = RankLog()
         self.group: WorkerGroup | None = None
         self.connection: _connect.RayConnection | None = None
@@ -150,11 +126,21 @@ class Cluster:
     @property
     def provider(self) -> Provider:
         """Where this cluster's Ray comes from: cloud nodes (``cloud=``), this machine, or an address."""
-        if self.options.get("cloud"):
+        if self.settings.launch.cloud:
             if self._cloud is None:
-                self._cloud = CloudProvider(str(self.options["cloud"]))
+                self._cloud = CloudProvider(str(self.settings.launch.cloud))
             return self._cloud
         return _LOCAL if self.address is None else _ADDRESS
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The settings that are not None, by keyword, read-only: what the cost layer reads (it cannot import
+        this package's dataclasses); the rest of the library reads :attr:`settings`."""
+        flat = self.settings.flat()
+        flat.pop("node_pricing", None)
+        if self.node_pricing is not None:
+            flat["node_pricing"] = self.node_pricing
+        return MappingProxyType(flat)
 
     @property
     def kind(self) -> str:
@@ -190,7 +176,11 @@ class Cluster:
         return self.state == "running" and self.group is not None
 
     def __repr__(self) -> str:
-        size = f"{self.world_size} workers" if self.group else f"{self.requested_workers or 'auto'} workers"
+        size = (
+            f"{self.world_size} workers"
+            if self.group
+            else f"{self.settings.resources.workers or 'auto'} workers"
+        )
         return (
             f"<Cluster {self.name or '?'!r} {self.kind} {size}, {self.backend or 'no backend'}, {self.state}>"
         )
@@ -210,7 +200,12 @@ class Cluster:
 
     # ---- lifecycle -----------------------------------------------------------------------------------------
     def start(self, progress: Progress | None = None) -> Cluster:
-        """Start (or connect to) Ray and the worker group; returns ``self``."""
+        """Start (or connect to) Ray and the worker group; returns ``self``.
+
+        The steps, in order: name the cluster, launch its Ray (:class:`~gpu_notebook.cluster.providers.Provider`),
+        then, guarded (a failure or the stop button rolls back what was made), connect, size and start the
+        workers; then the cost policies.
+        """
         if self.state == "running":
             return self
         say = progress or (lambda msg: None)
@@ -218,40 +213,49 @@ class Cluster:
         manager = get_manager()
         self._follow_ray_address(say)
         provider = self.provider
+        self._take_name(provider, manager)
+        provider.launch(self, say)
+        workers, cpus, gpus = self._start_guarded(provider, manager, say)
+        self.state = "running"
+        self.touch()
+        self.started_at = self.last_activity
+        manager.add(self)
+        self._attach_policies(say)
+        assert self.group is not None
+        nodes = len({p.node_id for p in self.group.plans})
+        say(
+            f"cluster {self.name!r} ready in {time.monotonic() - t0:.1f} s: {workers} worker(s) on {nodes} "
+            f"node(s), {cpus:g} CPU{'' if not gpus else f' + {gpus:g} GPU'} each, torch.distributed "
+            f"{self.group.backend}"
+        )
+        return self
+
+    def _take_name(self, provider: Provider, manager: Any) -> None:
+        """The provider's default name, or the one given, unless a running cluster has it."""
         if not self.name:
             self.name = provider.default_name(self, manager)
         elif manager.get(self.name, None) not in (None, self) and manager.get(self.name).running:
             raise ClusterError(
                 f"a cluster named {self.name!r} is already running; pick another --name or stop it first"
             )
-        provider.launch(self, say)
+
+    def _start_guarded(self, provider: Provider, manager: Any, say: Progress) -> tuple[int, float, float]:
+        """Connect, size and start the worker group; on any failure (Ctrl-C too: launched instances must not be
+        left running and untracked) tear down what the provider launched and close our connection, then raise.
+        Returns the workers, CPUs and GPUs each."""
         connection: _connect.RayConnection | None = None
         try:
             provider.launched(self, say)
             connection = self.connection = _connect.connect(
                 self.address,
-                dashboard=self.dashboard,
+                dashboard=self.settings.runtime.dashboard,
                 progress=say,
-                runtime_env=_package_check.job_env(self.address, self.options),
+                runtime_env=_package_check.job_env(
+                    self.address, self.settings.runtime.ship_package, self.settings.launch.cloud
+                ),
             )
-            workers, cpus, gpus = self._size_workers()
-            if self.backend_request == "nccl" and not gpus:  # before any worker starts: they would all fail
-                raise ClusterError(nccl_needs_gpus("this cluster has no GPUs"))
-            runtime_env, worker_env = provider.worker_env(self, say)  # --working-dir, --pip, --env
-            self.group = self._new_group(
-                workers,
-                cpus_per_worker=cpus,
-                gpus_per_worker=gpus,
-                backend=self.backend_request,
-                gpu_visibility=self.gpu_visibility,
-                env=worker_env,
-                runtime_env=runtime_env,
-                max_result_bytes=self.options.get("max_result_bytes"),
-                timeouts=self.timeouts,
-                log=self.log,
-            )
-            self.group.start(progress=say)
-        except BaseException as exc:  # Ctrl-C too: launched instances must not be left running and untracked
+            return self._start_group(provider, say)
+        except BaseException as exc:
             self.state = "failed"
             if isinstance(exc, KeyboardInterrupt):
                 why = "interrupted while starting"
@@ -265,26 +269,41 @@ class Cluster:
                 if connection is not None and self._last_user_of_connection(manager):
                     _connect.disconnect()
             raise
-        self.state = "running"
-        self.touch()
-        self.started_at = self.last_activity
-        manager.add(self)
-        if self.options.get("idle_stop") or self.options.get("budget"):
+
+    def _start_group(self, provider: Provider, say: Progress) -> tuple[int, float, float]:
+        """Size the worker group on the connected Ray cluster and start it; returns its sizes."""
+        workers, cpus, gpus = self._size_workers()
+        backend = self.settings.resources.backend
+        if backend == "nccl" and not gpus:  # before any worker starts: they would all fail
+            raise ClusterError(nccl_needs_gpus("this cluster has no GPUs"))
+        runtime_env, worker_env = provider.worker_env(self, say)  # --working-dir, --pip, --env
+        self.group = self._new_group(
+            workers,
+            cpus_per_worker=cpus,
+            gpus_per_worker=gpus,
+            backend=backend,
+            gpu_visibility=self.settings.runtime.gpu_visibility,
+            env=worker_env,
+            runtime_env=runtime_env,
+            max_result_bytes=self.settings.runtime.max_result_bytes,
+            timeouts=self.timeouts,
+            log=self.log,
+        )
+        self.group.start(progress=say)
+        return workers, cpus, gpus
+
+    def _attach_policies(self, say: Progress) -> None:
+        """The idle stop and the budget cap, when asked for."""
+        policies = self.settings.policies
+        if policies.idle_stop or policies.budget:
             self.policies = cost.attach_policies(
-                self, idle_stop_minutes=self.options.get("idle_stop"), budget_usd=self.options.get("budget")
+                self, idle_stop_minutes=policies.idle_stop, budget_usd=policies.budget
             )
             say(self._policy_text())
-        nodes = len({p.node_id for p in self.group.plans})
-        say(
-            f"cluster {self.name!r} ready in {time.monotonic() - t0:.1f} s: {workers} worker(s) on {nodes} "
-            f"node(s), {cpus:g} CPU{'' if not gpus else f' + {gpus:g} GPU'} each, torch.distributed "
-            f"{self.group.backend}"
-        )
-        return self
 
     def _follow_ray_address(self, say: Progress) -> None:
         """No address and no cloud: use the cluster ``RAY_ADDRESS`` names, as ``ray.init()`` does."""
-        if self.address is not None or self.options.get("cloud") or self._local_requested:
+        if self.address is not None or self.settings.launch.cloud or self._local_requested:
             return
         env = _connect.address_from_env()
         if env is None:
@@ -308,14 +327,15 @@ class Cluster:
         total = ray.cluster_resources()
         cluster_gpus = int(total.get("GPU", 0))
         cluster_cpus = float(total.get("CPU", os.cpu_count() or 1))
-        gpus = self.gpus_per_worker if self.gpus_per_worker is not None else (1 if cluster_gpus else 0)
+        asked = self.settings.resources
+        gpus = asked.gpus_per_worker if asked.gpus_per_worker is not None else (1 if cluster_gpus else 0)
         ranks = self.provider.ranks()
         if ranks:
             workers = ranks
         else:
-            workers = self.requested_workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
-        if self.cpus_per_worker is not None:
-            cpus = self.cpus_per_worker
+            workers = asked.workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
+        if asked.cpus_per_worker is not None:
+            cpus = asked.cpus_per_worker
         else:
             cpus = min(1.0, max(0.1, int(cluster_cpus / workers * 10) / 10))
         return workers, cpus, gpus
@@ -391,10 +411,11 @@ class Cluster:
 
     def _policy_text(self) -> str:
         parts = []
-        if self.options.get("idle_stop"):
-            parts.append(f"idle stop after {self.options['idle_stop']:g} min")
-        if self.options.get("budget"):
-            parts.append(f"budget cap ${self.options['budget']:g}")
+        policies = self.settings.policies
+        if policies.idle_stop:
+            parts.append(f"idle stop after {policies.idle_stop:g} min")
+        if policies.budget:
+            parts.append(f"budget cap ${policies.budget:g}")
         return "watching: " + ", ".join(parts)
 
     def add_stop_hook(self, fn: Callable[[str], None]) -> None:
@@ -458,50 +479,7 @@ class Cluster:
 
     def status(self) -> ClusterStatus:
         """Nodes, workers (rank, node, pid, GPUs/CPUs, alive) and uptime."""
-        nodes: list[NodeInfo] = []
-        workers: list[WorkerInfo] = []
-        if self.running:
-            import ray
-
-            for n in ray.nodes():
-                res = n.get("Resources", {})
-                nodes.append(
-                    NodeInfo(
-                        node_id=n["NodeID"],
-                        ip=n.get("NodeManagerAddress", "?"),
-                        cpus=res.get("CPU", 0),
-                        gpus=res.get("GPU", 0),
-                        alive=bool(n.get("Alive")),
-                        is_head="node:__internal_head__" in res,
-                    )
-                )
-            assert self.group is not None
-            alive = self.group.alive()
-            for plan, meta, ok in zip(self.group.plans, self.group.metas, alive, strict=False):
-                workers.append(
-                    WorkerInfo(
-                        rank=plan.rank,
-                        node_id=plan.node_id,
-                        node_ip=plan.node_ip,
-                        pid=meta["pid"],
-                        gpu_ids=list(plan.gpu_ids),
-                        num_cpus=self.group.cpus_per_worker,
-                        num_gpus=self.group.gpus_per_worker,
-                        alive=ok,
-                        local_rank=plan.local_rank,
-                    )
-                )
-        return ClusterStatus(
-            name=self.name,
-            kind=self.kind,
-            address=self.connection.address if self.connection else (self.address or "local"),
-            state=self.state,
-            backend=self.backend,
-            uptime_s=time.time() - self.started_at if self.started_at else 0.0,
-            nodes=nodes,
-            workers=workers,
-            dashboards=dashboard_links(ray_dashboard_url()) if self.running else [],
-        )
+        return cluster_status(self)
 
     def logs(self, rank: int | None = None, tail: int | None = 50) -> dict[int, list[str]]:
         """The recent output of each rank (kept on the driver, so a dead rank's last lines are still there)."""

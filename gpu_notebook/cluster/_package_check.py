@@ -57,34 +57,32 @@ class NodePackage:
     error: str | None = None  # why the import (or the probe) failed
 
 
-def with_package(options: Mapping[str, Any], say: Progress) -> dict[str, Any]:
-    """``options`` with this kernel's package added to ``runtime_env["py_modules"]`` (a copy; unless off).
+def with_package(runtime_env: Mapping[str, Any] | None, ship: bool, say: Progress) -> dict[str, Any]:
+    """``runtime_env`` (a copy) with this kernel's package added to its ``py_modules``, unless ``ship`` is off.
 
-    ``options["ship_package"] = False`` sends nothing: the nodes must have the same gpu_notebook already.
+    ``ship=False`` (``Runtime.ship_package``) sends nothing: the nodes must have the same gpu_notebook already.
     """
-    out = dict(options)
-    if options.get("ship_package") is False:
-        return out
+    env = dict(runtime_env or {})
+    if ship is False:
+        return env
     pkg = _ship.package()
     say(f"sending this kernel's gpu_notebook {pkg.version} ({pkg.digest[:12]}) to the workers")
     if _client_mode():  # already in the job's runtime_env (job_env), which the workers inherit
-        return out
-    env = dict(out.get("runtime_env") or {})
+        return env
     env["py_modules"] = [*env.get("py_modules", []), *pkg.py_modules()]
-    out["runtime_env"] = env
-    return out
+    return env
 
 
-def job_env(address: str | None, options: Mapping[str, Any]) -> dict[str, Any] | None:
+def job_env(address: str | None, ship: bool, cloud: str | None) -> dict[str, Any] | None:
     """The job-wide ``runtime_env`` of a Ray Client (``ray://``) connection: this kernel's package, or None.
 
     Over Ray Client, a server process on the head unpickles the worker class before any worker starts, so the
     package must be in the job's ``runtime_env`` (Ray uploads it while connecting); the workers inherit it.
     Not for VM cloud clusters: their nodes installed it, built for their Python.
     """
-    if not address or not address.startswith("ray://") or options.get("ship_package") is False:
+    if not address or not address.startswith("ray://") or ship is False:
         return None
-    if options.get("cloud") and options.get("cloud") != "kubernetes":
+    if cloud and cloud != "kubernetes":
         return None
     return {"py_modules": _ship.package().py_modules()}
 

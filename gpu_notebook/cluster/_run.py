@@ -59,7 +59,13 @@ def run_script(
     if not cluster.running or cluster.group is None:
         raise not_running(cluster.name)
     script = script_for(
-        target, tuple(args), module=module, working_dir=working_dir_of(cluster.options), cwd=os.getcwd()
+        target,
+        tuple(args),
+        module=module,
+        working_dir=working_dir_of(
+            cluster.settings.runtime.worker_setup, cluster.settings.runtime.runtime_env
+        ),
+        cwd=os.getcwd(),
     )
     refuse_second(cluster.group, "running a script")
     if not module and script.source is None and script.relpath is None and cluster.kind != "local":

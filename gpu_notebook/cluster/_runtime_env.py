@@ -236,15 +236,15 @@ def _through_ray_client() -> bool:
 
 
 def prepare_for_workers(
-    options: Mapping[str, Any], say: Progress
+    setup: WorkerSetup | None, user_env: Mapping[str, Any] | None, say: Progress
 ) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """The rank actors' ``runtime_env`` (uploaded) and environment variables, from a cluster's options.
+    """The rank actors' ``runtime_env`` (uploaded) and environment variables, from a cluster's settings.
 
-    ``options["worker_setup"]`` is a :class:`WorkerSetup`; ``options["runtime_env"]`` a ``runtime_env`` of the
-    user's own (the Python API), merged under it.
+    ``setup`` is its :class:`WorkerSetup` (``Runtime.worker_setup``); ``user_env`` a ``runtime_env`` of the
+    user's own (``Runtime.runtime_env``, the Python API), merged under it.
     """
-    setup = options.get("worker_setup") or WorkerSetup()
-    runtime_env = dict(options.get("runtime_env") or {})
+    setup = setup or WorkerSetup()
+    runtime_env = dict(user_env or {})
     runtime_env.update(setup.runtime_env())
     if setup:
         say(setup.describe())
@@ -262,12 +262,12 @@ def prepare_for_workers(
     return (runtime_env or None), dict(setup.env)
 
 
-def working_dir_of(options: Mapping[str, Any]) -> str | None:
-    """The workers' working dir in the notebook's filesystem, when they have one."""
-    setup = options.get("worker_setup")
+def working_dir_of(setup: WorkerSetup | None, runtime_env: Mapping[str, Any] | None) -> str | None:
+    """The workers' working dir in the notebook's filesystem, when they have one (from a cluster's
+    ``Runtime.worker_setup`` and ``Runtime.runtime_env``)."""
     if isinstance(setup, WorkerSetup) and setup.working_dir:
         return setup.working_dir
-    wd = (options.get("runtime_env") or {}).get("working_dir")
+    wd = (runtime_env or {}).get("working_dir")
     return wd if isinstance(wd, str) and os.path.isdir(wd) else None
 
 
@@ -328,7 +328,7 @@ class EnvReport:
 
 def rank_env(cluster: Any) -> EnvReport:
     """Each rank's effective settings on ``cluster`` (a running :class:`~gpu_notebook.cluster.Cluster`)."""
-    setup = cluster.options.get("worker_setup")
+    setup = cluster.settings.runtime.worker_setup
     names = list(setup.names) if isinstance(setup, WorkerSetup) else []
     values = cluster.call(rank_settings, names)
     return EnvReport(cluster.name, dict(enumerate(values)))

@@ -16,6 +16,7 @@ import importlib.util
 import ipaddress
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ __all__ = [
     "WorkerInfo",
     "dashboard_link",
     "dashboard_links",
+    "cluster_status",
     "jupyter_proxy_prefix",
     "ray_dashboard_url",
 ]
@@ -255,3 +257,52 @@ class ClusterStatus:
             + (f"<div>Dashboards: {links}</div>" if links else "")
             + "</div>"
         )
+
+
+def cluster_status(cluster: Any) -> ClusterStatus:
+    """A :class:`~gpu_notebook.cluster.Cluster`'s nodes, workers (rank, node, pid, GPUs/CPUs, alive) and uptime:
+    what its ``status()`` returns."""
+    nodes: list[NodeInfo] = []
+    workers: list[WorkerInfo] = []
+    if cluster.running:
+        import ray
+
+        for n in ray.nodes():
+            res = n.get("Resources", {})
+            nodes.append(
+                NodeInfo(
+                    node_id=n["NodeID"],
+                    ip=n.get("NodeManagerAddress", "?"),
+                    cpus=res.get("CPU", 0),
+                    gpus=res.get("GPU", 0),
+                    alive=bool(n.get("Alive")),
+                    is_head="node:__internal_head__" in res,
+                )
+            )
+        assert cluster.group is not None
+        alive = cluster.group.alive()
+        for plan, meta, ok in zip(cluster.group.plans, cluster.group.metas, alive, strict=False):
+            workers.append(
+                WorkerInfo(
+                    rank=plan.rank,
+                    node_id=plan.node_id,
+                    node_ip=plan.node_ip,
+                    pid=meta["pid"],
+                    gpu_ids=list(plan.gpu_ids),
+                    num_cpus=cluster.group.cpus_per_worker,
+                    num_gpus=cluster.group.gpus_per_worker,
+                    alive=ok,
+                    local_rank=plan.local_rank,
+                )
+            )
+    return ClusterStatus(
+        name=cluster.name,
+        kind=cluster.kind,
+        address=cluster.connection.address if cluster.connection else (cluster.address or "local"),
+        state=cluster.state,
+        backend=cluster.backend,
+        uptime_s=time.time() - cluster.started_at if cluster.started_at else 0.0,
+        nodes=nodes,
+        workers=workers,
+        dashboards=dashboard_links(ray_dashboard_url()) if cluster.running else [],
+    )

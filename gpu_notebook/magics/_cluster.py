@@ -10,7 +10,16 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from gpu_notebook.cloud import CloudLauncher, active_states
-from gpu_notebook.cluster import Cluster, get_manager, rank_env, worker_setup
+from gpu_notebook.cluster import (
+    CloudLaunch,
+    Cluster,
+    Policies,
+    Resources,
+    Runtime,
+    get_manager,
+    rank_env,
+    worker_setup,
+)
 from gpu_notebook.cluster.providers import cloud_spec
 from gpu_notebook.doctor import bench_allreduce, bench_scaling, diagnose, diagnose_local
 from gpu_notebook.magics._args import (
@@ -391,14 +400,14 @@ class ClusterMagics(Magics):
         cloud_only = [o for o in CLOUD_ARGS if o.dest != "cloud" and getattr(args, o.dest)]
         if cloud_only and not args.cloud:
             raise UsageError(f"{cloud_only[0].flag} needs --cloud aws|gcp|azure|kubernetes")
-        extra = {k: v for k, v in (("idle_stop", args.idle_stop), ("budget", args.budget)) if v is not None}
+        launch: dict[str, Any] = {}
         if args.cloud:
             if args.address:
                 raise UsageError(
                     "--cloud launches a new cluster; --address connects to an existing one: pick one"
                 )
             self._check_cloud_options(args)
-            extra.update(
+            launch.update(
                 cloud=args.cloud,
                 region=args.region,
                 gpu=args.gpu,
@@ -411,18 +420,25 @@ class ClusterMagics(Magics):
             )
         # --working-dir, --pip, --env, --env-file: checked before anything starts (no value is ever echoed)
         setup = worker_setup(args.working_dir, args.pip or (), args.env or (), args.env_file or ())
-        kwargs = dict(
-            name=args.name,
-            workers=args.workers,
-            cpus_per_worker=args.cpus_per_worker,
-            gpus_per_worker=args.gpus_per_worker,
-            address=args.address,
-            dashboard=args.dashboard,
-            backend=args.backend,
-            gpu_visibility=args.gpu_visibility,
-            worker_setup=setup,
-            **extra,
-        )
+
+        def kwargs() -> dict[str, Any]:
+            """The cluster's settings, grouped (their dataclasses check the values)."""
+            return dict(
+                name=args.name,
+                address=args.address,
+                resources=Resources(
+                    workers=args.workers,
+                    cpus_per_worker=args.cpus_per_worker,
+                    gpus_per_worker=args.gpus_per_worker,
+                    backend=args.backend,
+                ),
+                runtime=Runtime(
+                    gpu_visibility=args.gpu_visibility, dashboard=args.dashboard, worker_setup=setup
+                ),
+                policies=Policies(idle_stop=args.idle_stop, budget=args.budget),
+                launch=CloudLaunch(**launch),
+            )
+
         if args.workshop or args.student:
             if not args.workshop:
                 raise UsageError("--student goes with --workshop NAME (the workshop the teacher started)")
@@ -430,7 +446,7 @@ class ClusterMagics(Magics):
                 self._refuse_second_start()
             return start_student(args, kwargs)
         with usage_errors(ValueError):  # Cluster's own checks: --workers 0, --cpus-per-worker -1
-            cluster = Cluster(**kwargs)
+            cluster = Cluster(**kwargs())
         if args.cloud:
             cloud_spec(
                 cluster

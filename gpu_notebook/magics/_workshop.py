@@ -17,6 +17,7 @@ A student::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -86,8 +87,10 @@ STUDENTS_ARGS = (option("--text", action="store_true", help="students: a text ta
 _VIEWS: list[Any] = []
 
 
-def start_student(args: argparse.Namespace, cluster_kwargs: dict[str, Any]) -> None:
-    """``%gpu_cluster start --workshop NAME --student ID``: a quota refusal is a usage error."""
+def start_student(args: argparse.Namespace, cluster_kwargs: Callable[[], dict[str, Any]]) -> None:
+    """``%gpu_cluster start --workshop NAME --student ID``: a quota refusal is a usage error.
+
+    ``cluster_kwargs()`` makes the cluster's keywords (their dataclasses check the values: a usage error)."""
     if args.student is None:
         raise UsageError("--workshop needs --student ID (your student ID: it finds your workers again)")
     if args.cloud:
@@ -95,7 +98,7 @@ def start_student(args: argparse.Namespace, cluster_kwargs: dict[str, Any]) -> N
             "--workshop joins the teacher's cluster (--address); it does not launch one (--cloud)"
         )
     with usage_errors(ValueError):
-        cluster = WorkshopCluster(args.workshop, args.student, **cluster_kwargs)
+        cluster = WorkshopCluster(args.workshop, args.student, **cluster_kwargs())
     try:
         cluster.start(progress=progress_printer())
     except QuotaError as exc:

@@ -112,9 +112,7 @@ def test_secret_values_are_masked_on_the_rank(monkeypatch):
 def test_the_ray_runtime_env_of_a_setup_without_files_needs_no_upload():
     lines: list[str] = []
     setup = WorkerSetup(pip=("./wheels/mypkg-0.1-py3-none-any.whl",), env={"A_KEY": SECRET})
-    runtime_env, env = prepare_for_workers(
-        {"worker_setup": setup, "runtime_env": {"env_vars": {"X": "1"}}}, lines.append
-    )
+    runtime_env, env = prepare_for_workers(setup, {"env_vars": {"X": "1"}}, lines.append)
     assert runtime_env == {"env_vars": {"X": "1"}, "pip": ["./wheels/mypkg-0.1-py3-none-any.whl"]}
     assert env == {"A_KEY": SECRET}  # the values go to the actors' arguments, not to Ray's runtime_env
     assert SECRET not in " ".join(lines) and "A_KEY" in " ".join(lines)

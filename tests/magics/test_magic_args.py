@@ -233,7 +233,7 @@ def test_workers_of_gpu_cluster_start_is_a_count(shell) -> None:
     assert args.workers == 2
     exc, shown = run(shell, "%gpu_cluster start --name counted --workers 3 --cpus-per-worker 0.25")
     assert exc is None, shown
-    assert [c.requested_workers for c in shell.started] == [3]
+    assert [c.settings.resources.workers for c in shell.started] == [3]
 
 
 def test_a_spelling_of_another_magic_is_the_same_option(shell) -> None:

@@ -286,9 +286,9 @@ def shell(ip, monkeypatch: pytest.MonkeyPatch, tmp_path: Any, fresh_manager):
 
 def _cluster_values(c: Any) -> dict[str, Any]:
     values = {
-        "workers": c.requested_workers,
-        "cpus_per_worker": c.cpus_per_worker,
-        "gpus_per_worker": c.gpus_per_worker,
+        "workers": c.settings.resources.workers,
+        "cpus_per_worker": c.settings.resources.cpus_per_worker,
+        "gpus_per_worker": c.settings.resources.gpus_per_worker,
     }
     values.update({k: v for k, v in c.options.items() if isinstance(v, (int, float))})
     return {k: v for k, v in values.items() if v is not None}

@@ -31,8 +31,10 @@ class AddressProvider(Provider):
         self, cluster: ProviderCluster, say: Progress
     ) -> tuple[dict[str, Any] | None, dict[str, str]]:
         """The base's, plus this kernel's gpu_notebook in ``py_modules``; then every node is checked."""
-        runtime_env, env = prepare_for_workers(_package_check.with_package(cluster.options, say), say)
-        _package_check.check_nodes(runtime_env, say, cluster.options.get("ship_package") is not False)
+        runtime = cluster.settings.runtime
+        shipped = _package_check.with_package(runtime.runtime_env, runtime.ship_package, say)
+        runtime_env, env = prepare_for_workers(runtime.worker_setup, shipped, say)
+        _package_check.check_nodes(runtime_env, say, runtime.ship_package is not False)
         return runtime_env, env
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from gpu_notebook._display import Progress
 from gpu_notebook._registry import ClusterManager
 from gpu_notebook.cluster._runtime_env import prepare_for_workers
+from gpu_notebook.cluster.options import ClusterOptions
 from gpu_notebook.distributed import GroupTimeouts
 
 __all__ = ["Provider", "ProviderCluster"]
@@ -23,8 +24,8 @@ class ProviderCluster(Protocol):
 
     name: str
     address: str | None
-    options: dict[str, Any]
-    requested_workers: int | None
+    settings: ClusterOptions  # every setting, grouped (gpu_notebook.cluster.options)
+    node_pricing: Any  # what the cost meter prices the nodes by (a cloud provider sets it once launched)
     timeouts: GroupTimeouts
 
     def ray_nodes(self) -> list[dict[str, Any]]: ...
@@ -77,7 +78,8 @@ class Provider:
         See :func:`gpu_notebook.cluster._runtime_env.prepare_for_workers`; a provider that ships files of its
         own adds them here.
         """
-        return prepare_for_workers(cluster.options, say)
+        runtime = cluster.settings.runtime
+        return prepare_for_workers(runtime.worker_setup, runtime.runtime_env, say)
 
     def teardown(self, cluster: ProviderCluster, say: Progress | None, reason: str) -> str:
         """End what :meth:`launch` made; '' when there is nothing to end."""

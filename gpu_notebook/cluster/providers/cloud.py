@@ -43,19 +43,20 @@ _SPEC_KEYS = (
 
 def cloud_spec(cluster: ProviderCluster) -> Any:
     """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
-    o = cluster.options
-    extra = {k: o[k] for k in _SPEC_KEYS if o.get(k)}
-    if "ship_package" in o:
-        extra["ship_package"] = bool(o["ship_package"])
+    launch = cluster.settings.launch
+    if not launch.cloud:
+        raise ClusterError("not a cloud cluster: give cloud='aws'|'gcp'|'azure'|'kubernetes'")
+    extra = {k: getattr(launch, k) for k in _SPEC_KEYS if getattr(launch, k)}
     return cloud.spec_from_options(
-        o["cloud"],
-        region=o.get("region"),
-        gpu=o.get("gpu"),
-        instance_type=o.get("instance_type"),
-        workers=cluster.requested_workers or 1,
-        spot=bool(o.get("spot")),
-        idle_stop=o.get("idle_stop"),
+        launch.cloud,
+        region=launch.region,
+        gpu=launch.gpu,
+        instance_type=launch.instance_type,
+        workers=cluster.settings.resources.workers or 1,
+        spot=bool(launch.spot),
+        idle_stop=cluster.settings.policies.idle_stop,
         name=cluster.name or None,
+        ship_package=bool(cluster.settings.runtime.ship_package),
         **extra,
     )
 
@@ -81,7 +82,7 @@ class CloudProvider(Provider):
         _refuse_second_connection(self.cloud)  # before paying for a launch this process could not connect to
         cluster.timeouts.placement = max(cluster.timeouts.placement, _CLOUD_PLACEMENT_S)
         spec = cloud_spec(cluster)
-        if cluster.options.get("reaper") is not False:
+        if cluster.settings.launch.reaper is not False:
             self._start_reaper(str(spec.name), say)
         try:
             state = cloud.CloudLauncher().launch(spec, progress=say)  # cleans up itself when the launch fails
@@ -96,21 +97,21 @@ class CloudProvider(Provider):
     def launched(self, cluster: ProviderCluster, say: Progress) -> None:
         """Let the cost meter (``--budget``, ``%gpu_cost``) price each node from what was launched.
 
-        Sets ``options["node_pricing"]`` unless the user gave their own.
+        Sets ``cluster.node_pricing`` unless the user gave their own.
         """
         state = self.state
         if state is None:
             return
-        if not isinstance(cluster.options.get("node_pricing"), (type(None), cloud.CloudNodePricing)):
+        if not isinstance(cluster.node_pricing, (type(None), cloud.CloudNodePricing)):
             return
-        ref = weakref.ref(cluster)  # the pricing lives in cluster.options: no strong cycle
+        ref = weakref.ref(cluster)  # the pricing lives on the cluster: no strong cycle
 
         def nodes() -> list[dict[str, Any]]:
             c = ref()
             return c.ray_nodes() if c is not None else []
 
         try:
-            cluster.options["node_pricing"] = cloud.node_pricing_for(state, nodes=nodes)
+            cluster.node_pricing = cloud.node_pricing_for(state, nodes=nodes)
         except Exception as exc:  # noqa: BLE001 - a price lookup must not fail a launched cluster
             say(f"cost: could not price the cloud nodes ({exc}); the cost meter counts them as $0")
 
@@ -125,11 +126,12 @@ class CloudProvider(Provider):
         VM nodes installed it in their setup commands (the sdist in ``file_mounts``); a KubeRay manifest
         carries no files, so on Kubernetes the workers get it through their ``runtime_env`` here.
         """
-        options = cluster.options
+        runtime = cluster.settings.runtime
+        user_env = runtime.runtime_env
         if self.cloud == "kubernetes":
-            options = _package_check.with_package(options, say)
-        runtime_env, env = prepare_for_workers(options, say)
-        _package_check.check_nodes(runtime_env, say, options.get("ship_package") is not False)
+            user_env = _package_check.with_package(user_env, runtime.ship_package, say)
+        runtime_env, env = prepare_for_workers(runtime.worker_setup, user_env, say)
+        _package_check.check_nodes(runtime_env, say, runtime.ship_package is not False)
         return runtime_env, env
 
     def teardown(self, cluster: ProviderCluster, say: Progress | None, reason: str) -> str:

@@ -51,8 +51,8 @@ class WorkshopProvider(AddressProvider):
     kind = "workshop"
 
     def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
-        o = cluster.options
-        return taken.unique_name(f"{o['workshop']}-{o['student']}")
+        assert isinstance(cluster, WorkshopCluster)
+        return taken.unique_name(f"{cluster.workshop}-{cluster.student}")
 
 
 _WORKSHOP = WorkshopProvider()
@@ -87,7 +87,6 @@ class WorkshopCluster(Cluster):
             )
         if address == "local":
             raise ValueError("--workshop needs the teacher's cluster (--address HOST:PORT), not a local Ray")
-        kwargs.update(workshop=workshop, student=student)
         super().__init__(address=address, **kwargs)
         self.workshop = workshop
         self.student = student
@@ -108,22 +107,23 @@ class WorkshopCluster(Cluster):
         group = self.seat.group
         if group is not None:
             size = int(group["size"])
-            if self.requested_workers not in (None, size):
+            if self.settings.resources.workers not in (None, size):
                 self._progress(
                     f"your worker group has {size} worker(s), kept as they are: %gpu_cluster scale "
-                    f"{self.requested_workers} changes it"
+                    f"{self.settings.resources.workers} changes it"
                 )
             return size, float(group["cpus_per_worker"]), float(group["gpus_per_worker"])
         total = ray.cluster_resources()
         workers, cpus, gpus = self.seat.default_size(float(total.get("CPU", 1)), float(total.get("GPU", 0)))
-        if self.requested_workers is not None:
-            workers = self.requested_workers
-            if self.cpus_per_worker is None and self.seat.settings.get("quota_cpus") is not None:
+        asked = self.settings.resources
+        if asked.workers is not None:
+            workers = asked.workers
+            if asked.cpus_per_worker is None and self.seat.settings.get("quota_cpus") is not None:
                 cpus = min(1.0, max(0.1, int(self.seat.settings["quota_cpus"] / workers * 10) / 10))
         return (
             workers,
-            self.cpus_per_worker if self.cpus_per_worker is not None else cpus,
-            self.gpus_per_worker if self.gpus_per_worker is not None else gpus,
+            asked.cpus_per_worker if asked.cpus_per_worker is not None else cpus,
+            asked.gpus_per_worker if asked.gpus_per_worker is not None else gpus,
         )
 
     def _new_group(self, workers: int, **kwargs: Any) -> WorkerGroup:

@@ -240,7 +240,7 @@ class Workshop:
             ray.get(broker.configure.remote(settings), timeout=30)
             say(f"workshop {name!r} was already running: its settings are now these")
         else:
-            runtime_env, _ = prepare_for_workers(_package_check.with_package({}, say), say)
+            runtime_env, _ = prepare_for_workers(None, _package_check.with_package(None, True, say), say)
             opts: dict[str, Any] = {
                 "name": BROKER_NAME,
                 "namespace": namespace_of(name),
