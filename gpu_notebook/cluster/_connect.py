@@ -108,78 +108,117 @@ def connect(
         if address == "local":
             address = None
     if ray.is_initialized():
-        existing = _CONNECTION
-        if address is None or existing is None or address in ("auto", existing.address):
-            if existing is None:
-                rctx = ray.get_runtime_context()
-                gcs = getattr(rctx, "gcs_address", None) or "existing"
-                existing = _CONNECTION = RayConnection(
-                    gcs, started_here=False, client_mode=ray.util.client.ray.is_connected(), owned=False
-                )
-            say(f"using the Ray this kernel is already connected to ({existing.address})")
-            return existing
-        raise ConnectError(
-            f"this kernel is already connected to Ray at {existing.address}; a process can hold one Ray "
-            f"connection. Stop the clusters that use it (%gpu_cluster stop --all) before connecting to {address}."
-        )
-    if address is None:
-        cpus = num_cpus if num_cpus is not None else local_cpus()
-        say(
-            f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
-            f"dashboard {'on' if dashboard else 'off'})"
-        )
-        mem = _total_memory()
-        store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
-        # Ray warns on every local start that it enabled token authentication (it stays enabled): not news.
-        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = auth_log.level
-        auth_log.setLevel(logging.ERROR)
-        init_kw = dict(
-            address="local",
-            num_cpus=int(cpus) if float(cpus).is_integer() else None,
-            num_gpus=num_gpus,
-            include_dashboard=dashboard,
-            object_store_memory=store,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-            configure_logging=True,
-            # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their own,
-            # so on a 2-core laptop those idle workers only take CPU from the start (docs/benchmarks.md, "Small machines")
-            _system_config=NO_PRESTART,
-        )
-        try:
-            for attempt in (1, 2):
-                before = _child_pids()
-                try:
-                    ctx: Any = ray.init(**init_kw)  # type: ignore[no-redef]
-                    break
-                # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError
-                except Exception as exc:  # noqa: BLE001
-                    _abort_local_start(ray, before)
-                    if attempt == 1 and _slow_node_start(exc):
-                        say(
-                            "Ray's node did not register within Ray's own 30 s (is the machine busy?); "
-                            "starting it once more"
-                        )
-                        continue
-                    raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
-                # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
-                except BaseException:
-                    _abort_local_start(ray, before)
-                    raise
-        finally:
-            auth_log.setLevel(level)
-        url = _dashboard_url(ctx) if dashboard else ""
-        if dashboard:
-            say(
-                f"Ray dashboard: {url}"
-                if url
-                else "the Ray dashboard did not start (is 'ray[default]' installed?); the cluster runs without it"
+        conn = _reuse_connection(ray, address, say)
+    elif address is None:
+        conn = _start_local(ray, num_cpus, num_gpus, dashboard, say)
+    else:
+        conn = _connect_to(ray, address, runtime_env, say)
+    _CONNECTION = conn
+    return conn
+
+
+def _reuse_connection(ray: Any, address: str | None, say: Progress) -> RayConnection:
+    """The connection this process already has, when ``address`` asks for it (or for any).
+
+    A process holds one Ray connection, so asking for another address is a :class:`ConnectError`. A Ray someone
+    else started (``ray.init()`` in the notebook) is borrowed: ``owned=False``, so stopping our cluster leaves it.
+    """
+    existing = _CONNECTION
+    if address is None or existing is None or address in ("auto", existing.address):
+        if existing is None:
+            rctx = ray.get_runtime_context()
+            gcs = getattr(rctx, "gcs_address", None) or "existing"
+            existing = RayConnection(
+                gcs, started_here=False, client_mode=ray.util.client.ray.is_connected(), owned=False
             )
-        _CONNECTION = RayConnection(
-            ctx.address_info.get("gcs_address", "local"), True, False, dashboard_url=url
+        say(f"using the Ray this kernel is already connected to ({existing.address})")
+        return existing
+    raise ConnectError(
+        f"this kernel is already connected to Ray at {existing.address}; a process can hold one Ray "
+        f"connection. Stop the clusters that use it (%gpu_cluster stop --all) before connecting to {address}."
+    )
+
+
+def _start_local(
+    ray: Any, num_cpus: float | None, num_gpus: int | None, dashboard: bool, say: Progress
+) -> RayConnection:
+    """Start a local Ray of ``num_cpus`` (default: the CPUs this process may use) and say where its dashboard is."""
+    cpus = num_cpus if num_cpus is not None else local_cpus()
+    say(
+        f"starting a local Ray cluster ({cpus:g} CPUs{'' if num_gpus is None else f', {num_gpus} GPUs'}, "
+        f"dashboard {'on' if dashboard else 'off'})"
+    )
+    ctx = _init_local(ray, _local_init_kwargs(cpus, num_gpus, dashboard), say)
+    url = _dashboard_url(ctx) if dashboard else ""
+    if dashboard:
+        say(
+            f"Ray dashboard: {url}"
+            if url
+            else "the Ray dashboard did not start (is 'ray[default]' installed?); the cluster runs without it"
         )
-        return _CONNECTION
+    return RayConnection(ctx.address_info.get("gcs_address", "local"), True, False, dashboard_url=url)
+
+
+def _local_init_kwargs(cpus: float, num_gpus: int | None, dashboard: bool) -> dict[str, Any]:
+    """``ray.init``'s arguments for a local Ray: quiet, and an object store of a tenth of memory (100 MiB to 2 GiB)."""
+    mem = _total_memory()
+    store = int(min(2 * 2**30, max(100 * 2**20, mem * 0.1))) if mem else None
+    return dict(
+        address="local",
+        num_cpus=int(cpus) if float(cpus).is_integer() else None,
+        num_gpus=num_gpus,
+        include_dashboard=dashboard,
+        object_store_memory=store,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        configure_logging=True,
+        # Ray starts one idle worker per CPU for the first driver; ours are actors in processes of their own,
+        # so on a 2-core laptop those idle workers only take CPU from the start (docs/benchmarks.md, "Small machines")
+        _system_config=NO_PRESTART,
+    )
+
+
+def _init_local(ray: Any, init_kw: dict[str, Any], say: Progress) -> Any:
+    """``ray.init(**init_kw)``, once more when the node missed Ray's 30 s to register; returns Ray's context.
+
+    Each failed or interrupted start ends what it had started (see :func:`_abort_local_start`); a failure becomes
+    one :class:`ConnectError` with Ray's text.
+    """
+    # Ray warns on every local start that it enabled token authentication (it stays enabled): not news.
+    auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = auth_log.level
+    auth_log.setLevel(logging.ERROR)
+    try:
+        for attempt in (1, 2):
+            before = _child_pids()
+            try:
+                ctx = ray.init(**init_kw)
+                break
+            # whatever ray.init raises (its own errors, OSError, ValueError...) becomes one ConnectError
+            except Exception as exc:  # noqa: BLE001
+                _abort_local_start(ray, before)
+                if attempt == 1 and _slow_node_start(exc):
+                    say(
+                        "Ray's node did not register within Ray's own 30 s (is the machine busy?); "
+                        "starting it once more"
+                    )
+                    continue
+                raise ConnectError(f"could not start a local Ray cluster: {exc}") from exc
+            # Ctrl-C: ray.init leaves what it started so far (GCS, dashboard, raylet) running
+            except BaseException:
+                _abort_local_start(ray, before)
+                raise
+    finally:
+        auth_log.setLevel(level)
+    return ctx
+
+
+def _connect_to(ray: Any, address: str, runtime_env: dict[str, Any] | None, say: Progress) -> RayConnection:
+    """Connect to the Ray at ``address`` (``auto``, ``host:port`` or ``ray://``) after a quick probe of it.
+
+    A Ray Client (``ray://``) connection is tried three times when the server was not ready; anything else that
+    fails is one :class:`ConnectError` with a hint.
+    """
     say(f"connecting to the Ray cluster at {address}")
     probe(address)
     attempts = 3 if address.startswith("ray://") else 1
@@ -205,8 +244,7 @@ def connect(
                 time.sleep(2.0 * attempt)
                 continue
             _raise_connect_error(address, exc)
-    _CONNECTION = RayConnection(address, False, address.startswith("ray://"), dashboard_url=url)
-    return _CONNECTION
+    return RayConnection(address, False, address.startswith("ray://"), dashboard_url=url)
 
 
 def _dashboard_url(ctx: Any) -> str:
