@@ -17,10 +17,16 @@ from typing import Any
 from gpu_notebook._display import Progress
 from gpu_notebook.cluster._errors import not_running
 from gpu_notebook.cluster._runtime_env import working_dir_of
-from gpu_notebook.distributed import CellResult, parse_ranks
-from gpu_notebook.distributed._background import BackgroundCell, refuse_second
-from gpu_notebook.distributed._script import ScriptError, script_for, too_large
-from gpu_notebook.distributed._script import run_script as _run_on_rank
+from gpu_notebook.distributed import (
+    BackgroundCell,
+    CellResult,
+    ScriptError,
+    parse_ranks,
+    refuse_second,
+    script_for,
+    too_large,
+)
+from gpu_notebook.distributed import run_script as _run_on_rank
 
 __all__ = ["run_in_background", "run_script"]
 

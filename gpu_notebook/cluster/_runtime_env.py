@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_notebook._display import Progress, format_ranks, rank_label
-from gpu_notebook.distributed._process_group import RANK_VARIABLES
-from gpu_notebook.distributed._settings import MASK, rank_settings
+from gpu_notebook.distributed import MASK, RANK_VARIABLES, rank_settings
 from gpu_notebook.errors import GpuNotebookError
 
 __all__ = [

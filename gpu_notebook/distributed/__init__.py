@@ -5,15 +5,33 @@ The modules, one concern each: ``_group`` (the :class:`WorkerGroup`: placement, 
 choice, the torchrun environment, joining the group), ``_recovery`` (dead workers, stuck ranks, collectives out
 of step, rebuilds), ``_capture`` (a rank's output), ``_remains`` (what a dead rank left: its undrained output
 and faulthandler's report), ``_quiet`` (Ray's own notice of a death the cell reports, kept out), ``_ranks``
-(rank layout and selections), ``_output`` (prefixed streaming and the per-rank log) and ``_results`` (what a
-cell gives back). Importing this package imports no ray or torch.
+(rank layout and selections), ``_output`` (prefixed streaming and the per-rank log), ``_results`` (what a
+cell gives back), ``_placement`` (where the workers' resources come from: the :class:`Placement` seam and its
+default, :class:`RayPlacement`) and ``_handover`` (a :class:`GroupRecord`, for another kernel to
+:meth:`~WorkerGroup.adopt` the workers). Importing this package imports no ray or torch.
 """
 
-from gpu_notebook.distributed._background import BackgroundCell, BusyError
+from gpu_notebook.distributed._background import BackgroundCell, BusyError, refuse_second
 from gpu_notebook.distributed._background import find as find_background
-from gpu_notebook.distributed._group import GroupError, GroupTimeouts, WorkerGroup
+from gpu_notebook.distributed._errors import GroupError
+from gpu_notebook.distributed._group import GroupTimeouts, WorkerGroup
+from gpu_notebook.distributed._handover import GroupRecord
 from gpu_notebook.distributed._output import RankLog
-from gpu_notebook.distributed._process_group import choose_backend, torchrun_env
+from gpu_notebook.distributed._placement import (
+    Placement,
+    PlacementRequest,
+    RayPlacement,
+    impossible_request,
+    placement_error,
+    wait_until_placed,
+    worker_bundle,
+)
+from gpu_notebook.distributed._process_group import (
+    RANK_VARIABLES,
+    choose_backend,
+    nccl_needs_gpus,
+    torchrun_env,
+)
 from gpu_notebook.distributed._ranks import RankPlan, format_ranks, parse_ranks, plan_ranks
 from gpu_notebook.distributed._results import (
     CellResult,
@@ -24,6 +42,10 @@ from gpu_notebook.distributed._results import (
     value_groups,
     value_lines,
 )
+from gpu_notebook.distributed._script import ScriptError, run_script, script_for, too_large
+from gpu_notebook.distributed._settings import MASK, rank_settings
+from gpu_notebook.distributed._stacks import NATIVE_TIMEOUT_S, StacksReport
+from gpu_notebook.distributed._stacks import gather as gather_stacks
 from gpu_notebook.distributed._worker import Worker
 
 __all__ = [
@@ -32,20 +54,40 @@ __all__ = [
     "CellResult",
     "DistributedError",
     "GroupError",
+    "GroupRecord",
     "GroupTimeouts",
+    "MASK",
+    "NATIVE_TIMEOUT_S",
+    "Placement",
+    "PlacementRequest",
+    "RANK_VARIABLES",
     "RankFailure",
     "RankLog",
     "RankPlan",
     "RankResults",
+    "RayPlacement",
+    "ScriptError",
+    "StacksReport",
     "Worker",
     "WorkerGroup",
     "choose_backend",
     "find_background",
     "format_ranks",
+    "gather_stacks",
+    "impossible_request",
+    "nccl_needs_gpus",
     "parse_ranks",
+    "placement_error",
     "plan_ranks",
     "push_hint",
+    "rank_settings",
+    "refuse_second",
+    "run_script",
+    "script_for",
+    "too_large",
     "torchrun_env",
     "value_groups",
     "value_lines",
+    "wait_until_placed",
+    "worker_bundle",
 ]

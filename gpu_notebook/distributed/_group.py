@@ -1,7 +1,8 @@
 """A persistent group of rank workers (Ray actors) with one torch.distributed process group.
 
-The group places its workers with a placement group, orders ranks by node (one :class:`Worker` record per
-rank: its actor, rank plan and process facts), initialises torch.distributed once (NCCL when every rank has a
+The group places its workers through its :class:`Placement` (its own Ray placement group by default; a
+workshop's seat is another), can hand them to another kernel (:meth:`WorkerGroup.adopt`), orders ranks by node
+(one :class:`Worker` record per rank: its actor, rank plan and process facts), initialises torch.distributed once (NCCL when every rank has a
 GPU of its own that CUDA can use, gloo otherwise; see :mod:`._process_group`), and runs cells or functions on
 any subset of ranks while streaming their output. It recovers from failures without a kernel restart: ranks
 left hanging by a failed rank are interrupted, and when they cannot be (a thread blocked inside a collective)
@@ -22,7 +23,10 @@ from typing import Any
 from gpu_notebook import _settings
 from gpu_notebook._display import Progress
 from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _stall
+from gpu_notebook.distributed._errors import GroupError
+from gpu_notebook.distributed._handover import GroupRecord, live_workers
 from gpu_notebook.distributed._output import RankLog, Streamer
+from gpu_notebook.distributed._placement import Placement, PlacementRequest, RayPlacement
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
 from gpu_notebook.distributed._recovery import CellRun
@@ -34,13 +38,8 @@ from gpu_notebook.distributed._worker import (
     WorkerMeta,
     remote_worker_class,
 )
-from gpu_notebook.errors import GpuNotebookError
 
 __all__ = ["DRAIN_MAX_S", "DRAIN_MIN_S", "GroupError", "GroupTimeouts", "Worker", "WorkerGroup"]
-
-
-class GroupError(GpuNotebookError, RuntimeError):
-    """The worker group could not be started or rebuilt (the message says why and what to do)."""
 
 
 @dataclass
@@ -73,6 +72,8 @@ class WorkerGroup:
 
     ``max_result_bytes`` is the most a rank's value may take, pickled, to be sent back to the notebook (None:
     64 MiB; 0: no limit); a larger value comes back as a placeholder saying how to fetch it with ``pull``.
+    ``placement`` is where the workers' resources come from (see :class:`Placement`; None: the group's own Ray
+    placement group, :class:`RayPlacement`).
     """
 
     def __init__(
@@ -88,6 +89,7 @@ class WorkerGroup:
         timeouts: GroupTimeouts | None = None,
         log: RankLog | None = None,
         max_result_bytes: int | None = None,
+        placement: Placement | None = None,
     ) -> None:
         if size < 1:
             raise ValueError("a worker group needs at least 1 worker")
@@ -116,7 +118,9 @@ class WorkerGroup:
         self.backend: str | None = None
         self.backend_note = ""  # why the backend is not NCCL (empty for NCCL or a requested backend)
         self.master: tuple[str, int] | None = None
-        self._pg: Any = None
+        self.placement: Placement = placement if placement is not None else RayPlacement()
+        self.actor_names: list[str] = []  # the workers' Ray actor names, in rank order
+        self.actor_namespace: str | None = None  # their Ray namespace (None: this kernel's own)
         self._spawned: list[Any] = []  # actors started but not yet given a rank: stop() ends them too
         self._dead: set[int] = set()
         # rank -> collectives issued on the default group, after its last cell
@@ -173,55 +177,47 @@ class WorkerGroup:
         self.generation += 1
         self._dead.clear()
         self._seqs.clear()
-        bundle = _placement.worker_bundle(self.cpus_per_worker, self.gpus_per_worker)
-        say(f"reserving resources for {self.size} worker(s): {_placement.fmt_bundle(bundle)} each")
-        self._place(bundle, say)
+        request = PlacementRequest(
+            size=self.size,
+            bundle=_placement.worker_bundle(self.cpus_per_worker, self.gpus_per_worker),
+            strategy=self.strategy,
+            timeout=self.timeouts.placement,
+            group_id=self.group_id,
+            generation=self.generation,
+        )
+        say(f"reserving resources for {self.size} worker(s): {_placement.fmt_bundle(request.bundle)} each")
+        self.placement.reserve(request, say)
         self._check_not_stopping()
         say(f"starting {self.size} worker process(es)")
-        self._spawn()
+        names = self._spawn(request)
         self._check_not_stopping()
         self.workers = self._rank_workers(self._spawned)
+        self.actor_names = [names[w.plan.actor_index] for w in self.workers]
         self._spawned = []
         backend = self._init_process_group(say)
         self._check_not_stopping()
         self.backend = backend
         self.started_at = time.time()
+        self.placement.started(self)
         return self
 
-    def _place(self, bundle: dict[str, float], say: Progress) -> None:
-        """Reserve one ``bundle`` per worker (a placement group), waiting up to ``timeouts.placement``; a
-        request the cluster can never hold fails at once (see :mod:`._placement`)."""
-        from ray.util.placement_group import placement_group, remove_placement_group
-
-        impossible = _placement.impossible_request(self.size, bundle)
-        if impossible:
-            raise GroupError(impossible)
-        name = f"gpu_notebook-{self.group_id}-{self.generation}"  # who holds what, in another's message
-        pg = placement_group([dict(bundle) for _ in range(self.size)], strategy=self.strategy, name=name)
-        self._pg = pg  # before the wait: an interrupt during it removes the reservation
-        if not _placement.wait_until_placed(pg, self.timeouts.placement, say):
-            remove_placement_group(pg)
-            self._pg = None
-            raise GroupError(_placement.placement_error(self.size, bundle, self.timeouts.placement, pg))
-
-    def _spawn(self) -> None:
-        """Start one worker actor per bundle of the placement group (into ``_spawned``, not yet ranks)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
+    def _spawn(self, request: PlacementRequest) -> list[str]:
+        """Start one worker actor per reserved bundle, placed by the placement's actor options (into
+        ``_spawned``, not yet ranks); returns their names, in the same order."""
         cls = remote_worker_class()
-        self._spawned = []
+        self._spawned, names = [], []
         for i in range(self.size):
             opts: dict[str, Any] = {
                 "num_cpus": self.cpus_per_worker,
                 "num_gpus": self.gpus_per_worker,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=i
-                ),
-                "name": f"gpu_notebook:{self.group_id}:{self.generation}:{i}",
+                **self.placement.actor_options(request, i),
             }
             if self.runtime_env:
                 opts["runtime_env"] = self.runtime_env
+            names.append(str(opts.get("name", "")))
+            self.actor_namespace = opts.get("namespace")
             self._spawned.append(cls.options(**opts).remote(self.group_id, self.env))
+        return names
 
     def _rank_workers(self, actors: Sequence[Any]) -> list[Worker]:
         """Ask each started actor where it runs, and give them their ranks (see :func:`plan_ranks`)."""
@@ -299,14 +295,53 @@ class WorkerGroup:
         for w in self.workers:  # a worker killed before it could remove its output spool (this machine's)
             _remains.remove(_remains.spool_paths(self.group_id, w.pid))
         self.workers, self._spawned = [], []
-        if self._pg is not None:
-            from ray.util.placement_group import remove_placement_group
+        self.placement.release()
 
-            try:
-                remove_placement_group(self._pg)
-            except Exception:  # noqa: BLE001 - already removed, or Ray is shutting down: nothing to free
-                pass
-            self._pg = None
+    def detach(self) -> None:
+        """Let the workers go without ending them: they and their reservation keep running for a kernel that
+        adopts them (:meth:`adopt`); this group has no workers afterwards."""
+        self.workers, self._spawned = [], []
+        self.placement.reservation = None
+
+    def record(self) -> GroupRecord:
+        """What another kernel needs to take these workers over with :meth:`adopt` (the group is running)."""
+        return GroupRecord(
+            actor_names=list(self.actor_names),
+            ranks=[(w.plan, w.meta) for w in self.workers],
+            group_id=self.group_id,
+            generation=self.generation,
+            backend=self.backend,
+            backend_note=self.backend_note,
+            master=self.master,
+            cpus_per_worker=self.cpus_per_worker,
+            gpus_per_worker=self.gpus_per_worker,
+            started_at=self.started_at,
+            namespace=self.actor_namespace,
+            reservation=self.placement.reservation,
+        )
+
+    def adopt(self, record: GroupRecord) -> WorkerGroup:
+        """Take over the live workers ``record`` names, with their state (variables, the process group), instead
+        of starting fresh ones: what a kernel does with workers an earlier kernel started and left running.
+
+        The placement takes over ``record.reservation`` and is told the group runs.
+
+        Args:
+            record: what :meth:`record` gave in the kernel that started them.
+
+        Returns:
+            The group, running; a :class:`GroupError` when a worker is gone (nothing was taken over).
+        """
+        self.workers = live_workers(record)
+        self.actor_names, self.actor_namespace = list(record.actor_names), record.namespace
+        self.size = record.size
+        self.cpus_per_worker, self.gpus_per_worker = record.cpus_per_worker, record.gpus_per_worker
+        self.group_id, self.generation = record.group_id, record.generation
+        self.backend, self.backend_note, self.master = record.backend, record.backend_note, record.master
+        self.started_at = record.started_at
+        self.placement.reservation = record.reservation
+        self.placement.started(self)
+        return self
 
     def rebuild(self, progress: Progress | None = None) -> None:
         """Replace every worker with a fresh one and initialise a new process group (state is lost)."""
@@ -318,9 +353,7 @@ class WorkerGroup:
         if size < 1:
             raise ValueError("a worker group needs at least 1 worker")
         bundle = _placement.worker_bundle(self.cpus_per_worker, self.gpus_per_worker)
-        impossible = _placement.impossible_request(size, bundle)
-        if impossible:  # before the workers end: they stay as they are
-            raise GroupError(impossible)
+        self.placement.check(size, bundle)  # before the workers end: a refusal leaves them as they are
         self._stopping = None
         self._end_workers()
         self.size = size

@@ -14,6 +14,10 @@ Two cases differ:
 Whether a cluster can grow is what its autoscaler says in the GCS (:func:`cluster_can_grow`): every Ray head
 runs one, and without a cluster config (``ray start --head``, ``ray.init()``) it uses Ray's read-only provider,
 which launches nothing and names each node type after the node's id.
+
+Where the resources come from is the group's :class:`Placement`, its one seam: the default,
+:class:`RayPlacement`, makes the group's own placement group; another implementation (a workshop's seat, whose
+broker reserves inside a quota) plugs in by meeting the same contract.
 """
 
 from __future__ import annotations
@@ -22,11 +26,19 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from gpu_notebook._display import Progress
+from gpu_notebook.distributed._errors import GroupError
+
+if TYPE_CHECKING:  # for the annotations only: the group imports this module
+    from gpu_notebook.distributed._group import WorkerGroup
 
 __all__ = [
+    "Placement",
+    "PlacementRequest",
+    "RayPlacement",
     "available_text",
     "bundles_that_fit",
     "cluster_can_grow",
@@ -254,3 +266,118 @@ def placement_error(size: int, bundle: Mapping[str, float], timeout: float, pg: 
         f"cluster: %gpu_cluster stop there), or ask for fewer workers, fewer CPUs per worker (fractions such "
         f"as --cpus-per-worker 0.5 are allowed) or fewer GPUs, or add nodes."
     )
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What a group asks its placement for at a start: ``size`` workers of ``bundle`` each."""
+
+    size: int  # workers, one bundle each
+    bundle: dict[str, float]  # one worker's resources (see worker_bundle)
+    strategy: str  # Ray's placement strategy: PACK, SPREAD, ...
+    timeout: float  # seconds to wait for the resources before giving up
+    group_id: str  # the group's id and start count: they name what this start reserves and starts
+    generation: int
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Where a :class:`~gpu_notebook.distributed.WorkerGroup`'s workers get their resources.
+
+    The contract an implementation meets, in the order the group calls it:
+
+    - :meth:`check` before a resize ends any worker: raise when the new size could never be held;
+    - :meth:`reserve` at every start (a rebuild and a resize included): reserve one ``bundle`` per worker and
+      wait for it, keeping it in :attr:`reservation` *before* the wait (an interrupt during the wait must be
+      able to free it), and raise, holding nothing, when it cannot be had;
+    - :meth:`actor_options` once per worker: the Ray actor options that put worker ``index`` into its bundle
+      (the scheduling strategy, and the actor's name; a namespace and ``lifetime`` when the workers must outlive
+      the kernel). The group adds ``num_cpus``, ``num_gpus`` and the runtime environment;
+    - :meth:`started` once the workers run (a fresh start, or :meth:`WorkerGroup.adopt`);
+    - :meth:`release` when the workers end: free the reservation (Ray ends any worker still in it); a no-op when
+      nothing is held, and it must not raise.
+
+    :attr:`reservation` is what is held now (a Ray placement group, or None); the group sets it directly when
+    it adopts workers that run in a reservation made elsewhere, and clears it when it lets its workers go
+    without ending them (:meth:`WorkerGroup.detach`).
+    """
+
+    reservation: Any
+
+    def check(self, size: int, bundle: dict[str, float]) -> None:
+        """Raise when ``size`` workers of ``bundle`` could never be held (before a resize ends any worker)."""
+        ...
+
+    def reserve(self, request: PlacementRequest, say: Progress) -> None:
+        """Reserve and wait for ``request``'s resources (see the class docstring)."""
+        ...
+
+    def actor_options(self, request: PlacementRequest, index: int) -> dict[str, Any]:
+        """The Ray actor options of worker ``index`` of the start ``request`` made."""
+        ...
+
+    def started(self, group: WorkerGroup) -> None:
+        """The group's workers run (started fresh, or adopted)."""
+        ...
+
+    def release(self) -> None:
+        """Free the reservation, if any; never raises."""
+        ...
+
+
+class RayPlacement:
+    """The default placement: the group's own Ray placement group, named ``gpu_notebook-GROUP-GENERATION`` (who
+    holds what, in another notebook's message), and workers named ``gpu_notebook:GROUP:GENERATION:INDEX``.
+
+    A request the cluster can never hold fails at once; one that waits longer than its timeout fails naming who
+    holds the resources (see the module docstring).
+    """
+
+    def __init__(self) -> None:
+        self.reservation: Any = None  # the Ray placement group held, or None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {'holding' if self.reservation is not None else 'holding nothing'}>"
+
+    def check(self, size: int, bundle: dict[str, float]) -> None:
+        impossible = impossible_request(size, bundle)
+        if impossible:
+            raise GroupError(impossible)
+
+    def reserve(self, request: PlacementRequest, say: Progress) -> None:
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        self.check(request.size, request.bundle)
+        name = f"gpu_notebook-{request.group_id}-{request.generation}"
+        pg = placement_group(
+            [dict(request.bundle) for _ in range(request.size)], strategy=request.strategy, name=name
+        )
+        self.reservation = pg  # before the wait: an interrupt during it removes the reservation
+        if not wait_until_placed(pg, request.timeout, say):
+            remove_placement_group(pg)
+            self.reservation = None
+            raise GroupError(placement_error(request.size, request.bundle, request.timeout, pg))
+
+    def actor_options(self, request: PlacementRequest, index: int) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.reservation, placement_group_bundle_index=index
+            ),
+            "name": f"gpu_notebook:{request.group_id}:{request.generation}:{index}",
+        }
+
+    def started(self, group: WorkerGroup) -> None:
+        """Nothing to tell anyone: the placement group is this kernel's."""
+
+    def release(self) -> None:
+        if self.reservation is None:
+            return
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            remove_placement_group(self.reservation)
+        except Exception:  # noqa: BLE001 - already removed, or Ray is shutting down: nothing to free
+            pass
+        self.reservation = None

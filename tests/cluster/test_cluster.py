@@ -337,7 +337,7 @@ def test_interrupting_a_start_releases_what_it_reserved(ray_session):
         timer.cancel()
     finally:
         remove_placement_group(holder)
-    assert group._pg is None and group.actors == []
+    assert group.placement.reservation is None and group.actors == []
     states = {
         v["state"]
         for v in ray_session.util.placement_group_table().values()

@@ -1,9 +1,11 @@
 """A student's seat in a workshop: the kernel's side of the broker, and the worker group it places.
 
-:class:`Seat` finds the workshop's broker by name and speaks to it; :class:`StudentGroup` is the ordinary
-:class:`~gpu_notebook.distributed.WorkerGroup` except for where its resources come from: the broker reserves
-them (after checking the quota and the budget), and its workers are detached, named actors in the workshop's
-namespace, so they outlive a kernel restart and the next kernel reconnects to them by the student's ID.
+:class:`Seat` finds the workshop's broker by name and speaks to it; :class:`SeatPlacement` is the group's
+:class:`~gpu_notebook.distributed.Placement` in a workshop: the broker reserves the resources (after checking the
+quota and the budget), and the workers are detached, named actors in the workshop's namespace, so they outlive a
+kernel restart. :class:`StudentGroup` is the ordinary :class:`~gpu_notebook.distributed.WorkerGroup` with that
+placement, whose start first adopts the student's group when the broker has one (a restarted kernel gets its
+workers back, variables and all).
 :class:`Heartbeat` tells the broker every few seconds that the kernel is alive and whether a cell runs, and
 stops the cluster when the broker says so (the teacher, the budget, the idle stop).
 """
@@ -20,15 +22,23 @@ from typing import Any
 from gpu_notebook._display import Progress
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster.workshop._broker import BROKER_NAME, namespace_of
-from gpu_notebook.distributed import WorkerGroup, _placement
-from gpu_notebook.distributed._group import GroupError
-from gpu_notebook.distributed._worker import Worker, remote_worker_class
+from gpu_notebook.distributed import (
+    GroupError,
+    GroupRecord,
+    PlacementRequest,
+    RayPlacement,
+    WorkerGroup,
+    impossible_request,
+    placement_error,
+    wait_until_placed,
+)
 
 __all__ = [
     "BudgetSpentError",
     "Heartbeat",
     "QuotaError",
     "Seat",
+    "SeatPlacement",
     "StudentGroup",
     "WorkshopError",
     "find_broker",
@@ -174,36 +184,99 @@ def actor_name(student: str, generation: int, index: int) -> str:
 
 def record_of(group: WorkerGroup, namespace: str) -> dict[str, Any]:
     """What the broker keeps so that a new kernel can take the group over (plans pickled: opaque to it)."""
+    rec = group.record()
     return {
         "namespace": namespace,
-        "actor_names": list(getattr(group, "actor_names", [])),
-        "plans": pickle.dumps([(w.plan, w.meta) for w in group.workers]),
-        "group_id": group.group_id,
-        "generation": group.generation,
-        "backend": group.backend,
-        "backend_note": group.backend_note,
-        "master": group.master,
-        "cpus_per_worker": group.cpus_per_worker,
-        "gpus_per_worker": group.gpus_per_worker,
-        "size": group.size,
-        "started_at": group.started_at,
+        "actor_names": rec.actor_names,
+        "plans": pickle.dumps(rec.ranks),
+        "group_id": rec.group_id,
+        "generation": rec.generation,
+        "backend": rec.backend,
+        "backend_note": rec.backend_note,
+        "master": rec.master,
+        "cpus_per_worker": rec.cpus_per_worker,
+        "gpus_per_worker": rec.gpus_per_worker,
+        "size": rec.size,
+        "started_at": rec.started_at,
     }
 
 
-class StudentGroup(WorkerGroup):
-    """A worker group placed by the workshop's broker, of detached workers named by the student's ID.
+def group_record(rec: dict[str, Any], reservation: Any) -> GroupRecord:
+    """The broker's record of a group (:func:`record_of`), for :meth:`WorkerGroup.adopt`."""
+    return GroupRecord(
+        actor_names=list(rec["actor_names"]),
+        ranks=pickle.loads(rec["plans"]),
+        group_id=rec["group_id"],
+        generation=rec["generation"],
+        backend=rec["backend"],
+        backend_note=rec["backend_note"],
+        master=rec["master"],
+        cpus_per_worker=rec["cpus_per_worker"],
+        gpus_per_worker=rec["gpus_per_worker"],
+        started_at=rec["started_at"],
+        namespace=rec["namespace"],
+        reservation=reservation,
+    )
 
-    ``start`` reconnects to the group the broker has for this student when there is one (its workers keep their
-    state); otherwise it asks the broker for a reservation (quota and budget are checked there) and starts fresh
-    workers in it. A scale is checked against the quota before any worker ends.
+
+class SeatPlacement(RayPlacement):
+    """A student's placement: the broker reserves (after checking the quota and the budget) a placement group
+    it owns, and the workers are detached actors named by the student's ID in the workshop's namespace, so they
+    outlive the kernel and the student's next kernel finds them. Each start is reported to the broker (what a
+    reconnect needs); freeing the reservation removes the broker's placement group, as a stop does."""
+
+    def __init__(self, seat: Seat) -> None:
+        super().__init__()
+        self.seat = seat
+        self.reserved = False  # the broker made a reservation for this group
+
+    def check(self, size: int, bundle: dict[str, float]) -> None:
+        """The quota first (the broker says), then whether the cluster could ever hold it."""
+        self.seat.check(size, bundle)
+        super().check(size, bundle)
+
+    def reserve(self, request: PlacementRequest, say: Progress) -> None:
+        """The broker checks the quota and the budget, then reserves; here we wait for the reservation."""
+        impossible = impossible_request(request.size, request.bundle)
+        if impossible:
+            raise GroupError(impossible)
+        pg = self.seat.reserve(request.size, request.bundle, request.strategy)
+        self.reserved = True
+        self.reservation = pg  # before the wait: an interrupt during it removes the reservation
+        if not wait_until_placed(pg, request.timeout, say):
+            self.reservation = None
+            self.seat.release("its resources could not be placed in time")
+            raise GroupError(placement_error(request.size, request.bundle, request.timeout, pg))
+
+    def actor_options(self, request: PlacementRequest, index: int) -> dict[str, Any]:
+        """Detached workers, named by the student's ID in the workshop's namespace (a new kernel finds them)."""
+        return {
+            **super().actor_options(request, index),
+            "name": actor_name(self.seat.student, request.generation, index),
+            "namespace": self.seat.namespace,
+            "lifetime": "detached",
+        }
+
+    def started(self, group: WorkerGroup) -> None:
+        """This kernel holds the group now: the broker keeps its record for the next kernel."""
+        self.seat.started(group)
+
+
+class StudentGroup(WorkerGroup):
+    """A worker group placed by the workshop's broker (:class:`SeatPlacement`), of detached workers named by the
+    student's ID.
+
+    ``start`` takes over (:meth:`~WorkerGroup.adopt`) the group the broker has for this student when there is
+    one (its workers keep their state); otherwise it asks the broker for a reservation (quota and budget are
+    checked there) and starts fresh workers in it. A scale is checked against the quota before any worker ends.
     """
 
     def __init__(self, seat: Seat, size: int, **kwargs: Any) -> None:
-        super().__init__(size, **kwargs)
+        placement = SeatPlacement(seat)
+        super().__init__(size, placement=placement, **kwargs)
+        self.placement: SeatPlacement = placement
         self.seat = seat
-        self.actor_names: list[str] = []
         self.reconnected = False
-        self._reserved = False  # the broker made a reservation for this group
 
     def start(self, progress: Progress | None = None) -> StudentGroup:
         say = progress or (lambda msg: None)
@@ -212,94 +285,28 @@ class StudentGroup(WorkerGroup):
         try:
             super().start(progress)
         except BaseException:
-            if self._reserved:  # the workers did not start: the quota is free again at once
+            if self.placement.reserved:  # the workers did not start: the quota is free again at once
                 self.seat.release("the workers could not start")
             raise
         return self
 
     def _reconnect(self, rec: dict[str, Any], say: Progress) -> bool:
         """Take over the workers of the student's group (False, after freeing it, when one is gone)."""
-        ray = _ray()
         try:
-            actors = [ray.get_actor(n, namespace=rec["namespace"]) for n in rec["actor_names"]]
-            ray.get([a.ping.remote() for a in actors], timeout=10)
-        except Exception as exc:  # noqa: BLE001 - whatever Ray says, a worker is gone: start a fresh group
-            say(f"your previous worker group is broken ({type(exc).__name__}): starting a fresh one")
+            self.adopt(group_record(rec, self.seat.pg))  # the broker hears that this kernel holds them
+        except GroupError as exc:  # a worker is gone: start a fresh group
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            say(f"your previous worker group is broken ({type(cause).__name__}): starting a fresh one")
             self.seat.release("a worker of the group was gone at reconnect")
             self.seat.group = None
             return False
-        pairs = pickle.loads(rec["plans"])
-        self.workers = [Worker(a, plan, meta) for a, (plan, meta) in zip(actors, pairs, strict=True)]
-        self.actor_names = list(rec["actor_names"])
-        self.size = len(self.workers)
-        self.cpus_per_worker, self.gpus_per_worker = rec["cpus_per_worker"], rec["gpus_per_worker"]
-        self.group_id, self.generation = rec["group_id"], rec["generation"]
-        self.backend, self.backend_note, self.master = rec["backend"], rec["backend_note"], rec["master"]
-        self.started_at = rec["started_at"]
-        self._pg = self.seat.pg
         self.reconnected = True
-        self.seat.started(self)  # this kernel holds the group now
         say(
             f"reconnected to your worker group ({self.size} worker(s), started "
             f"{time.strftime('%H:%M:%S', time.localtime(self.started_at or time.time()))}): the workers kept their "
             f"variables"
         )
         return True
-
-    def _start(self, progress: Progress | None) -> WorkerGroup:
-        super()._start(progress)
-        self.seat.started(self)
-        return self
-
-    def _place(self, bundle: dict[str, float], say: Progress) -> None:
-        """The broker checks the quota and the budget, then reserves; here we wait for the reservation."""
-        impossible = _placement.impossible_request(self.size, bundle)
-        if impossible:
-            raise GroupError(impossible)
-        pg = self.seat.reserve(self.size, bundle, self.strategy)
-        self._reserved = True
-        self._pg = pg  # before the wait: an interrupt during it removes the reservation
-        if not _placement.wait_until_placed(pg, self.timeouts.placement, say):
-            self._pg = None
-            self.seat.release("its resources could not be placed in time")
-            raise GroupError(_placement.placement_error(self.size, bundle, self.timeouts.placement, pg))
-
-    def _spawn(self) -> None:
-        """Detached workers, named by the student's ID in the workshop's namespace (a new kernel finds them)."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        cls = remote_worker_class()
-        self._spawned = []
-        self.actor_names = [actor_name(self.seat.student, self.generation, i) for i in range(self.size)]
-        for i, name in enumerate(self.actor_names):
-            opts: dict[str, Any] = {
-                "num_cpus": self.cpus_per_worker,
-                "num_gpus": self.gpus_per_worker,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=self._pg, placement_group_bundle_index=i
-                ),
-                "name": name,
-                "namespace": self.seat.namespace,
-                "lifetime": "detached",
-            }
-            if self.runtime_env:
-                opts["runtime_env"] = self.runtime_env
-            self._spawned.append(cls.options(**opts).remote(self.group_id, self.env))
-
-    def _rank_workers(self, actors: Any) -> list[Worker]:
-        workers = super()._rank_workers(actors)
-        # rank order, for the record: actor i was named actor_names[i]
-        self.actor_names = [self.actor_names[w.plan.actor_index] for w in workers]
-        return workers
-
-    def resize(self, size: int, progress: Progress | None = None) -> None:
-        """Checked against the quota first: a scale the broker would refuse leaves the workers as they are."""
-        self.seat.check(size, _placement.worker_bundle(self.cpus_per_worker, self.gpus_per_worker))
-        super().resize(size, progress)
-
-    def detach(self) -> None:
-        """Forget the workers without ending them (they wait for the student's next kernel)."""
-        self.workers, self._spawned, self._pg = [], [], None
 
 
 class Heartbeat:
