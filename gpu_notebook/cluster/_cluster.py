@@ -37,10 +37,18 @@ from gpu_notebook.cluster.providers import (
     Provider,
     cloud_spec,
 )
-from gpu_notebook.distributed import CellResult, GroupTimeouts, RankLog, WorkerGroup
-from gpu_notebook.distributed._background import BackgroundCell, refuse_second
-from gpu_notebook.distributed._process_group import nccl_needs_gpus
-from gpu_notebook.distributed._stacks import NATIVE_TIMEOUT_S, StacksReport, gather
+from gpu_notebook.distributed import (
+    NATIVE_TIMEOUT_S,
+    BackgroundCell,
+    CellResult,
+    GroupTimeouts,
+    RankLog,
+    StacksReport,
+    WorkerGroup,
+    gather_stacks,
+    nccl_needs_gpus,
+    refuse_second,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from gpu_notebook import cloud
@@ -504,7 +512,9 @@ class Cluster:
         :mod:`gpu_notebook.distributed._stacks`)."""
         self._require_running()
         assert self.group is not None
-        return gather(self.group.workers, timeout + (NATIVE_TIMEOUT_S if native else 0.0), native=native)
+        return gather_stacks(
+            self.group.workers, timeout + (NATIVE_TIMEOUT_S if native else 0.0), native=native
+        )
 
     # ---- running code ----------------------------------------------------------------------------------------
     @overload

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gpu_notebook.cluster._runtime_env import WorkerSetup
-from gpu_notebook.distributed._process_group import nccl_needs_gpus
+from gpu_notebook.distributed import nccl_needs_gpus
 
 __all__ = ["Resources", "Runtime", "Policies", "CloudLaunch", "ClusterOptions", "KEYWORDS", "gather"]
 
