@@ -54,6 +54,7 @@ __all__ = [
     "launcher_listeners",
     "monitors",
     "policy_watchers",
+    "ray_connection",
     "set_active_checkpointer",
     "stop_at_exit",
     "stopped_cost",
@@ -375,6 +376,8 @@ class Items(Generic[T]):
             return self._items[-1] if self._items else None
 
 
+#: The kernel's Ray connection (``cluster._connect``): the Ray it started or borrowed, shared by its clusters.
+ray_connection: Slot[Any] = Slot("Ray connection")
 #: Every background cell of this kernel (``%%distributed --noblock``, ``Cluster.run(block=False)``), oldest
 #: first: what ``%gpu_result NAME`` finds and what is cancelled at exit (the distributed package caps it).
 background_cells: Items[Any] = Items("background cells")

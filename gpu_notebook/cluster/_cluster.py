@@ -401,7 +401,7 @@ class Cluster:
         return bool(
             conn is not None
             and conn.owned
-            and conn is _connect._CONNECTION
+            and conn is _connect.recorded_connection()
             and not manager.others_on_connection(self)
         )
 

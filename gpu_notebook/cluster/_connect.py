@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from gpu_notebook._display import Progress, first_line
+from gpu_notebook._registry import Slot, ray_connection
 from gpu_notebook.cluster import _ray_exit  # noqa: F401 - a local Ray we start ends at once at a kernel shutdown
 from gpu_notebook.errors import GpuNotebookError
 
@@ -29,7 +30,8 @@ class RayConnection:
     dashboard_url: str = ""  # http://host:port of Ray's dashboard when it runs, else ""
 
 
-_CONNECTION: RayConnection | None = None
+#: the kernel's one Ray connection, in the registry with the rest of the kernel's state
+_CONNECTION: Slot[RayConnection] = ray_connection
 
 #: Ray's system config for a local Ray we start: no idle workers prestarted for the first driver
 NO_PRESTART = {"prestart_worker_first_driver": False}
@@ -41,11 +43,17 @@ PROBE_TIMEOUT_S = 10.0
 
 
 def current_connection() -> RayConnection | None:
+    """The kernel's Ray connection while Ray is up (None once Ray was shut down behind our back)."""
     ray = _import_ray()
-
-    if _CONNECTION is not None and not ray.is_initialized():
+    conn = _CONNECTION.get()
+    if conn is not None and not ray.is_initialized():
         return None
-    return _CONNECTION
+    return conn
+
+
+def recorded_connection() -> RayConnection | None:
+    """The connection :func:`connect` recorded last, whether or not Ray is still up."""
+    return _CONNECTION.get()
 
 
 def _import_ray() -> Any:
@@ -98,7 +106,6 @@ def connect(
     ``runtime_env`` is the job-wide one of a connection to an existing cluster (Ray Client needs our package
     there: its server on the head unpickles our classes).
     """
-    global _CONNECTION
     say = progress or (lambda msg: None)
     _quiet_env()
     ray = _import_ray()
@@ -113,7 +120,7 @@ def connect(
         conn = _start_local(ray, num_cpus, num_gpus, dashboard, say)
     else:
         conn = _connect_to(ray, address, runtime_env, say)
-    _CONNECTION = conn
+    _CONNECTION.set(conn)
     return conn
 
 
@@ -123,7 +130,7 @@ def _reuse_connection(ray: Any, address: str | None, say: Progress) -> RayConnec
     A process holds one Ray connection, so asking for another address is a :class:`ConnectError`. A Ray someone
     else started (``ray.init()`` in the notebook) is borrowed: ``owned=False``, so stopping our cluster leaves it.
     """
-    existing = _CONNECTION
+    existing = _CONNECTION.get()
     if address is None or existing is None or address in ("auto", existing.address):
         if existing is None:
             rctx = ray.get_runtime_context()
@@ -455,12 +462,11 @@ def _raise_connect_error(address: str, exc: BaseException) -> NoReturn:
 
 def disconnect() -> None:
     """Shut down Ray in this process (a local Ray we started stops with it)."""
-    global _CONNECTION
     ray = _import_ray()
 
     if ray.is_initialized():
         ray.shutdown()
-    _CONNECTION = None
+    _CONNECTION.set(None)
 
 
 def _total_memory() -> int | None:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, magics_class
 
 from gpu_notebook.magics._common import MissingExtra, shown_short
+
+if TYPE_CHECKING:  # pragma: no cover
+    from IPython.core.interactiveshell import InteractiveShell
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def _stand_in(part: MagicsPart, exc: ImportError) -> type[Magics]:
     return magics_class(cls)
 
 
-def register(ipython: Any) -> None:
+def register(ipython: InteractiveShell) -> None:
     """Register every gpu_notebook magics class with ``ipython`` (a stand-in where its module fails to import)."""
     for part in MAGICS:
         try:
@@ -110,7 +113,7 @@ def _stop_views(instance: Any) -> None:
     views.clear()
 
 
-def unregister(ipython: Any) -> list[str]:
+def unregister(ipython: InteractiveShell) -> list[str]:
     """Remove the gpu_notebook magics from ``ipython`` (``%unload_ext``, ``%reload_ext``); returns the names
     removed. The live views they started stop (each leaves its static snapshot); the objects they showed (a
     monitor, a cluster's cost meter) keep running.

@@ -41,7 +41,7 @@ _SPEC_KEYS = (
 )
 
 
-def cloud_spec(cluster: ProviderCluster) -> Any:
+def cloud_spec(cluster: ProviderCluster) -> cloud.ClusterSpec:
     """The provider-neutral spec of a ``cloud=`` cluster (see :mod:`gpu_notebook.cloud`)."""
     launch = cluster.settings.launch
     if not launch.cloud:
@@ -74,7 +74,7 @@ class CloudProvider(Provider):
     def default_name(self, cluster: ProviderCluster, taken: ClusterManager[Any]) -> str:
         return str(cloud_spec(cluster).name)  # a valid cloud name (tags, labels), kept for the launch
 
-    def plan(self, cluster: ProviderCluster) -> Any:
+    def plan(self, cluster: ProviderCluster) -> cloud.Plan:
         """What the launch would create, and its estimated cost: launches nothing."""
         return cloud.CloudLauncher().plan(cloud_spec(cluster))
 
