@@ -100,10 +100,11 @@ def test_unknown_visibilities_are_refused_before_any_worker_starts(value):
 def test_the_default_is_node_everywhere():
     import inspect
 
-    from gpu_notebook import Cluster
+    from gpu_notebook import Cluster, Runtime
 
-    for fn in (plan_ranks, WorkerGroup, Cluster):
+    for fn in (plan_ranks, WorkerGroup, Runtime):
         assert inspect.signature(fn).parameters["gpu_visibility"].default == "node", fn
+    assert Cluster().settings.runtime.gpu_visibility == "node"  # Cluster's keywords map onto Runtime
 
 
 # ---- on a local Ray with logical GPUs ----------------------------------------------------------------------------
