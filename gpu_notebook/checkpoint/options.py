@@ -19,12 +19,12 @@ a ``TypeError`` too. Values are checked when a dataclass is made, with the ``Val
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from .._options import combine, near_miss
 from .format.validate import MAX_CHAIN
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -222,8 +222,7 @@ def _is_s3(store: str | os.PathLike[str] | Store) -> bool:
 
 def _unknown(names: list[str]) -> TypeError:
     name = names[0]
-    near = difflib.get_close_matches(name, list(KEYWORDS) + list(GROUPS), n=1)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    hint = near_miss([*KEYWORDS, *GROUPS], name)
     more = f" (and {', '.join(repr(n) for n in names[1:])})" if names[1:] else ""
     return TypeError(
         f"Checkpointer() got an unexpected keyword argument {name!r}{hint}{more}: its settings are the fields of "
@@ -258,19 +257,5 @@ def gather(
             raise _unknown(list(store_options))
         flat["storage"]["s3"] = store_options
         given_as_keywords["storage"].extend(store_options)
-    made: dict[str, Any] = {}
-    for group, cls in GROUPS.items():
-        given = groups.get(group)
-        if given is None:
-            made[group] = cls(**flat[group])
-            continue
-        if not isinstance(given, cls):
-            raise TypeError(f"Checkpointer({group}=...) takes a {cls.__name__}, not {type(given).__name__}")
-        twice = sorted(given_as_keywords[group])
-        if twice:
-            raise TypeError(
-                f"Checkpointer() got {', '.join(twice)} both as a keyword and in {group}={cls.__name__}(...), "
-                f"which holds every {group} setting: give {'it' if len(twice) == 1 else 'them'} in one place"
-            )
-        made[group] = given
+    made = combine("Checkpointer", GROUPS, groups, flat, given_as_keywords)
     return Options(**made)

@@ -17,12 +17,12 @@ when a dataclass is made, with the ``ValueError`` the Cluster always raised (a m
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from gpu_notebook._options import combine, near_miss
 from gpu_notebook.cluster._runtime_env import WorkerSetup
 from gpu_notebook.distributed import nccl_needs_gpus
 
@@ -169,8 +169,7 @@ class ClusterOptions:
 
 def _unknown(names: list[str]) -> TypeError:
     name = names[0]
-    near = difflib.get_close_matches(name, list(KEYWORDS) + list(GROUPS), n=1)
-    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    hint = near_miss([*KEYWORDS, *GROUPS], name)
     more = f" (and {', '.join(repr(n) for n in names[1:])})" if names[1:] else ""
     return TypeError(
         f"Cluster() got an unexpected keyword argument {name!r}{hint}{more}: its settings are the fields of "
@@ -196,19 +195,5 @@ def gather(groups: Mapping[str, Any], keywords: Mapping[str, Any]) -> ClusterOpt
     flat: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
     for name, value in keywords.items():
         flat[KEYWORDS[name]][name] = value
-    made: dict[str, Any] = {}
-    for group, cls in GROUPS.items():
-        given = groups.get(group)
-        if given is None:
-            made[group] = cls(**flat[group])
-            continue
-        if not isinstance(given, cls):
-            raise TypeError(f"Cluster({group}=...) takes a {cls.__name__}, not {type(given).__name__}")
-        twice = sorted(flat[group])
-        if twice:
-            raise TypeError(
-                f"Cluster() got {', '.join(twice)} both as a keyword and in {group}={cls.__name__}(...), "
-                f"which holds every {group} setting: give {'it' if len(twice) == 1 else 'them'} in one place"
-            )
-        made[group] = given
+    made = combine("Cluster", GROUPS, groups, flat, flat)
     return ClusterOptions(**made)
