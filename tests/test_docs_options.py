@@ -19,31 +19,20 @@ Pure: the magics' modules are imported, no Ray or kernel is started.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import pathlib
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import pytest
+from _scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _script("gen_reference")
+gen = load_script("gen_reference")
 
 #: what a sentence that names a hidden (refused) option says about it
 _SAYS_REFUSED = re.compile(

@@ -5,25 +5,15 @@ Pure: the magics' modules are imported, no Ray is started.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import re
-import sys
-from types import ModuleType
+
+from _scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _script("gen_reference")
+gen = load_script("gen_reference")
 
 
 def test_reference_is_current() -> None:

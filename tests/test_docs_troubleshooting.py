@@ -5,25 +5,15 @@ Pure: the package is read with ``ast``, nothing is imported or started.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 import textwrap
-from types import ModuleType
+
+from _scripts import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-em = _script("error_messages")
+em = load_script("error_messages")
 
 
 def test_every_error_message_is_in_troubleshooting() -> None:
