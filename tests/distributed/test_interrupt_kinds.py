@@ -52,13 +52,26 @@ def _interrupt(thread: threading.Thread) -> None:
     assert n == 1
 
 
-def _in_a_sliced_wait(thread: threading.Thread) -> bool:
-    """Whether ``thread`` is blocked in one of ``_interruptible``'s sliced waits (where the interrupt must land)."""
+# The sliced wait each kind blocks in. Waiting for that one, not any sliced wait: Thread.join's cell first waits in
+# Thread.start for the new thread to run, and CPython 3.11 gives a thread state that is not running yet its
+# creator's ident, so an interrupt sent then can land in the new thread's bootstrap instead of the cell.
+WAITS_IN = {
+    "time.sleep": "sleep",
+    "queue.get": "condition_wait",
+    "Event.wait": "condition_wait",
+    "future.result": "condition_wait",
+    "Thread.join": "thread_join",
+    "multiprocessing": "mp_wait",
+}
+
+
+def _in_a_sliced_wait(thread: threading.Thread, kind: str) -> bool:
+    """Whether ``thread`` is blocked in ``kind``'s sliced wait of ``_interruptible`` (where the interrupt must land)."""
     frame = sys._current_frames().get(thread.ident or 0)
     while frame is not None:
-        if frame.f_globals.get("__name__") == _interruptible.__name__ and frame.f_code.co_name in (
-            "_sliced",
-            "sleep",
+        if (
+            frame.f_globals.get("__name__") == _interruptible.__name__
+            and frame.f_code.co_name == WAITS_IN[kind]
         ):
             return True
         frame = frame.f_back
@@ -79,7 +92,9 @@ def test_each_blocking_wait_in_a_cell_thread_sees_the_interrupt(sliced, kind: st
 
     t = threading.Thread(target=cell, daemon=True)
     t.start()
-    wait_for(lambda: _in_a_sliced_wait(t) or not t.is_alive(), what=f"the cell thread to block in {kind}")
+    wait_for(
+        lambda: _in_a_sliced_wait(t, kind) or not t.is_alive(), what=f"the cell thread to block in {kind}"
+    )
     _interrupt(t)
     t.join(30)  # a 600 s wait: only the interrupt ends it
     assert not t.is_alive(), f"{kind}: the interrupt did not reach the blocked wait"
