@@ -55,10 +55,15 @@ __getattr__, __dir__ = lazy_module(
 
 
 def load_ipython_extension(ipython: InteractiveShell) -> None:
-    """Register the gpu_notebook magics: ``%load_ext gpu_notebook``."""
+    """Register the gpu_notebook magics: ``%load_ext gpu_notebook``.
+
+    Says once per process, in one line, when the JupyterLab panel's front end is not installed.
+    """
+    from gpu_notebook._labext import note_if_unbuilt
     from gpu_notebook.magics import register
 
     register(ipython)
+    note_if_unbuilt()
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
@@ -70,3 +75,9 @@ def unload_ipython_extension(ipython: InteractiveShell) -> None:
     from gpu_notebook.magics import unregister
 
     unregister(ipython)
+
+
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab extension (for ``jupyter labextension develop``): built into
+    ``gpu_notebook/labextension/`` from ``labextension/``, installed as ``gpu-notebook``."""
+    return [{"src": "labextension", "dest": "gpu-notebook"}]

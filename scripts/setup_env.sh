@@ -34,3 +34,34 @@ fi
 .venv/bin/python -m compileall -q gpu_notebook >/dev/null
 # A kernel spec inside the venv, so notebooks executed by nbclient use this interpreter.
 .venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (gpu_notebook)" >/dev/null
+
+# The JupyterLab panel: the server extension is enabled by the config file a wheel installs into etc/jupyter (an
+# editable install places no data files, so it is copied here); the front end is built from labextension/ by node
+# (JupyterLab's builder, from the npm registry, pinned by labextension/yarn.lock) and linked into .venv as a wheel
+# would install it. Skipped when the build is newer than its sources; without node the package works without it.
+mkdir -p .venv/etc/jupyter/jupyter_server_config.d
+cp jupyter-config/jupyter_server_config.d/gpu_notebook.json .venv/etc/jupyter/jupyter_server_config.d/
+BUILT=gpu_notebook/labextension/package.json
+LABSRC=(labextension/src labextension/style labextension/package.json labextension/yarn.lock labextension/tsconfig.json)
+if ! command -v node >/dev/null 2>&1; then
+    echo "==> node not found: the JupyterLab panel is not built (everything else works; install node >= 18 and rerun)"
+elif ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 18 ? 0 : 1)'; then
+    echo "==> node $(node --version) is older than 18: the JupyterLab panel is not built (everything else works)"
+elif [ -f "$BUILT" ] && [ -z "$(find "${LABSRC[@]}" -newer "$BUILT" -print -quit)" ]; then
+    echo "==> the JupyterLab panel is built and up to date"
+else
+    echo "==> building the JupyterLab panel (labextension/ -> gpu_notebook/labextension/)"
+    LOG="$(mktemp)"
+    if ! (cd labextension && export PATH="$PWD/../.venv/bin:$PATH" && jlpm install --immutable && jlpm build) \
+        >"$LOG" 2>&1; then
+        tail -40 "$LOG"
+        echo "!! the JupyterLab panel did not build (the log's end is above)" >&2
+        exit 1
+    fi
+    rm -f "$LOG"
+    touch "$BUILT"
+fi
+if [ -f "$BUILT" ]; then
+    .venv/bin/jupyter-builder develop --overwrite . >/dev/null 2>&1 \
+        || .venv/bin/jupyter labextension develop --overwrite . >/dev/null
+fi
