@@ -58,8 +58,8 @@ def installed_labextension() -> Path | None:
 def unbuilt_message() -> str:
     return (
         "gpu_notebook: the JupyterLab panel (GPU clusters sidebar, dashboards, status item) is not built in this "
-        "environment; the magics work without it. To get it, install from a clone with node >= 18 on the PATH "
-        "(scripts/setup_env.sh, or pip install .) or install a wheel built there, then reload JupyterLab."
+        "environment; the magics work without it. To get it, run scripts/setup_env.sh in a clone with node >= 18 on "
+        "the PATH (it builds and installs it), or install a wheel built there; then reload the JupyterLab page."
     )
 
 

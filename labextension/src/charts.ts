@@ -51,7 +51,7 @@ export interface IChartOptions {
 
 const W = 320;
 const H = 120;
-const PAD = { left: 44, right: 8, top: 8, bottom: 16 };
+const PAD = { left: 50, right: 8, top: 8, bottom: 16 };
 
 function finite(values: Values): number[] {
   return values.filter((v): v is number => typeof v === 'number' && isFinite(v));
@@ -87,7 +87,7 @@ export class LineChart {
     const title = document.createElement('div');
     title.className = 'gnb-chart-title';
     title.textContent = _options.title;
-    this._svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none', class: 'gnb-svg' });
+    this._svg = svgEl('svg', { viewBox: `0 0 ${W} ${H}`, class: 'gnb-svg' });
     this._legend = document.createElement('div');
     this._legend.className = 'gnb-legend';
     this.node.append(title, this._svg, this._legend);
@@ -168,9 +168,11 @@ export class LineChart {
   }
 }
 
-/** Rows x time, each cell coloured by its value between 0 and `max` (many GPUs' utilisation at a glance). */
+/** Rows x time, each cell coloured by its value between 0 and `max` (many GPUs' utilisation at a glance); the
+ * rows' labels in a column beside it, the values as tooltips. */
 export class Heatmap {
   readonly node: HTMLDivElement;
+  private _labels: HTMLDivElement;
   private _svg: SVGSVGElement;
 
   constructor(
@@ -184,32 +186,41 @@ export class Heatmap {
     const head = document.createElement('div');
     head.className = 'gnb-chart-title';
     head.textContent = title;
-    this._svg = svgEl('svg', { preserveAspectRatio: 'none', class: 'gnb-svg' });
-    this.node.append(head, this._svg);
+    const body = document.createElement('div');
+    body.className = 'gnb-heatmap-body';
+    this._labels = document.createElement('div');
+    this._labels.className = 'gnb-heatmap-labels';
+    this._svg = svgEl('svg', { preserveAspectRatio: 'none', class: 'gnb-heatmap-svg' });
+    body.append(this._labels, this._svg);
+    this.node.append(head, body);
   }
 
   update(rows: ILine[]): void {
     const svg = this._svg;
     svg.replaceChildren();
     const cols = Math.min(this._columns, Math.max(0, ...rows.map(r => r.values.length)));
-    const rowH = 6;
-    const labelW = 0;
-    const width = Math.max(cols, 1) * 5;
-    svg.setAttribute('viewBox', `0 0 ${labelW + width} ${Math.max(rows.length, 1) * rowH}`);
-    svg.style.height = `${Math.min(Math.max(rows.length * 6, 40), 400)}px`;
+    const rowPx = rows.length <= 32 ? 12 : 6;
+    this.node.style.setProperty('--gnb-row', `${rowPx}px`);
+    svg.setAttribute('viewBox', `0 0 ${Math.max(cols, 1)} ${Math.max(rows.length, 1)}`);
+    svg.style.height = `${Math.max(rows.length, 1) * rowPx}px`;
+    this._labels.replaceChildren(
+      ...rows.map(r => {
+        const label = document.createElement('div');
+        label.textContent = r.label;
+        return label;
+      })
+    );
     if (cols === 0) {
-      const text = svgEl('text', { x: width / 2, y: 4, 'text-anchor': 'middle', class: 'gnb-waiting' });
-      text.textContent = 'waiting for samples...';
-      svg.append(text);
       return;
     }
     rows.forEach((row, r) => {
       const values = row.values.slice(-cols);
+      const offset = cols - values.length;
       values.forEach((v, c) => {
-        const rect = svgEl('rect', { x: labelW + c * 5, y: r * rowH, width: 5, height: rowH });
+        const rect = svgEl('rect', { x: offset + c, y: r, width: 1.05, height: 1 });
         if (typeof v === 'number' && isFinite(v)) {
           const f = Math.max(0, Math.min(1, v / this._max));
-          // dark blue (idle) to yellow (busy), as the cell widget's heatmap
+          // dark blue (idle) to yellow (busy)
           rect.setAttribute('fill', `hsl(${230 - f * 170}, 80%, ${25 + f * 35}%)`);
         } else {
           rect.setAttribute('class', 'gnb-missing');

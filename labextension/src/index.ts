@@ -17,6 +17,7 @@ import {
 import { ICommandPalette, MainAreaWidget, WidgetTracker } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { SplitPanel, TabPanel, Widget } from '@lumino/widgets';
 
 import { IEntry } from './api';
 import { DashboardPane } from './dashboard';
@@ -31,6 +32,22 @@ namespace CommandIDs {
 }
 
 const SIDEBAR_ID = 'gpu-notebook:sidebar';
+
+/** Notebook 7's bottom panel: select the widget's tab, and give the panel room (it opens with no height, as its
+ * split was sized while it was hidden). */
+function showInBottomPanel(widget: Widget): void {
+  const tabs = widget.parent?.parent;
+  if (tabs instanceof TabPanel) {
+    tabs.currentWidget = widget;
+  }
+  const split = tabs?.parent;
+  if (split instanceof SplitPanel && split.widgets.length === 2) {
+    const sizes = split.relativeSizes();
+    if (sizes[1] < 0.2) {
+      split.setRelativeSizes([0.45, 0.55]);
+    }
+  }
+}
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpu-notebook:plugin',
@@ -59,9 +76,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (!id) {
           return;
         }
+        const reveal = (widget: Widget) => {
+          app.shell.activateById(widget.id);
+          if (!labShell) {
+            showInBottomPanel(widget);
+          }
+        };
         const open = tracker.find(w => w.content.clusterId === id);
         if (open) {
-          app.shell.activateById(open.id);
+          reveal(open);
           return open;
         }
         const content = new DashboardPane(model, id, name);
@@ -73,8 +96,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         content.title.changed.connect(() => (widget.title.label = content.title.label));
         widget.addClass('gnb-dashboard-panel');
         void tracker.add(widget);
-        app.shell.add(widget, dashboardArea, { mode: 'split-right' } as any);
-        app.shell.activateById(widget.id);
+        // the first dashboard beside the notebook, later ones as tabs next to it
+        const sibling = tracker.find(w => w !== widget && w.isAttached);
+        app.shell.add(widget, dashboardArea, {
+          mode: sibling ? 'tab-after' : 'split-right',
+          ref: sibling?.id ?? null
+        } as any);
+        reveal(widget);
         return widget;
       }
     });
