@@ -182,6 +182,10 @@ export class DashboardPane extends Widget {
     const e = this._model.find(this.clusterId);
     if (!e) {
       this._summary.textContent = '';
+      if (this._model.loaded && !this._model.error) {
+        // gone from the server's list: say so now, also while this pane is hidden and not polling
+        this._fail(new RequestError(404, 'not listed'));
+      }
       return;
     }
     const parts = [
