@@ -20,7 +20,7 @@ from gpu_notebook._display import Progress, format_ranks
 from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError, not_running
-from gpu_notebook.cluster._run import run_in_background
+from gpu_notebook.cluster._run import debug, run_in_background
 from gpu_notebook.cluster._status import (
     ClusterStatus,
     LifecycleState,
@@ -610,6 +610,11 @@ class Cluster:
             self.touch()
         result.raise_for_failures(self.world_size)
         return list(result.values)
+
+    def debug(self, rank: int | None = None, read: Callable[[str], str] | None = None) -> None:
+        """pdb on the ranks paused at a ``breakpoint()``, else post-mortem on ``rank``'s last failed cell (default:
+        the lowest failed rank): what ``%gpu_debug`` does; ``read`` asks for each command (default ``input``)."""
+        debug(self, rank, read)
 
     def push(self, ranks: str | Sequence[int] | None = None, **values: Any) -> None:
         """Send values to the workers' namespaces: ``c.push(lr=0.1, data=batch)``."""

@@ -21,14 +21,16 @@ from gpu_notebook.distributed import (
     BackgroundCell,
     CellResult,
     ScriptError,
+    debug_ranks,
     parse_ranks,
     refuse_second,
+    running_on,
     script_for,
     too_large,
 )
 from gpu_notebook.distributed import run_script as _run_on_rank
 
-__all__ = ["run_in_background", "run_script"]
+__all__ = ["debug", "run_in_background", "run_script"]
 
 
 def _stdout(text: str) -> None:
@@ -130,3 +132,24 @@ def run_in_background(
     return BackgroundCell(
         name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done
     )
+
+
+def debug(
+    cluster: Any,
+    rank: int | None = None,
+    read: Callable[[str], str] | None = None,
+    write: Callable[[str], None] | None = None,
+) -> None:
+    """What ``%gpu_debug`` does on ``cluster`` (see :func:`gpu_notebook.distributed.debug_ranks`); the stop
+    button at the prompt of a background cell's breakpoint interrupts that cell, as its ``cancel()``."""
+    if not cluster.running or cluster.group is None:
+        raise not_running(cluster.name)
+    try:
+        debug_ranks(cluster.group, rank, read, write)
+    except KeyboardInterrupt:
+        bg = running_on(cluster.group)
+        if bg is None or not bg.cancel():
+            raise
+        (write or _stdout)(
+            f"background cell {bg.name}: its ranks were interrupted (the workers keep their state)\n"
+        )

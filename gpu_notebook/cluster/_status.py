@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from gpu_notebook import _settings
 from gpu_notebook._display import fmt_duration
+from gpu_notebook.distributed import paused_ranks
 from gpu_notebook.monitor._export import running_servers
 
 __all__ = [
@@ -162,6 +163,7 @@ class WorkerInfo:
     num_gpus: float
     alive: bool
     local_rank: int = 0
+    debugger: bool = False  # its code waits in the debugger (a breakpoint() of a background cell)
 
 
 @dataclass
@@ -211,7 +213,7 @@ class ClusterStatus:
         for w in self.workers:
             lines.append(
                 f"  {w.rank:<5} {w.node_id[:12]:<13} {w.pid:<8} {','.join(w.gpu_ids) or '-':<5} "
-                f"{w.num_cpus:<5g} {'alive' if w.alive else 'DEAD'}"
+                f"{w.num_cpus:<5g} {'alive' if w.alive else 'DEAD'}{', in the debugger' if w.debugger else ''}"
             )
         if self.dashboards:
             lines.append("Dashboards:")
@@ -234,7 +236,8 @@ class ClusterStatus:
         rows = "".join(
             f"<tr><td>{w.rank}</td><td><code>{e(w.node_id[:12])}</code></td><td>{e(w.node_ip)}</td>"
             f"<td>{w.pid}</td><td>{e(','.join(w.gpu_ids) or '-')}</td><td>{w.num_cpus:g}</td>"
-            f"<td style='color:{'green' if w.alive else 'red'}'>{'alive' if w.alive else 'dead'}</td></tr>"
+            f"<td style='color:{'green' if w.alive else 'red'}'>{'alive' if w.alive else 'dead'}"
+            f"{', in the debugger' if w.debugger else ''}</td></tr>"
             for w in self.workers
         )
         nodes = "".join(
@@ -281,6 +284,7 @@ def cluster_status(cluster: Any) -> ClusterStatus:
             )
         assert cluster.group is not None
         alive = cluster.group.alive()
+        paused = paused_ranks(cluster.group.workers)
         for plan, meta, ok in zip(cluster.group.plans, cluster.group.metas, alive, strict=False):
             workers.append(
                 WorkerInfo(
@@ -293,6 +297,7 @@ def cluster_status(cluster: Any) -> ClusterStatus:
                     num_gpus=cluster.group.gpus_per_worker,
                     alive=ok,
                     local_rank=plan.local_rank,
+                    debugger=plan.rank in paused,
                 )
             )
     return ClusterStatus(

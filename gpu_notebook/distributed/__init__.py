@@ -5,14 +5,16 @@ The modules, one concern each: ``_group`` (the :class:`WorkerGroup`: placement, 
 choice, the torchrun environment, joining the group), ``_recovery`` (dead workers, stuck ranks, collectives out
 of step, rebuilds), ``_capture`` (a rank's output), ``_remains`` (what a dead rank left: its undrained output
 and faulthandler's report), ``_quiet`` (Ray's own notice of a death the cell reports, kept out), ``_ranks``
-(rank layout and selections), ``_output`` (prefixed streaming and the per-rank log), ``_results`` (what a
+(rank layout and selections), ``_debugger`` and ``_debug`` (pdb on a rank, and the notebook's prompt for it), ``_output`` (prefixed streaming and the per-rank log), ``_results`` (what a
 cell gives back), ``_placement`` (where the workers' resources come from: the :class:`Placement` seam and its
 default, :class:`RayPlacement`) and ``_handover`` (a :class:`GroupRecord`, for another kernel to
 :meth:`~WorkerGroup.adopt` the workers). Importing this package imports no ray or torch.
 """
 
-from gpu_notebook.distributed._background import BackgroundCell, BusyError, refuse_second
+from gpu_notebook.distributed._background import BackgroundCell, BusyError, refuse_second, running_on
 from gpu_notebook.distributed._background import find as find_background
+from gpu_notebook.distributed._debug import DebugError, paused_ranks
+from gpu_notebook.distributed._debug import debug as debug_ranks
 from gpu_notebook.distributed._errors import GroupError
 from gpu_notebook.distributed._group import GroupTimeouts, WorkerGroup
 from gpu_notebook.distributed._handover import GroupRecord
@@ -52,6 +54,7 @@ __all__ = [
     "BackgroundCell",
     "BusyError",
     "CellResult",
+    "DebugError",
     "DistributedError",
     "GroupError",
     "GroupRecord",
@@ -71,17 +74,20 @@ __all__ = [
     "Worker",
     "WorkerGroup",
     "choose_backend",
+    "debug_ranks",
     "find_background",
     "format_ranks",
     "gather_stacks",
     "impossible_request",
     "nccl_needs_gpus",
     "parse_ranks",
+    "paused_ranks",
     "placement_error",
     "plan_ranks",
     "push_hint",
     "rank_settings",
     "refuse_second",
+    "running_on",
     "run_script",
     "script_for",
     "too_large",

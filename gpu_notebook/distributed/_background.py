@@ -37,7 +37,7 @@ from typing import Any
 
 from gpu_notebook import _registry
 from gpu_notebook._display import fmt_duration, format_ranks
-from gpu_notebook.distributed import _rich
+from gpu_notebook.distributed import _debug, _rich
 from gpu_notebook.distributed._results import CellResult, RankResults
 from gpu_notebook.errors import GpuNotebookError
 
@@ -118,6 +118,7 @@ class BackgroundCell:
     # ---- the run -----------------------------------------------------------------------------------------------
     def _main(self, start: Callable[[Callable[[str], None]], CellResult]) -> None:
         try:
+            _debug.PROMPT.set(False)  # a rank that pauses waits for %gpu_debug: this thread has no input box
             with _rich.publishing_to(self._display):
                 self.result = start(self._write)
             filt = _rich.current_filter()
@@ -218,7 +219,7 @@ class BackgroundCell:
         return "failed" if self.result.failures else "done"
 
     def rank_states(self) -> dict[int, str]:
-        """Each rank's state: running, done, failed (or interrupted), cancelled or stopped."""
+        """Each rank's state: running, in the debugger, done, failed (or interrupted), cancelled or stopped."""
         if self._done.is_set():
             if self.result is None:
                 return dict.fromkeys(self.ranks, "failed")
@@ -234,6 +235,8 @@ class BackgroundCell:
         for r in self.ranks:
             if r in run.failures:
                 out[r] = "failed"
+            elif run.streamer.debugger.get(r) and r in pending:
+                out[r] = "in the debugger"
             elif r in pending or r not in run.values:
                 out[r] = "interrupting" if run.interrupted_at is not None else "running"
             else:

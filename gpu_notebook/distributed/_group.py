@@ -22,7 +22,7 @@ from typing import Any
 
 from gpu_notebook import _settings
 from gpu_notebook._display import Progress
-from gpu_notebook.distributed import _batch, _placement, _quiet, _recovery, _remains, _stall
+from gpu_notebook.distributed import _batch, _debug, _placement, _quiet, _recovery, _remains, _stall
 from gpu_notebook.distributed._errors import GroupError
 from gpu_notebook.distributed._handover import GroupRecord, live_workers
 from gpu_notebook.distributed._output import RankLog, Streamer
@@ -551,6 +551,7 @@ class WorkerGroup:
             got = self._drain(run.selected, run.streamer, run.workers)
             run.last_drain = now
             run.drain_every = DRAIN_MIN_S if got else min(2 * run.drain_every, DRAIN_MAX_S)
+        _debug.watch(run, now)  # a rank paused at a breakpoint: the prompt (or a background cell's note)
         if run.stall is not None:  # ranks whose collective numbers differ and stand still: their stacks, once
             run.stall.tick(now)
         for ref in ready:

@@ -227,6 +227,10 @@ class Streamer:
         self.ranks = list(ranks or [])  # the cell's ranks: identical displays of all of them are shown once
         self.filter = _rich.current_filter() if sink is not None else None  # --output-ranks
         self.router: _rich.Router | None = None  # displays and per-rank \r lines (see _rich), once needed
+        self.debugger: dict[
+            int, bool
+        ] = {}  # rank -> paused in the debugger, as its markers said (see _debug)
+        self.pause_news = False  # a rank paused since the cell's wait last looked
 
     def _router(self) -> _rich.Router:
         if self.router is None:
@@ -242,6 +246,10 @@ class Streamer:
         for part in _rich.split(text) if text else ():
             if isinstance(part, str):
                 self._emit_all(rank, self.log.feed(rank, part))
+                continue
+            if _rich.PAUSED_MIME in part["data"]:  # not a display: the rank paused in (or left) the debugger
+                self.debugger[rank] = bool(part["data"][_rich.PAUSED_MIME].get("paused"))
+                self.pause_news = self.pause_news or self.debugger[rank]
                 continue
             self.log.note(rank, _rich.summary(part))
             if self.sink is None:

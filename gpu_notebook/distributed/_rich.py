@@ -63,6 +63,8 @@ HOLD_S = 1.0
 BACKEND = "module://gpu_notebook.distributed._rich"
 _START = "\x00gpu_notebook:rich:"
 _END = "\x00"
+#: the bundle a rank sends when its code pauses in the debugger or runs on (``{"paused": bool}``; see _debug)
+PAUSED_MIME = "application/vnd.gpu-notebook.debugger+json"
 _MARKER = re.compile(re.escape(_START) + r"([A-Za-z0-9+/=]*)" + re.escape(_END))
 
 

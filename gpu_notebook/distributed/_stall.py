@@ -8,6 +8,9 @@ differ between ranks and none of them has moved for ``after_s`` seconds (``$GPU_
 the sequence numbers, and the ranks with the fewest collectives issued, which have not entered the collective the
 others wait in: usually the rank at fault (its stack says where it is instead).
 
+A rank paused in the debugger (``breakpoint()``, see :mod:`._debug`) is no hang: while one is, the report
+says once that it is paused instead, and the clock starts again after the pause.
+
 Equal numbers on every rank are not reported: the ranks may all be computing (or sleeping) between collectives.
 A rank that does work of its own while the others wait (an evaluation on rank 0 only) is reported too, once: that
 is a wait in a collective, and the report says how to turn it off.
@@ -22,7 +25,7 @@ from typing import Any
 from gpu_notebook import _settings
 from gpu_notebook.distributed import _batch, _stacks
 
-__all__ = ["PROBE_S", "StallClock", "StallWatch", "stall_message", "watch_for"]
+__all__ = ["PROBE_S", "StallClock", "StallWatch", "paused_message", "stall_message", "watch_for"]
 
 PROBE_S = (
     10.0  # how often the ranks' sequence numbers are asked for (at most; a third of the threshold if less)
@@ -88,6 +91,15 @@ def stall_message(report: _stacks.StacksReport, stalled_s: float, after_s: float
     return f"{head}\n{report}\n{tail}"
 
 
+def paused_message(ranks: Sequence[int]) -> str:
+    """What the cell shows instead of a hang report while ranks are paused in the debugger."""
+    names = ", ".join(map(str, ranks))
+    return (
+        f"gpu_notebook: rank{'s' if len(ranks) > 1 else ''} {names} paused in the debugger; the other ranks "
+        f"wait for {'them' if len(ranks) > 1 else 'it'} (no hang)"
+    )
+
+
 class StallWatch:
     """Probes ``workers`` (all ranks of the group, in rank order) from the cell's wait loop; ``tick(now)`` at
     every poll. ``say`` shows the report in the cell."""
@@ -106,6 +118,12 @@ class StallWatch:
         self._refs: list[Any] | None = None
         self._sent_at = 0.0
         self._next = time.monotonic() + self.probe_s
+        self._said_paused = False
+        self._paused_since: float | None = None  # when a probe first found a rank paused in the debugger
+
+    def restart(self, now: float) -> None:
+        """Start the clock again (after a pause in the debugger, during which nothing was probed)."""
+        self.clock.seqs, self._refs, self._next = None, None, now + self.probe_s
 
     def tick(self, now: float) -> None:
         if self.clock.reported:
@@ -116,6 +134,15 @@ class StallWatch:
                 return  # not every rank answered yet: read again at a later poll
             self._refs = None
             seqs = [a.get("seq") if ok and isinstance(a, dict) else None for ok, a in got]
+            paused = [r for r, (ok, a) in enumerate(got) if ok and isinstance(a, dict) and a.get("debugger")]
+            if paused:  # a pause in the debugger is no hang: said once, and the clock starts after it
+                self._paused_since = self._paused_since if self._paused_since is not None else now
+                if now - self._paused_since > self.clock.after_s and not self._said_paused:
+                    self._said_paused = True
+                    self.say(paused_message(paused))
+                self.clock.seqs = None
+                return
+            self._paused_since = None
             if self.clock.observe(seqs, now):
                 report = _stacks.gather(self.workers)
                 self.say(stall_message(report, now - self.clock.since, self.clock.after_s))

@@ -46,6 +46,7 @@ from gpu_notebook.distributed import (
     _stacks,
 )
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
+from gpu_notebook.distributed._debugger import DebugAnswer, DebugState, RankDebugger
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
 
@@ -59,7 +60,8 @@ _OUR_FILES = frozenset(
 # Ray reads this attribute (what ``@ray.method(concurrency_group=...)`` sets) when the class becomes an actor;
 # setting it directly keeps ray out of this module's imports. push and pull are control calls: they work while a
 # cell runs (a background cell).
-_CTL = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull", "stacks")
+_CTL: tuple[str, ...] = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull", "stacks")
+_CTL += ("debug_state", "debug_command", "debug_post_mortem")  # the debugger (see _debugger)
 _EXEC = ("init_process_group", "run_cell", "call", "shutdown")
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
@@ -210,6 +212,10 @@ class RankWorker:
         _main.install_by_value()
         _rich.install(self._capture.write)  # display() and matplotlib figures go to the cell (see _rich)
         _interruptible.install()  # a cell blocked in sleep() or a lock wait still sees the stop button
+        self._debugger = RankDebugger(self._capture.write)  # breakpoint() and post-mortem (see _debugger)
+        self._debugger.install(
+            None if "PYTHONBREAKPOINT" in (env or {}) else os.environ.get("PYTHONBREAKPOINT")
+        )
         sys.stdout = StreamProxy(self._capture, "<stdout>")  # type: ignore[assignment]
         sys.stderr = StreamProxy(self._capture, "<stderr>")  # type: ignore[assignment]
         _process_group.import_torch_soon()  # init_process_group needs it next; what it prints goes to the cell
@@ -248,10 +254,20 @@ class RankWorker:
             "busy": self._exec_tid is not None,
             "rank": self.rank,
             "seq": collective_seq(),
+            "debugger": self._debugger.is_paused(),
         }
 
     def drain_output(self) -> str:
         return self._capture.drain()
+
+    def debug_state(self) -> DebugState:
+        return self._debugger.state()
+
+    def debug_command(self, line: str | None, settle: float | None = None) -> DebugAnswer:
+        return self._debugger.command(line) if settle is None else self._debugger.command(line, settle)
+
+    def debug_post_mortem(self) -> DebugAnswer:
+        return self._debugger.post_mortem()
 
     def stacks(self, native: bool = False) -> dict[str, Any]:
         """Every thread's Python stack in this process, the cell's first (see :mod:`._stacks`)."""
@@ -266,6 +282,7 @@ class RankWorker:
             tid = self._exec_tid
             if tid is None:
                 return False
+            self._debugger.interrupt()  # a cell paused in the debugger ends too
             n = ctypes.pythonapi.PyThreadState_SetAsyncExc(
                 ctypes.c_ulong(tid), ctypes.py_object(KeyboardInterrupt)
             )
@@ -289,6 +306,7 @@ class RankWorker:
         """
         tid = threading.get_ident()
         _rich.begin_cell()
+        _interruptible.release_later(self._debugger.begin_cell(cell_file))  # the last failure's frames go
         box: list[tuple[bool, Any]] = []
         try:
             try:
@@ -320,8 +338,9 @@ class RankWorker:
             if isinstance(payload, SystemExit):  # name the code, as a shell would see it
                 result["evalue"] = _exit_text(payload)
             # its traceback holds the cell's frames and what they hold (a DataLoader iterator, whose shutdown
-            # waits 5 s for its workers): dropped on another thread, so the reply is not held up (see
-            # _interruptible)
+            # waits 5 s for its workers): kept for post-mortem until the next cell, then dropped on another
+            # thread, so no reply is held up (see _interruptible)
+            self._debugger.keep(payload)
             _interruptible.release_later(payload, box)
             payload = None
             box = []

@@ -47,6 +47,7 @@ MAGICS = (
         cell=("distributed",),
     ),
     MagicsPart("gpu_notebook.magics._run", "RunMagics", "ray", line=("gpu_run",)),
+    MagicsPart("gpu_notebook.magics._debug", "DebugMagics", "ray", line=("gpu_debug",)),
     MagicsPart("gpu_notebook.magics._checkpoint", "CheckpointMagics", "checkpoint", line=("gpu_checkpoint",)),
     MagicsPart("gpu_notebook.magics._monitor", "MonitorMagics", "monitor", line=("gpu_monitor",)),
     MagicsPart("gpu_notebook.magics._cost", "CostMagics", "widgets", line=("gpu_cost",)),
