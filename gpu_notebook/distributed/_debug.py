@@ -237,9 +237,8 @@ def watch(run: Any, now: float) -> None:
     if not PROMPT.get():
         ranks = sorted(r for r, p in streamer.debugger.items() if p)
         if ranks:
-            streamer.say(
-                f"gpu_notebook: rank {format_ranks(ranks)} waits in the debugger: %gpu_debug attaches"
-            )
+            who = f"ranks {format_ranks(ranks)} wait" if len(ranks) > 1 else f"rank {ranks[0]} waits"
+            streamer.say(f"gpu_notebook: {who} in the debugger: %gpu_debug attaches")
         return
     console = Console(run.workers, run.selected, write=streamer.sink or _stdout)
     console.refresh()
