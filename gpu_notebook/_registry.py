@@ -53,6 +53,7 @@ __all__ = [
     "launcher_hooked",
     "launcher_listeners",
     "monitors",
+    "panel_publisher",
     "policy_watchers",
     "ray_connection",
     "set_active_checkpointer",
@@ -95,6 +96,9 @@ class ClusterManager(Generic[C]):
         self._clusters: dict[str, C] = {}
         self._current: str | None = None
         self._lock = threading.RLock()
+        #: ``fn(event, cluster)`` for each cluster added ("added") or removed ("removed"): the JupyterLab
+        #: panel's publisher listens here, so the cluster layer need not know it exists
+        self.listeners: builtins.list[Callable[[str, C], None]] = []
 
     def __repr__(self) -> str:
         return f"<ClusterManager {len(self._clusters)} cluster(s), current={self._current!r}>"
@@ -121,6 +125,7 @@ class ClusterManager(Generic[C]):
         with self._lock:
             self._clusters[cluster.name] = cluster
             self._current = cluster.name
+        self._tell("added", cluster)
 
     def remove(self, cluster: C) -> None:
         with self._lock:
@@ -128,6 +133,14 @@ class ClusterManager(Generic[C]):
                 del self._clusters[cluster.name]
             if self._current == cluster.name:
                 self._current = next(reversed(self._clusters), None) if self._clusters else None
+        self._tell("removed", cluster)
+
+    def _tell(self, event: str, cluster: C) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn(event, cluster)
+            except Exception as exc:  # noqa: BLE001 - a view must never fail a start or a stop
+                print(f"gpu_notebook: {event} listener failed: {exc}", file=sys.stderr)
 
     def get(self, name: str, default: Any = _MISSING) -> Any:
         with self._lock:
@@ -392,6 +405,8 @@ launcher_listeners: Items[Callable[[str, dict[str, Any]], None]] = Items("launch
 #: True once our dispatcher is registered with Ray's launcher event system (global, and it only grows: once per
 #: process, whichever clusters come and go).
 launcher_hooked: Slot[bool] = Slot("launcher event hook")
+#: The JupyterLab panel's publisher of this kernel (``gpu_notebook.panel``), once a cluster started here.
+panel_publisher: Slot[Any] = Slot("JupyterLab panel publisher")
 #: What runs first when Jupyter asks the kernel to shut down or restart, before its clusters stop (in the order
 #: added): the cluster package adds how a local Ray's processes end together, without the kernel waiting for each.
 before_kernel_shutdown: Items[Callable[[], None]] = Items("preparations for a kernel shutdown")

@@ -37,6 +37,7 @@ __all__ = [
     "NATIVE_VAR",
     "NO_C_EXT_VAR",
     "OUTPUT_LINES_VAR",
+    "PANEL_VAR",
     "PROXY_PREFIX_VAR",
     "SKIP_RAY_VERSION_CHECK_VAR",
     "STALL_REPORT_VAR",
@@ -53,6 +54,7 @@ __all__ = [
     "metadata_url",
     "native_switched_off",
     "output_lines",
+    "panel_enabled",
     "proxy_prefix",
     "skip_ray_version_check",
     "stall_report_s",
@@ -201,6 +203,14 @@ def stall_report_s() -> float:
     )
 
 
+PANEL_VAR = "GPU_NOTEBOOK_PANEL"
+
+
+def panel_enabled() -> bool:
+    """Whether a kernel publishes its clusters to the JupyterLab panel: unless ``$GPU_NOTEBOOK_PANEL`` is ``0``."""
+    return os.environ.get(PANEL_VAR, "").strip().lower() not in _FALSE
+
+
 def interruptible_waits() -> bool:
     """Whether a cell's blocking waits are sliced so the stop button reaches them: unless
     ``$GPU_NOTEBOOK_INTERRUPTIBLE_WAITS`` is ``0`` (read on the rank)."""
@@ -266,6 +276,13 @@ VARIABLES: tuple[Variable, ...] = (
         "`0` in the workers' environment (`--env`) leaves a cell's sleeps and lock waits unsliced "
         "(the stop button then cannot end them)",
         "on each rank, when its worker starts",
+    ),
+    Variable(
+        PANEL_VAR,
+        "on",
+        "`0` stops the kernel publishing its clusters to the JupyterLab panel (the sidebar, dashboards and "
+        "status-bar item then do not see them)",
+        "when a cluster starts",
     ),
     Variable(
         PROXY_PREFIX_VAR,

@@ -297,9 +297,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-pid", type=int, required=True, help="the process that launched it")
     parser.add_argument("--lease", required=True, help="the lease file; its removal means 'released'")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between checks")
+    parser.add_argument(
+        "--now",
+        action="store_true",
+        help="tear down at once, without waiting for the kernel (the JupyterLab panel's 'tear down now')",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the kernel's terminal is not for us
-    return watch(args.name, args.kernel_pid, Path(args.lease), args.poll)
+    lease = Path(args.lease)
+    if args.now:
+        if _read_lease(lease) is None:  # released after a failed teardown: the saved state says what is left
+            _write_lease(lease, {"name": args.name, "kernel_pid": args.kernel_pid, "created_at": 0.0})
+        _say(f"reaper {os.getpid()}: teardown of {args.name} asked for from the JupyterLab panel")
+        return reap(args.name, lease)
+    return watch(args.name, args.kernel_pid, lease, args.poll)
 
 
 if __name__ == "__main__":

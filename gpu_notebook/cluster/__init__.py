@@ -9,6 +9,7 @@ settings in frozen dataclasses: :class:`Resources`, :class:`Runtime`, :class:`Po
 run as torchrun would).
 """
 
+from gpu_notebook import panel as _panel
 from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster._connect import ConnectError
 from gpu_notebook.cluster._errors import ClusterError
@@ -17,6 +18,8 @@ from gpu_notebook.cluster._run import run_script
 from gpu_notebook.cluster._runtime_env import EnvReport, WorkerSetup, rank_env, worker_setup
 from gpu_notebook.cluster._status import ClusterStatus, NodeInfo, WorkerInfo
 from gpu_notebook.cluster.options import CloudLaunch, Policies, Resources, Runtime
+
+_panel.listen()  # the JupyterLab panel hears of every cluster this process starts or stops
 
 __all__ = [
     "CloudLaunch",

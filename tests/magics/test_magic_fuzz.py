@@ -175,6 +175,9 @@ def _rank_opts() -> list[Opt]:
         Opt("gpu_pull", "x", "--device", "flag"),
         Opt("gpu_push", "x", _distributed.CLUSTER.flag, _kind(_distributed.CLUSTER)),
         Opt("gpu_pull", "x", _distributed.CLUSTER.flag, _kind(_distributed.CLUSTER)),
+        Opt("gpu_debug", "", "--rank", "number"),
+        Opt("gpu_debug", "", "-r", "number"),
+        Opt("gpu_debug", "", _distributed.CLUSTER.flag, _kind(_distributed.CLUSTER)),
         # the positionals: a value where the magic takes a name or a script
         Opt("gpu_push", "", "", "text"),
         Opt("gpu_pull", "", "", "text"),
