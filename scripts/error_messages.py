@@ -51,6 +51,8 @@ _CODEC = "a chunk frame that does not decode: restore reports it as IntegrityErr
 _RING = "the samplers' ring buffer checks the rows the sampler itself makes"
 #: messages the page need not cover, each with the reason (internal invariants a user cannot cause)
 EXCLUDED: dict[str, str] = {
+    "not a kernel id:": "the panel's feed folder guards its paths (_feed.kernel_dir): kernel ids come from Jupyter, "
+    "the server extension's routes accept only their characters, and a caller's lookup of another id answers 404",
     "not a bundle": "raised and caught in the same function (distributed/_rich.py): a cut display becomes a line",
     "frame is truncated": _CODEC,
     "plane claims": _CODEC,

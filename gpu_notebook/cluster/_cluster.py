@@ -345,7 +345,12 @@ class Cluster:
         if asked.cpus_per_worker is not None:
             cpus = asked.cpus_per_worker
         else:
-            cpus = min(1.0, max(0.1, int(cluster_cpus / workers * 10) / 10))
+            # the CPUs free now, so that a second notebook joining this Ray ("use in this notebook" in the panel)
+            # fits its workers beside the first one's; when too few are free, the share of the total (the start
+            # then waits for them and says who holds them)
+            free_cpus = float(ray.available_resources().get("CPU", 0.0))
+            share = free_cpus if free_cpus >= 0.1 * workers else cluster_cpus
+            cpus = min(1.0, max(0.1, int(share / workers * 10) / 10))
         return workers, cpus, gpus
 
     def kernel_shutdown(self) -> str:

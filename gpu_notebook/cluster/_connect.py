@@ -455,6 +455,13 @@ def _raise_connect_error(address: str, exc: BaseException) -> NoReturn:
         if address != "auto"
         else "no running Ray cluster was found on this machine (start one with `ray start --head`)"
     )
+    if address != "auto" and os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+        # Ray sends its token to an address given by hand only in token mode, and a cluster that ray.init()
+        # started asks for one: it then looks like nothing answers
+        hint += (
+            "; if it uses Ray's token authentication (a cluster another notebook's ray.init() started does), "
+            "run %env RAY_AUTH_MODE=token first: Ray then sends the token of ~/.ray/auth_token"
+        )
     raise ConnectError(
         f"could not connect to Ray at {address}: {first_line(str(exc))[:300]}; {hint}"
     ) from exc

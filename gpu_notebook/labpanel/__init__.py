@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_notebook import _feed
+
+from ._handlers import handlers
+
 __all__ = ["_jupyter_server_extension_points", "_load_jupyter_server_extension"]
 
 
@@ -19,10 +23,6 @@ def _jupyter_server_extension_points() -> list[dict[str, str]]:
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
-    from gpu_notebook import _feed
-
-    from ._handlers import handlers
-
     web_app = serverapp.web_app
     root = _feed.feed_root(serverapp.runtime_dir)
     web_app.settings["gpu_notebook_feed_root"] = str(root)

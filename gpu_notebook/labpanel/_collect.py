@@ -12,7 +12,7 @@ import shutil
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from gpu_notebook import _feed
 
@@ -134,3 +134,21 @@ def find(root: Path, kernel_id: str, name: str) -> tuple[Path, dict[str, Any], d
     if not isinstance(record, dict) or not isinstance(data, dict):
         return None
     return kdir, record, data
+
+
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def proxied_path(dashboard_url: str | None, proxy_loaded: bool) -> str | None:
+    """``proxy/<port>/`` for a dashboard on this machine when jupyter-server-proxy runs in the server (its route,
+    relative to the base URL: the Ray dashboard then opens behind JupyterHub or Binder too), else None."""
+    if not proxy_loaded or not dashboard_url:
+        return None
+    try:
+        parts = urlsplit(dashboard_url if "://" in dashboard_url else f"http://{dashboard_url}")
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None or (parts.hostname or "") not in (*_LOCAL_HOSTS, os.uname().nodename):
+        return None
+    return f"proxy/{port}/"

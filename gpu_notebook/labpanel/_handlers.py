@@ -59,6 +59,9 @@ class ClustersHandler(_Base):
         sessions = await self.sessions()
         await asyncio.to_thread(_feed.touch_watching, root)  # kernels refresh their live feed while we look
         entries = await asyncio.to_thread(_collect.collect, root, sessions)
+        proxy = "jupyter_server_proxy" in sys.modules  # loaded as a server extension of this server
+        for e in entries:
+            e["proxied_dashboard_path"] = _collect.proxied_path(e.get("dashboard_url"), proxy)
         self.write_json({"now": time.time(), "clusters": entries})
 
 

@@ -615,10 +615,11 @@ def monitor_for(cluster: MonitoredCluster | None = None, *, local: bool = False,
     """
     cluster = _default_cluster(cluster, local)
     key = _key(cluster)
-    mon = _registry.monitors.get(key)
-    if mon is None or not mon.started:
-        mon = (Monitor.local(**kwargs) if cluster is None else Monitor(cluster, **kwargs)).start()
-        _registry.monitors.set(key, mon)
+    with _registry.monitors.lock:  # the panel's thread and a cell asking at once get one monitor, not two
+        mon = _registry.monitors.get(key)
+        if mon is None or not mon.started:
+            mon = (Monitor.local(**kwargs) if cluster is None else Monitor(cluster, **kwargs)).start()
+            _registry.monitors.set(key, mon)
     return mon
 
 

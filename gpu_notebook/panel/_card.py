@@ -7,12 +7,15 @@ Nothing samples the nodes a second time. The shapes are those of ``docs/dev/pane
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import time
 from typing import Any
 
 from gpu_notebook import _feed, _registry
+from gpu_notebook.cloud._reaper import lease_path, log_path
+from gpu_notebook.cost import cost_meter_for
 from gpu_notebook.monitor import running_monitor
 
 #: seconds of history the dashboard pane shows (the monitor keeps more)
@@ -40,8 +43,6 @@ def card(cluster: Any, kernel: dict[str, Any]) -> dict[str, Any]:
     cloud = kind.split(":", 1)[1] if kind.startswith("cloud:") else None
     reaper = None
     if cloud:
-        from gpu_notebook.cloud._reaper import lease_path, log_path
-
         reaper = {"lease": str(lease_path(cluster.name)), "log": str(log_path(cluster.name))}
     return {
         "name": cluster.name,
@@ -69,7 +70,10 @@ def attach_code(cluster: Any, address: str | None) -> str:
     """The cell "use in this notebook" inserts: this notebook's kernel joins the same Ray cluster."""
     name = f"{cluster.name}-here" if cluster.name else "shared"
     if address and address not in ("local", "auto"):
-        return f"%load_ext gpu_notebook\n%gpu_cluster start --address {address} --name {name}"
+        # a Ray that ray.init() started here asks every driver for its token, and Ray sends it to an address given
+        # by hand only in token mode (the token itself stays in ~/.ray/auth_token, never in the cell)
+        auth = "%env RAY_AUTH_MODE=token\n" if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else ""
+        return f"%load_ext gpu_notebook\n{auth}%gpu_cluster start --address {address} --name {name}"
     return f"%load_ext gpu_notebook\n%gpu_cluster start --name {name}"
 
 
@@ -124,12 +128,24 @@ def _thin(n: int) -> slice:
     return slice(None, None, max(1, math.ceil(n / SERIES_POINTS)))
 
 
+def _aligned(axis: list[float], t: list[float], y: list[Any], gap_s: float) -> list[float | None]:
+    """``y`` (sampled at ``t``) on ``axis``: at each time the latest sample at or before it, None where there is
+    none within ``gap_s`` (a node that stopped answering shows a gap, not its last value held)."""
+    out: list[float | None] = []
+    for x in axis:
+        i = bisect.bisect_right(t, x) - 1
+        out.append(_num(y[i]) if i >= 0 and x - t[i] <= gap_s else None)
+    return out
+
+
 def series(cluster: Any, meter: Any) -> dict[str, Any]:
     """The dashboard pane's recent series: per-GPU utilisation, memory and power, per-host CPU, memory and
-    network, and the cost so far (at most :data:`SERIES_POINTS` points each)."""
+    network, and the cost so far. The GPUs and hosts share one time axis ``t`` (every node samples on its own
+    clock; each series is read at the axis's times), of at most :data:`SERIES_POINTS` points."""
     mon = running_monitor(cluster)
-    out: dict[str, Any] = {"window_s": SERIES_WINDOW_S, "gpus": [], "hosts": [], "cost": None}
+    out: dict[str, Any] = {"window_s": SERIES_WINDOW_S, "t": [], "gpus": [], "hosts": [], "cost": None}
     if mon is not None:
+        raw: list[tuple[dict[str, Any], str, list[float], list[Any]]] = []
         gpus: dict[tuple[str, int], dict[str, Any]] = {}
         for metric in SERIES_METRICS:
             for s in mon.gpu_series(metric, window_s=SERIES_WINDOW_S):
@@ -138,17 +154,21 @@ def series(cluster: Any, meter: Any) -> dict[str, Any]:
                     key,
                     {"node": s["node"], "index": s["index"], "label": f"{_short(s['node'])} gpu{s['index']}"},
                 )
-                step = _thin(len(s["t"]))
-                entry["t"] = [round(float(t), 3) for t in s["t"][step]]
-                entry[metric] = [_num(v) for v in s["y"][step]]
-        out["gpus"] = list(gpus.values())
+                raw.append((entry, metric, [float(t) for t in s["t"]], list(s["y"])))
         hosts: dict[str, dict[str, Any]] = {}
         for metric in HOST_SERIES_METRICS:
             for h in mon.host_series(metric, window_s=SERIES_WINDOW_S):
                 entry = hosts.setdefault(h["node"], {"node": h["node"], "label": _short(h["node"])})
-                step = _thin(len(h["t"]))
-                entry["t"] = [round(float(t), 3) for t in h["t"][step]]
-                entry[metric] = [_num(v) for v in h["y"][step]]
+                raw.append((entry, metric, [float(t) for t in h["t"]], list(h["y"])))
+        times = sorted({round(t, 3) for _, _, ts, _ in raw for t in ts})
+        axis = times[_thin(len(times))]
+        if times and axis[-1] != times[-1]:
+            axis.append(times[-1])  # the latest sample is always shown
+        gap = max(5.0, 4 * float(getattr(mon, "interval", 1.0) or 1.0))
+        for entry, metric, ts, ys in raw:
+            entry[metric] = _aligned(axis, ts, ys, gap)
+        out["t"] = axis
+        out["gpus"] = list(gpus.values())
         out["hosts"] = list(hosts.values())
         latest = mon.latest()
         totals = {(g["node"], g["index"]): _num(g["mem_total_mib"]) for g in latest["gpus"]}
@@ -168,8 +188,6 @@ def cost_meter(cluster: Any) -> Any:
     """The cluster's shared cost meter (made on first use, as ``%gpu_cost`` does)."""
     meter = _registry.cost_meters.get(cluster)
     if meter is None:
-        from gpu_notebook.cost import cost_meter_for
-
         meter = cost_meter_for(cluster)
     return meter
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_notebook import _feed, _registry, _settings
+from gpu_notebook.monitor import monitor_for, running_monitor
 
 from . import _card
 
@@ -133,8 +134,6 @@ class Publisher:
 
     def _ensure_monitor(self, cluster: Any) -> None:
         """Start the cluster's shared monitor once, off this thread (a start takes seconds on a cloud cluster)."""
-        from gpu_notebook.monitor import monitor_for, running_monitor
-
         if running_monitor(cluster) is not None or cluster in self._monitor_tried:
             return
         self._monitor_tried.add(cluster)

@@ -8,6 +8,7 @@ is 2 s there, so a pause of several seconds would be reported if a pause counted
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import time
 from collections.abc import Iterator
@@ -44,6 +45,19 @@ class Session:
                 out.append(content.get("data", {}).get("text/plain", ""))
 
         def on_input(msg: dict[str, Any]) -> None:
+            # what the cell printed before this prompt can arrive after it: iopub and stdin are two channels, with
+            # no order between them (CI saw the answer to "all p rank" after the next prompt). The kernel flushed
+            # it before asking, so it is on its way: read it first. (The cell's final idle cannot come meanwhile:
+            # the kernel waits for this answer.)
+            parent = msg["parent_header"].get("msg_id")
+            drain_until = time.monotonic() + 0.5
+            while time.monotonic() < drain_until:
+                try:
+                    m = self.kc.get_iopub_msg(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if m["parent_header"].get("msg_id") == parent and m["msg_type"] != "status":
+                    on_output(m)
             self.prompts.append(msg["content"]["prompt"])
             if wait_first and len(self.prompts) == 1:
                 time.sleep(wait_first)

@@ -212,6 +212,9 @@ async def _journey(jp_fetch: Any, kc: Any, root: Path, kernel_id: str, gcs: str)
     assert e["nodes"] >= 1 and e.get("usd_per_hour") is not None
     series = await _get(jp_fetch, "clusters", kernel_id, "panel", "series")
     assert series["hosts"] and series["hosts"][0]["cpu_percent"], series
+    # one time axis for every series (the pane draws them against it)
+    assert len(series["t"]) == len(series["hosts"][0]["cpu_percent"]) >= 1, series
+    assert series["t"] == sorted(series["t"]) and all(isinstance(x, float) for x in series["t"]), series
 
     # stop from the panel: the running cell ends with the panel's reason
     r = await jp_fetch(
@@ -272,3 +275,36 @@ def test_feed_files_are_private_and_atomic(tmp_path: Path) -> None:
     assert _feed.read_reply(path.parent, cid)["message"] == "done"
     assert _feed.read_reply(path.parent, cid) is None
     os.environ.pop("GPU_NOTEBOOK_PANEL", None)
+
+
+def test_the_ray_dashboard_goes_through_the_servers_proxy_when_it_can() -> None:
+    from gpu_notebook.labpanel._collect import proxied_path
+
+    assert proxied_path("http://127.0.0.1:8265", True) == "proxy/8265/"
+    assert proxied_path("localhost:8266", True) == "proxy/8266/"
+    assert proxied_path("http://127.0.0.1:8265", False) is None  # no jupyter-server-proxy: the direct link
+    assert proxied_path("http://10.1.2.3:8265", True) is None  # another machine's: the proxy cannot reach it
+    assert proxied_path("", True) is None and proxied_path(None, True) is None
+    assert proxied_path("http://127.0.0.1:notaport", True) is None
+
+
+def test_the_use_here_cell_asks_for_token_mode_where_the_owner_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray sends its token to an address typed by hand only in token mode; a Ray that ray.init() started asks for
+    it (the browser journey's second notebook failed to connect without it). The token never goes in the cell."""
+    from types import SimpleNamespace
+
+    from gpu_notebook.panel._card import attach_code
+
+    c = SimpleNamespace(name="local")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "secret-token-value")
+    code = attach_code(c, "10.0.0.5:6379")
+    assert code.splitlines() == [
+        "%load_ext gpu_notebook",
+        "%env RAY_AUTH_MODE=token",
+        "%gpu_cluster start --address 10.0.0.5:6379 --name local-here",
+    ]
+    assert "secret-token-value" not in code
+    monkeypatch.delenv("RAY_AUTH_MODE")
+    assert "RAY_AUTH_MODE" not in attach_code(c, "10.0.0.5:6379")
+    assert attach_code(c, None) == "%load_ext gpu_notebook\n%gpu_cluster start --name local-here"

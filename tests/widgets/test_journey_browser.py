@@ -107,11 +107,11 @@ class Watch:
         self.monitor_shot: pathlib.Path | None = None
         self.problems: list[str] = []
 
-    def _shoot_monitor(self, page: Any) -> None:
+    def _shoot_monitor(self, page: Any, timeout_ms: int = 10_000) -> None:
         cell = page.locator(".jp-CodeCell", has=page.locator(".gpu-notebook-monitor")).first
         shot = self.shots / f"{self.name}-monitor.png"
         try:  # short: the cell can be re-rendered (its live view ending, the notebook scrolling) meanwhile
-            cell.screenshot(path=str(shot), timeout=10_000)
+            cell.screenshot(path=str(shot), timeout=timeout_ms)
         except Exception as exc:  # noqa: BLE001 - playwright's TimeoutError: the next look tries again
             print(f"{self.name}: the monitor cell's screenshot failed ({type(exc).__name__}); trying again")
             return
@@ -155,6 +155,9 @@ def _run(page: Any, sync_api: Any, server: str, app: str, name: str, watch: Watc
         done = _browser.cells_ran(nb) and _browser.kernel_idle(page)
         if errors or done or time.monotonic() - t0 > budget_s:
             break
+    if watch.monitor_shot is None and watch.monitor_points >= 2:
+        # the tries while it ran timed out (a loaded machine): once more, with time, on the cell as it ended
+        watch._shoot_monitor(page, timeout_ms=45_000)
     stem = name.removesuffix(".ipynb")
     page.screenshot(path=str(watch.shots / f"{stem}-end.png"))
     # the cells a person looks at, each whole (the page scrolls inside the notebook)
