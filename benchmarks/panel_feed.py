@@ -124,8 +124,11 @@ class Looker(threading.Thread):
             listed = self.server.get("gpu-notebook/api/clusters")
             self.entries = list(listed["clusters"])  # type: ignore[index]
             for name in self.names:
-                s = self.server.get(f"gpu-notebook/api/clusters/{self.kernel_id}/{quote(name, safe='')}/series")
-                self.series_points = max(self.series_points, len((s or {}).get("t") or []))  # type: ignore[union-attr]
+                s = self.server.get(
+                    f"gpu-notebook/api/clusters/{self.kernel_id}/{quote(name, safe='')}/series"
+                )
+                t = (s or {}).get("t")  # type: ignore[union-attr]
+                self.series_points = max(self.series_points, len(t) if isinstance(t, list) else 0)
             self.polls += 1
             self.stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
 
@@ -192,7 +195,9 @@ def main() -> None:
                     assert looker.entries and looker.series_points, "the server served no feed"
                     got = {e["name"] for e in looker.entries}
                     assert got == {"a", "b"}, f"the server listed {got}"
-                    print(f"  the looker polled {looker.polls} times; series of {looker.series_points} points")
+                    print(
+                        f"  the looker polled {looker.polls} times; series of {looker.series_points} points"
+                    )
                     looker = None
                 print(f"  {phase}: " + ", ".join(f"{k} {v[-1]:.2f}%" for k, v in row.items()), flush=True)
     finally:

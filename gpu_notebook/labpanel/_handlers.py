@@ -73,7 +73,8 @@ class SeriesHandler(_Base):
             raise tornado.web.HTTPError(404, reason="no such cluster: it stopped, or its kernel is gone")
         await asyncio.to_thread(_feed.touch_watching, self.feed_root)
         _, _, data = found
-        self.write_json({"t": (data.get("live") or {}).get("t"), **(data.get("series") or {})})
+        # "t" is the series' time axis (a list: empty before the kernel's first refresh); "updated" the live part's
+        self.write_json({"t": [], **(data.get("series") or {}), "updated": (data.get("live") or {}).get("t")})
 
 
 class ActionHandler(_Base):

@@ -7,11 +7,12 @@ Nothing samples the nodes a second time. The shapes are those of ``docs/dev/pane
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
 import time
 from typing import Any
+
+import numpy as np
 
 from gpu_notebook import _feed, _registry
 from gpu_notebook.cloud._reaper import lease_path, log_path
@@ -128,14 +129,16 @@ def _thin(n: int) -> slice:
     return slice(None, None, max(1, math.ceil(n / SERIES_POINTS)))
 
 
-def _aligned(axis: list[float], t: list[float], y: list[Any], gap_s: float) -> list[float | None]:
-    """``y`` (sampled at ``t``) on ``axis``: at each time the latest sample at or before it, None where there is
-    none within ``gap_s`` (a node that stopped answering shows a gap, not its last value held)."""
-    out: list[float | None] = []
-    for x in axis:
-        i = bisect.bisect_right(t, x) - 1
-        out.append(_num(y[i]) if i >= 0 and x - t[i] <= gap_s else None)
-    return out
+def _on_axis(axis: Any, t: Any, y: Any, gap_s: float) -> list[float | None]:
+    """``y`` (sampled at times ``t``, in order) read at each time of ``axis``: the latest sample at or before it,
+    None where there is none within ``gap_s`` (a node that stopped answering shows a gap, not its last value)."""
+    t, y = np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+    if len(t) == 0:
+        return [None] * len(axis)
+    at = np.searchsorted(t, axis, side="right") - 1
+    ok = (at >= 0) & (axis - t[np.maximum(at, 0)] <= gap_s)
+    v = np.where(ok, y[np.maximum(at, 0)], np.nan)
+    return [None if not math.isfinite(x) else x for x in v.tolist()]
 
 
 def series(cluster: Any, meter: Any) -> dict[str, Any]:
@@ -145,7 +148,7 @@ def series(cluster: Any, meter: Any) -> dict[str, Any]:
     mon = running_monitor(cluster)
     out: dict[str, Any] = {"window_s": SERIES_WINDOW_S, "t": [], "gpus": [], "hosts": [], "cost": None}
     if mon is not None:
-        raw: list[tuple[dict[str, Any], str, list[float], list[Any]]] = []
+        raw: list[tuple[dict[str, Any], str, Any, Any]] = []
         gpus: dict[tuple[str, int], dict[str, Any]] = {}
         for metric in SERIES_METRICS:
             for s in mon.gpu_series(metric, window_s=SERIES_WINDOW_S):
@@ -154,19 +157,21 @@ def series(cluster: Any, meter: Any) -> dict[str, Any]:
                     key,
                     {"node": s["node"], "index": s["index"], "label": f"{_short(s['node'])} gpu{s['index']}"},
                 )
-                raw.append((entry, metric, [float(t) for t in s["t"]], list(s["y"])))
+                raw.append((entry, metric, s["t"], s["y"]))
         hosts: dict[str, dict[str, Any]] = {}
         for metric in HOST_SERIES_METRICS:
             for h in mon.host_series(metric, window_s=SERIES_WINDOW_S):
                 entry = hosts.setdefault(h["node"], {"node": h["node"], "label": _short(h["node"])})
-                raw.append((entry, metric, [float(t) for t in h["t"]], list(h["y"])))
-        times = sorted({round(t, 3) for _, _, ts, _ in raw for t in ts})
+                raw.append((entry, metric, h["t"], h["y"]))
+        stamps = [np.round(np.asarray(ts, dtype=float), 3) for _, _, ts, _ in raw]
+        times = np.unique(np.concatenate(stamps)) if stamps else np.zeros(0)
         axis = times[_thin(len(times))]
-        if times and axis[-1] != times[-1]:
-            axis.append(times[-1])  # the latest sample is always shown
+        if len(times) and axis[-1] != times[-1]:
+            axis = np.append(axis, times[-1])  # the latest sample is always shown
         gap = max(5.0, 4 * float(getattr(mon, "interval", 1.0) or 1.0))
-        for entry, metric, ts, ys in raw:
-            entry[metric] = _aligned(axis, ts, ys, gap)
+        for (entry, metric, _, ys), ts in zip(raw, stamps, strict=True):
+            entry[metric] = _on_axis(axis, ts, ys, gap)
+        axis = axis.tolist()
         out["t"] = axis
         out["gpus"] = list(gpus.values())
         out["hosts"] = list(hosts.values())

@@ -288,7 +288,9 @@ def test_the_ray_dashboard_goes_through_the_servers_proxy_when_it_can() -> None:
     assert proxied_path("http://127.0.0.1:notaport", True) is None
 
 
-def test_the_use_here_cell_asks_for_token_mode_where_the_owner_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_use_here_cell_asks_for_token_mode_where_the_owner_uses_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Ray sends its token to an address typed by hand only in token mode; a Ray that ray.init() started asks for
     it (the browser journey's second notebook failed to connect without it). The token never goes in the cell."""
     from types import SimpleNamespace
