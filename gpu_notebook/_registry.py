@@ -285,15 +285,18 @@ class PerCluster(Generic[T]):
     def __init__(self, what: str) -> None:
         self.what = what
         self._items: weakref.WeakKeyDictionary[Any, T] = weakref.WeakKeyDictionary()
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the items themselves: held only for a read or a write of them
+        self._create = threading.RLock()
 
     def __repr__(self) -> str:
         return f"<PerCluster {self.what}: {len(self._items)}>"
 
     @property
     def lock(self) -> threading.RLock:
-        """Held while a caller checks for a value and creates one, so two threads do not both create it."""
-        return self._lock
+        """Held while a caller checks for a value and creates one, so two threads do not both create it. It is
+        not the lock of :meth:`get`: a reader does not wait while a value is being made (a monitor's start takes
+        seconds on a cloud cluster, and the panel's feed reads the running one every second)."""
+        return self._create
 
     def get(self, cluster: Any) -> T | None:
         with self._lock:

@@ -171,8 +171,7 @@ def series(cluster: Any, meter: Any) -> dict[str, Any]:
         gap = max(5.0, 4 * float(getattr(mon, "interval", 1.0) or 1.0))
         for (entry, metric, _, ys), ts in zip(raw, stamps, strict=True):
             entry[metric] = _on_axis(axis, ts, ys, gap)
-        axis = axis.tolist()
-        out["t"] = axis
+        out["t"] = axis.tolist()
         out["gpus"] = list(gpus.values())
         out["hosts"] = list(hosts.values())
         latest = mon.latest()

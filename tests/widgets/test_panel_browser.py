@@ -220,6 +220,16 @@ def wait_rows(page: Any, cond: Any, timeout_s: float, what: str) -> tuple[list[d
         page.wait_for_timeout(100)
 
 
+def wait_status(page: Any, selector: str, text: str, timeout_s: float = 30) -> Any:
+    """The status item (``selector``) once it shows ``text``; fails after ``timeout_s``."""
+    status = page.locator(selector).first
+    deadline = time.monotonic() + timeout_s
+    while text not in (status.text_content() or "") and time.monotonic() < deadline:
+        page.wait_for_timeout(250)
+    assert text in (status.text_content() or ""), status.text_content()
+    return status
+
+
 def row_of(page: Any, kernel_id: str) -> Any:
     return page.locator(f'.gnb-sidebar .gnb-cluster-row[data-kernel="{kernel_id}"]').first
 
@@ -327,11 +337,7 @@ def test_panel_in_jupyterlab(sync_api: Any, tmp_path: pathlib.Path) -> None:
             assert "True" in train.run(1), "the simulated GPUs did not reach the cluster's monitor"
 
             # the status bar: the fake NVML's GPU count (2 per node, one node)
-            status = page.locator(".jp-StatusBar-Widget .gnb-status, .gnb-status").first
-            deadline = time.monotonic() + 30
-            while "2 GPUs" not in (status.text_content() or "") and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert "2 GPUs" in (status.text_content() or ""), status.text_content()
+            wait_status(page, ".jp-StatusBar-Widget .gnb-status, .gnb-status", "2 GPUs")
             _, _ = wait_rows(
                 page,
                 lambda r: any(x["kernel"] == kid and x["fields"].get("gpus") == "2" for x in r),
@@ -448,11 +454,7 @@ def test_panel_in_notebook7(sync_api: Any, tmp_path: pathlib.Path) -> None:
             assert "True" in train.run(1), "the simulated GPUs did not reach the cluster's monitor"
 
             # the status item, in the top area, shows the GPU count; a click opens the sidebar
-            status = page.locator(".gnb-status").first
-            deadline = time.monotonic() + 30
-            while "2 GPUs" not in (status.text_content() or "") and time.monotonic() < deadline:
-                page.wait_for_timeout(250)
-            assert "2 GPUs" in (status.text_content() or ""), status.text_content()
+            status = wait_status(page, ".gnb-status", "2 GPUs")
             status.click()
             listed, took = wait_rows(
                 page, lambda r: any(x["kernel"] == kid and x["visible"] for x in r), LISTED_S, "listed"
