@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import comm
 import pytest
 
 from gpu_notebook.catalog import Catalog
@@ -41,7 +42,10 @@ def test_widget_shows_numbers_history_and_markets() -> None:
     w.stop()
 
 
-def test_widget_message_cap() -> None:
+def test_widget_message_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # comms that send: once a test in this process has imported ipykernel.ipkernel, a widget's comm is ipykernel's,
+    # with no kernel, and ipywidgets sends (and we count) nothing through it
+    monkeypatch.setattr(comm, "create_comm", lambda *a, **k: comm.DummyComm(*a, **k))
     clock = Clock()
     meter = CostMeter(node_pricing={"a": G5}, clock=clock, catalog=Catalog.shipped())
     meter.node_joined("a")
