@@ -10,7 +10,10 @@ user's alone (modes 0700 and 0600). Actions go the other way as command files th
         watching                            touched by the server while a browser polls (mtime: the last poll)
         <kernel id>/                        0700, one per kernel
             kernel.json                     {"kernel_id", "pid", "host", "session", "started"}
-            <quoted cluster name>.json      {"card": {...}, "live": {...}, "series": {...}}
+            <quoted cluster name>.json      {"card": {...}, "live": {...}}: what the sidebar lists
+            <quoted cluster name>.series    {"t": [...], "gpus": ..., "updated": ...}: the dashboard's series,
+                                            written only while a pane asks for it (JSON, served as it is)
+            <quoted cluster name>.watch     touched by the server while a dashboard pane polls that series
             commands/<uuid>.json            server -> kernel: {"action": "stop" | "scale", "cluster", ...}
             replies/<uuid>.json             kernel -> server: {"ok": bool, "message": str}
 
@@ -37,6 +40,9 @@ __all__ = [
     "KERNEL_FILE",
     "clean",
     "cluster_file",
+    "cluster_files",
+    "series_file",
+    "series_watch_file",
     "feed_root",
     "kernel_dir",
     "kernel_alive",
@@ -45,7 +51,9 @@ __all__ = [
     "read_reply",
     "remove_kernel_dir",
     "take_commands",
+    "touch",
     "touch_watching",
+    "touched_within",
     "watched_within",
     "write_json",
     "write_reply",
@@ -55,6 +63,8 @@ FOLDER = "gpu_notebook"
 KERNEL_FILE = "kernel.json"
 WATCHING = "watching"
 _SUFFIX = ".json"
+_SERIES_SUFFIX = ".series"
+_WATCH_SUFFIX = ".watch"
 
 #: Keys whose values never leave the kernel, at any depth of a card (a credential in a policy or a label).
 _SECRET_KEY = re.compile(
@@ -119,6 +129,21 @@ def cluster_file(kdir: Path, name: str) -> Path:
 
 def cluster_name(path: Path) -> str:
     return unquote(path.name[: -len(_SUFFIX)])
+
+
+def series_file(kdir: Path, name: str) -> Path:
+    """The dashboard series of cluster ``name`` (a file of its own: the list route never reads it)."""
+    return kdir / (quote(name, safe="") + _SERIES_SUFFIX)
+
+
+def series_watch_file(kdir: Path, name: str) -> Path:
+    """Touched by the server each time a dashboard pane asks for the series of cluster ``name``."""
+    return kdir / (quote(name, safe="") + _WATCH_SUFFIX)
+
+
+def cluster_files(kdir: Path, name: str) -> tuple[Path, Path, Path]:
+    """Every file of cluster ``name`` in a kernel's folder: its card, its series, its watch mark."""
+    return cluster_file(kdir, name), series_file(kdir, name), series_watch_file(kdir, name)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -253,7 +278,15 @@ def read_reply(kdir: Path, cid: str) -> dict[str, Any] | None:
 # ---- demand: the kernel publishes the live feed while someone looks ---------------------------------------------
 def touch_watching(root: Path) -> None:
     _private_dir(root)
-    path = root / WATCHING
+    touch(root / WATCHING)
+
+
+def watched_within(root: Path, seconds: float) -> bool:
+    return touched_within(root / WATCHING, seconds)
+
+
+def touch(path: Path) -> None:
+    """Set ``path``'s mtime to now (made, readable by the user only, if missing); nothing on an OSError."""
     try:
         path.touch(mode=0o600)
         os.utime(path)
@@ -261,9 +294,9 @@ def touch_watching(root: Path) -> None:
         pass
 
 
-def watched_within(root: Path, seconds: float) -> bool:
+def touched_within(path: Path, seconds: float) -> bool:
     try:
-        return time.time() - (root / WATCHING).stat().st_mtime <= seconds
+        return time.time() - path.stat().st_mtime <= seconds
     except OSError:
         return False
 

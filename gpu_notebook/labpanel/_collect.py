@@ -91,7 +91,8 @@ def collect(root: Path, sessions: dict[str, str]) -> list[dict[str, Any]]:
             card, live = data["card"], data.get("live") or {}
             orphan = not alive or card.get("state") == "handed to the reaper"
             if orphan and card.get("kind") != "cloud":
-                _unlink(path)
+                for p in _feed.cluster_files(kdir, _feed.cluster_name(path)):
+                    _unlink(p)
                 continue
             reaper = reaper_state(card.get("reaper")) if orphan else None
             if reaper is not None and reaper["state"] == "gone" and now - path.stat().st_mtime > GONE_KEEP_S:
@@ -134,6 +135,27 @@ def find(root: Path, kernel_id: str, name: str) -> tuple[Path, dict[str, Any], d
     if not isinstance(record, dict) or not isinstance(data, dict):
         return None
     return kdir, record, data
+
+
+def series(root: Path, kernel_id: str, name: str) -> bytes | dict[str, Any] | None:
+    """The dashboard series of one cluster, for its pane: the kernel's series file as it is (bytes), or, before
+    the kernel wrote one, ``{"t": [], "updated": ...}``; None when the cluster is not published. Marks the series
+    as asked for, so the kernel writes it (within a second) while the pane polls."""
+    try:
+        kdir = _feed.kernel_dir(root, kernel_id, make=False)
+    except ValueError:
+        return None
+    path, series_path, watch_path = _feed.cluster_files(kdir, name)
+    if not path.exists():
+        return None
+    _feed.touch_watching(root)
+    _feed.touch(watch_path)
+    try:
+        return series_path.read_bytes()
+    except OSError:
+        data = _feed.read_json(path)
+        live = data.get("live") if isinstance(data, dict) else None
+        return {"t": [], "updated": live.get("t") if isinstance(live, dict) else None}
 
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")

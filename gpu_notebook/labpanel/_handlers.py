@@ -68,13 +68,15 @@ class ClustersHandler(_Base):
 class SeriesHandler(_Base):
     @tornado.web.authenticated
     async def get(self, kernel_id: str, name: str) -> None:
-        found = await asyncio.to_thread(_collect.find, self.feed_root, kernel_id, unquote(name))
+        found = await asyncio.to_thread(_collect.series, self.feed_root, kernel_id, unquote(name))
         if found is None:
             raise tornado.web.HTTPError(404, reason="no such cluster: it stopped, or its kernel is gone")
-        await asyncio.to_thread(_feed.touch_watching, self.feed_root)
-        _, _, data = found
-        # "t" is the series' time axis (a list: empty before the kernel's first refresh); "updated" the live part's
-        self.write_json({"t": [], **(data.get("series") or {}), "updated": (data.get("live") or {}).get("t")})
+        if isinstance(found, bytes):  # the kernel's series file, written clean: sent as it is, unparsed
+            self.set_header("Content-Type", "application/json")
+            self.set_header("Cache-Control", "no-store")
+            self.finish(found)
+            return
+        self.write_json(found)
 
 
 class ActionHandler(_Base):

@@ -138,7 +138,10 @@ def _on_axis(axis: Any, t: Any, y: Any, gap_s: float) -> list[float | None]:
     at = np.searchsorted(t, axis, side="right") - 1
     ok = (at >= 0) & (axis - t[np.maximum(at, 0)] <= gap_s)
     v = np.where(ok, y[np.maximum(at, 0)], np.nan)
-    return [None if not math.isfinite(x) else x for x in v.tolist()]
+    out: list[float | None] = v.tolist()
+    for i in np.flatnonzero(~np.isfinite(v)).tolist():  # the gaps (and a NaN reading) as JSON nulls
+        out[i] = None
+    return out
 
 
 def series(cluster: Any, meter: Any) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class Publisher:
         self._kept: set[str] = set()  # cloud clusters handed to the reaper: their cards stay (orphan rows)
         self._monitor_tried: weakref.WeakSet[Any] = weakref.WeakSet()
         self._cost_polled: dict[str, float] = {}
+        self._charted: set[str] = set()  # clusters whose series file is written (a pane asks for it)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.ticks = 0
@@ -72,18 +73,17 @@ class Publisher:
             if ref is not None and ref() is cluster:
                 del self._clusters[name]
             self._cards.pop(name, None)
-        path = _feed.cluster_file(self.kdir, cluster.name)
+        path, *extra = _feed.cluster_files(self.kdir, cluster.name)
+        for p in extra:  # the series and its watch mark go in any case
+            _unlink(p)
         handed = str(cluster.kind).startswith("cloud:") and cluster.state not in ("stopped", "failed", "new")
         if handed:
             card = _card.card(cluster, self.kernel)
             card["state"] = "handed to the reaper"
-            _feed.write_json(path, _feed.clean({"card": card, "live": {"t": time.time()}, "series": None}))
+            _feed.write_json(path, _feed.clean({"card": card, "live": {"t": time.time()}}))
             self._kept.add(cluster.name)
             return
-        try:
-            path.unlink()
-        except OSError:
-            pass
+        _unlink(path)
 
     def clusters(self) -> list[Any]:
         with self._lock:
@@ -116,20 +116,26 @@ class Publisher:
     def _write(self, cluster: Any, watched: bool) -> None:
         card = _card.card(cluster, self.kernel)
         name = cluster.name
+        path, series_path, watch_path = _feed.cluster_files(self.kdir, name)
+        # the series (the bulk of the feed) only while a dashboard pane asks for this cluster's
+        charted = watched and cluster.running and _feed.touched_within(watch_path, WATCH_S)
+        if not charted and name in self._charted:
+            self._charted.discard(name)
+            _unlink(series_path)  # a pane opened later never sees an old series, only "none yet"
         if not watched and self._cards.get(name) == card:
             return  # nobody looks and nothing changed: no write
-        data: dict[str, Any] = {
-            "card": card,
-            "live": {"t": time.time(), "state": cluster.state},
-            "series": None,
-        }
+        data: dict[str, Any] = {"card": card, "live": {"t": time.time(), "state": cluster.state}}
         if watched and cluster.running:
             self._ensure_monitor(cluster)
             meter = self._meter(cluster)
             data["live"] = _card.live(cluster, meter)
-            data["series"] = _card.series(cluster, meter)
             data["live"]["problem"] = self.last_error
-        _feed.write_json(_feed.cluster_file(self.kdir, name), _feed.clean(data))
+            if charted:
+                series = _card.series(cluster, meter)
+                series["updated"] = data["live"].get("t")
+                _feed.write_json(series_path, _feed.clean(series))
+                self._charted.add(name)
+        _feed.write_json(path, _feed.clean(data))
         self._cards[name] = card
 
     def _ensure_monitor(self, cluster: Any) -> None:
@@ -192,12 +198,18 @@ class Publisher:
             kept = set(self._kept)
         for path in self.kdir.glob("*.json"):
             if path.name != _feed.KERNEL_FILE and _feed.cluster_name(path) not in kept:
-                try:
-                    path.unlink()
-                except OSError:
-                    pass
+                _unlink(path)
+        for path in [*self.kdir.glob("*.series"), *self.kdir.glob("*.watch")]:
+            _unlink(path)
         if not kept:
             _feed.remove_kernel_dir(self.kdir)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def _on_cluster(event: str, cluster: Any) -> None:

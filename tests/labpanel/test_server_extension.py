@@ -54,9 +54,9 @@ def _write_card(root: Path, kernel_id: str, name: str, **card: Any) -> Path:
     kdir = _feed.kernel_dir(root, kernel_id)
     _feed.write_json(kdir / _feed.KERNEL_FILE, _feed.kernel_record(kernel_id))
     data = {"card": {"name": name, "kind": "local", "state": "running", **card}, "live": {"t": time.time()}}
-    data["series"] = {"gpus": [], "hosts": [], "cost": None}
     path = _feed.cluster_file(kdir, name)
     _feed.write_json(path, data)
+    _feed.write_json(_feed.series_file(kdir, name), {"t": [], "gpus": [], "hosts": [], "cost": None})
     return path
 
 
@@ -200,17 +200,23 @@ async def _journey(jp_fetch: Any, kc: Any, root: Path, kernel_id: str, gcs: str)
     seen: list[float] = []
     busy = monitoring = False
     deadline = time.monotonic() + 60  # the shared monitor starts on the first look: its samplers take seconds
-    while time.monotonic() < deadline and (len(set(seen)) < 3 or not busy or not monitoring):
+    series: dict[str, Any] = {}
+    while time.monotonic() < deadline and (
+        len(set(seen)) < 3 or not busy or not monitoring or not series.get("hosts")
+    ):
         (e,) = (await _get(jp_fetch, "clusters"))["clusters"]
         if e.get("busy") and e.get("updated"):
             seen.append(e["updated"])
         busy = busy or bool(e.get("busy"))
         monitoring = bool(e.get("monitoring"))
+        # as an open dashboard pane does: the kernel writes a cluster's series only while a pane asks for it
+        series = await _get(jp_fetch, "clusters", kernel_id, "panel", "series")
+        assert isinstance(series["t"], list) and "updated" in series, series
         await asyncio.sleep(0.5)
     assert busy and len(set(seen)) >= 3, f"the live feed did not flow while the cell ran: {seen} {e}"
     assert monitoring, f"the cluster's monitor did not start: {e}"
     assert e["nodes"] >= 1 and e.get("usd_per_hour") is not None
-    series = await _get(jp_fetch, "clusters", kernel_id, "panel", "series")
+    assert (root / kernel_id / "panel.series").exists() and series["updated"], series
     assert series["hosts"] and series["hosts"][0]["cpu_percent"], series
     # one time axis for every series (the pane draws them against it)
     assert len(series["t"]) == len(series["hosts"][0]["cpu_percent"]) >= 1, series
