@@ -52,6 +52,7 @@ __all__ = [
     "remove_kernel_dir",
     "take_commands",
     "touch",
+    "unlink",
     "touch_watching",
     "touched_within",
     "watched_within",
@@ -299,6 +300,14 @@ def touched_within(path: Path, seconds: float) -> bool:
         return time.time() - path.stat().st_mtime <= seconds
     except OSError:
         return False
+
+
+def unlink(path: Path) -> None:
+    """Remove the file ``path``; nothing when it is gone already or cannot be removed."""
+    try:
+        path.unlink()
+    except OSError:
+        pass
 
 
 def remove_kernel_dir(kdir: Path) -> None:

@@ -92,11 +92,11 @@ def collect(root: Path, sessions: dict[str, str]) -> list[dict[str, Any]]:
             orphan = not alive or card.get("state") == "handed to the reaper"
             if orphan and card.get("kind") != "cloud":
                 for p in _feed.cluster_files(kdir, _feed.cluster_name(path)):
-                    _unlink(p)
+                    _feed.unlink(p)
                 continue
             reaper = reaper_state(card.get("reaper")) if orphan else None
             if reaper is not None and reaper["state"] == "gone" and now - path.stat().st_mtime > GONE_KEEP_S:
-                _unlink(path)
+                _feed.unlink(path)
                 continue
             kept += 1
             entry = {**card, **{k: v for k, v in live.items() if k != "state" or not orphan}}
@@ -115,13 +115,6 @@ def collect(root: Path, sessions: dict[str, str]) -> list[dict[str, Any]]:
             shutil.rmtree(kdir, ignore_errors=True)
     entries.sort(key=lambda e: (e.get("started_at") or 0.0, e["id"]))
     return entries
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
 
 
 def find(root: Path, kernel_id: str, name: str) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:

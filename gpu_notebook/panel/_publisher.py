@@ -75,7 +75,7 @@ class Publisher:
             self._cards.pop(name, None)
         path, *extra = _feed.cluster_files(self.kdir, cluster.name)
         for p in extra:  # the series and its watch mark go in any case
-            _unlink(p)
+            _feed.unlink(p)
         handed = str(cluster.kind).startswith("cloud:") and cluster.state not in ("stopped", "failed", "new")
         if handed:
             card = _card.card(cluster, self.kernel)
@@ -83,7 +83,7 @@ class Publisher:
             _feed.write_json(path, _feed.clean({"card": card, "live": {"t": time.time()}}))
             self._kept.add(cluster.name)
             return
-        _unlink(path)
+        _feed.unlink(path)
 
     def clusters(self) -> list[Any]:
         with self._lock:
@@ -121,7 +121,7 @@ class Publisher:
         charted = watched and cluster.running and _feed.touched_within(watch_path, WATCH_S)
         if not charted and name in self._charted:
             self._charted.discard(name)
-            _unlink(series_path)  # a pane opened later never sees an old series, only "none yet"
+            _feed.unlink(series_path)  # a pane opened later never sees an old series, only "none yet"
         if not watched and self._cards.get(name) == card:
             return  # nobody looks and nothing changed: no write
         data: dict[str, Any] = {"card": card, "live": {"t": time.time(), "state": cluster.state}}
@@ -196,20 +196,12 @@ class Publisher:
         self._wake.set()
         with self._lock:
             kept = set(self._kept)
-        for path in self.kdir.glob("*.json"):
-            if path.name != _feed.KERNEL_FILE and _feed.cluster_name(path) not in kept:
-                _unlink(path)
-        for path in [*self.kdir.glob("*.series"), *self.kdir.glob("*.watch")]:
-            _unlink(path)
+        keep = {_feed.KERNEL_FILE, *(_feed.cluster_file(self.kdir, n).name for n in kept)}
+        for path in self.kdir.glob("*"):  # cards, series and watch marks (commands/ and replies/ are folders)
+            if path.name not in keep and path.is_file():
+                _feed.unlink(path)
         if not kept:
             _feed.remove_kernel_dir(self.kdir)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
 
 
 def _on_cluster(event: str, cluster: Any) -> None:
