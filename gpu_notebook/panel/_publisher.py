@@ -59,9 +59,8 @@ class Publisher:
         with self._lock:
             self._clusters[cluster.name] = weakref.ref(cluster)
             self._kept.discard(cluster.name)
-        self._write(
-            cluster, watched=_feed.watched_within(self.root, WATCH_S)
-        )  # seen at once, not a tick later
+        # seen at once, not a tick later
+        self._write(cluster, _feed.watched_within(self.root, WATCH_S), _feed.env_secrets())
         self._wake.set()
 
     def remove(self, cluster: Any) -> None:
@@ -109,11 +108,12 @@ class Publisher:
 
     def tick(self) -> None:
         watched = _feed.watched_within(self.root, WATCH_S)
+        secrets = _feed.env_secrets()
         for cluster in self.clusters():
-            self._write(cluster, watched)
+            self._write(cluster, watched, secrets)
         self.ticks += 1
 
-    def _write(self, cluster: Any, watched: bool) -> None:
+    def _write(self, cluster: Any, watched: bool, secrets: list[str]) -> None:
         card = _card.card(cluster, self.kernel)
         name = cluster.name
         path, series_path, watch_path = _feed.cluster_files(self.kdir, name)
@@ -133,9 +133,9 @@ class Publisher:
             if charted:
                 series = _card.series(cluster, meter)
                 series["updated"] = data["live"].get("t")
-                _feed.write_json(series_path, _feed.clean(series))
+                _feed.write_json(series_path, _feed.clean(series, secrets))
                 self._charted.add(name)
-        _feed.write_json(path, _feed.clean(data))
+        _feed.write_json(path, _feed.clean(data, secrets))
         self._cards[name] = card
 
     def _ensure_monitor(self, cluster: Any) -> None:
