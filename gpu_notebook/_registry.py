@@ -417,6 +417,10 @@ before_kernel_shutdown: Items[Callable[[], None]] = Items("preparations for a ke
 #: ``%gpu_cluster students`` shows without ``--workshop`` (a workshop, not a cluster: it is in no manager).
 workshops: Items[Any] = Items("workshops")
 
+#: On a rank of a detached cluster: the guard's notice that the cluster stops soon (``{"why", "deadline"}``), set
+#: by the worker's control thread; a Checkpointer saves at its next ``maybe_save`` as on a spot notice.
+stop_notice: Slot[dict[str, Any]] = Slot("guard's stop notice")
+
 _active_checkpointer: weakref.ref[Any] | None = None
 
 

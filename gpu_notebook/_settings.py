@@ -37,6 +37,7 @@ __all__ = [
     "NATIVE_VAR",
     "NO_C_EXT_VAR",
     "OUTPUT_LINES_VAR",
+    "GUARDED_VAR",
     "PANEL_VAR",
     "PROXY_PREFIX_VAR",
     "SKIP_RAY_VERSION_CHECK_VAR",
@@ -48,6 +49,7 @@ __all__ = [
     "cloud",
     "config_dir",
     "gcp_api_key",
+    "guarded",
     "interrupt_grace",
     "interruptible_waits",
     "log_lines",
@@ -211,6 +213,16 @@ def panel_enabled() -> bool:
     return os.environ.get(PANEL_VAR, "").strip().lower() not in _FALSE
 
 
+GUARDED_VAR = "GPU_NOTEBOOK_GUARDED"
+
+
+def guarded() -> bool:
+    """Whether this process is a rank of a detached cluster whose guards (idle stop, budget) may ask a
+    Checkpointer to save before they stop it: ``$GPU_NOTEBOOK_GUARDED`` is ``1`` (set by gpu_notebook on those
+    workers; read on the rank when a Checkpointer is created)."""
+    return os.environ.get(GUARDED_VAR, "").strip() == "1"
+
+
 def interruptible_waits() -> bool:
     """Whether a cell's blocking waits are sliced so the stop button reaches them: unless
     ``$GPU_NOTEBOOK_INTERRUPTIBLE_WAITS`` is ``0`` (read on the rank)."""
@@ -283,6 +295,13 @@ VARIABLES: tuple[Variable, ...] = (
         "`0` stops the kernel publishing its clusters to the JupyterLab panel (the sidebar, dashboards and "
         "status-bar item then do not see them)",
         "when a cluster starts",
+    ),
+    Variable(
+        GUARDED_VAR,
+        "set on a detached cluster's workers",
+        "`1` (gpu_notebook sets it on the workers of a `--detach` cluster): a Checkpointer there saves when the "
+        "cluster's idle stop or budget fires, before the workers stop",
+        "on each rank, when a `Checkpointer` is created",
     ),
     Variable(
         PROXY_PREFIX_VAR,

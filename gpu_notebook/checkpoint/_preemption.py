@@ -66,7 +66,12 @@ class PreemptionNotice:
         return self.deadline - (time.time() if now is None else now)
 
     def __str__(self) -> str:
-        return f"{self.cloud} spot {self.action} in {max(0.0, self.seconds_left()):.0f} s"
+        left = f"{max(0.0, self.seconds_left()):.0f} s"
+        if (
+            self.cloud == "guard"
+        ):  # a detached cluster's guard (see gpu_notebook.checkpoint.policy.guard_notice)
+            return f"the cluster stops in {left} ({self.action})"
+        return f"{self.cloud} spot {self.action} in {left}"
 
 
 def detect_cloud(dmi: Path | None = None, hypervisor_uuid: Path | None = None) -> str | None:

@@ -7,10 +7,12 @@ import logging
 import time
 from typing import Any
 
+from gpu_notebook import _registry, _settings
+
 from ._group import agree_min
 from ._preemption import DEFAULT_WARNING_S, PreemptionNotice, PreemptionWatcher
 
-__all__ = ["due", "Preemption"]
+__all__ = ["due", "guard_notice", "Preemption"]
 
 log = logging.getLogger("gpu_notebook.checkpoint")
 
@@ -53,6 +55,8 @@ class Preemption:
             )
         self.notice: PreemptionNotice | None = None
         self.saved = False
+        # a rank of a detached cluster: its guard (idle stop, budget) may announce a stop, as a cloud a preemption
+        self.guarded = _settings.guarded()
         self._ranks_watch: bool | None = None  # multi-rank: does any rank watch for notices (agreed once)
 
     def stop(self) -> None:
@@ -72,7 +76,8 @@ class Preemption:
     def agreed_notice(self) -> PreemptionNotice | None:
         """This process's notice; in a multi-rank job, any rank's (every rank then saves together)."""
         w = self.watcher
-        watching = w is not None and w.cloud is not None
+        cloud_watch = w is not None and w.cloud is not None
+        watching = cloud_watch or self.guarded
         multi = self.world_size > 1
         if multi and self._ranks_watch is None:
             # once: whether any rank watches. Ranks can differ (a node whose cloud was not recognised, or
@@ -86,7 +91,9 @@ class Preemption:
             self._ranks_watch = watching if agreed is None else agreed == 0
         if not (watching or (multi and self._ranks_watch)):
             return self.notice
-        local = w.notice if watching and w is not None else None
+        local = w.notice if cloud_watch and w is not None else None
+        if local is None and self.guarded:
+            local = guard_notice()
         if multi and self._ranks_watch:
             try:
                 # 0 on every rank as soon as one rank has a notice
@@ -99,3 +106,12 @@ class Preemption:
         if local is not None and self.notice is None:
             self.notice = local
         return self.notice
+
+
+def guard_notice() -> PreemptionNotice | None:
+    """The notice of a detached cluster's guard that it stops this rank soon (its idle stop or budget fired), as a
+    :class:`PreemptionNotice` of the cloud ``"guard"``; None while there is none."""
+    got = _registry.stop_notice.get()
+    if not got:
+        return None
+    return PreemptionNotice("guard", str(got.get("why", "stop")), float(got["deadline"]), detail=dict(got))

@@ -5,13 +5,15 @@ The modules: ``_cluster`` (the :class:`Cluster`), ``providers/`` (where its Ray 
 cloud), ``_connect`` (the process's one Ray connection), ``_status`` (what ``status()`` returns), ``_manager``
 (the kernel's clusters; the manager itself lives in :mod:`gpu_notebook._registry`), ``options`` (a Cluster's
 settings in frozen dataclasses: :class:`Resources`, :class:`Runtime`, :class:`Policies`, :class:`CloudLaunch`),
-``_runtime_env`` (what the workers start with: ``--working-dir``, ``--pip``, ``--env``) and ``_run`` (a script
-run as torchrun would).
+``_runtime_env`` (what the workers start with: ``--working-dir``, ``--pip``, ``--env``), ``_run`` (a script
+run as torchrun would), ``_detached`` and ``_keeper`` (clusters whose workers outlive the kernel, and the actor
+that keeps them).
 """
 
 from gpu_notebook import panel as _panel
 from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster._connect import ConnectError
+from gpu_notebook.cluster._detached import DetachedCluster, attachable
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._manager import ClusterManager, get_manager
 from gpu_notebook.cluster._run import run_script
@@ -28,6 +30,7 @@ __all__ = [
     "ClusterManager",
     "ClusterStatus",
     "ConnectError",
+    "DetachedCluster",
     "EnvReport",
     "NodeInfo",
     "Policies",
@@ -35,6 +38,7 @@ __all__ = [
     "Runtime",
     "WorkerInfo",
     "WorkerSetup",
+    "attachable",
     "get_manager",
     "rank_env",
     "run_script",

@@ -8,7 +8,6 @@ size and start the worker group, run code, stop in order.
 from __future__ import annotations
 
 import html
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from gpu_notebook._registry import get_manager
 from gpu_notebook.cluster import _connect, _package_check
 from gpu_notebook.cluster._errors import ClusterError, not_running
 from gpu_notebook.cluster._run import debug, run_in_background
+from gpu_notebook.cluster._sizing import size_workers
 from gpu_notebook.cluster._status import (
     ClusterStatus,
     LifecycleState,
@@ -91,6 +91,16 @@ class Cluster:
     ...     c.run("import torch.distributed as dist; dist.get_rank()").values
     [0, 1]
     """
+
+    #: the classes ``Cluster(detach=True)`` makes (registered by ``._detached`` at its import: it imports this
+    #: module, so this one cannot import it)
+    variants: dict[str, type[Cluster]] = {}
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Cluster:
+        detach = kwargs.get("detach") or getattr(kwargs.get("runtime"), "detach", False)
+        if cls is Cluster and detach:
+            cls = Cluster.variants["detach"]
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -330,28 +340,7 @@ class Cluster:
         return WorkerGroup(workers, **kwargs)
 
     def _size_workers(self) -> tuple[int, float, float]:
-        import ray
-
-        total = ray.cluster_resources()
-        cluster_gpus = int(total.get("GPU", 0))
-        cluster_cpus = float(total.get("CPU", os.cpu_count() or 1))
-        asked = self.settings.resources
-        gpus = asked.gpus_per_worker if asked.gpus_per_worker is not None else (1 if cluster_gpus else 0)
-        ranks = self.provider.ranks()
-        if ranks:
-            workers = ranks
-        else:
-            workers = asked.workers or (max(1, int(cluster_gpus // gpus)) if gpus else 2)
-        if asked.cpus_per_worker is not None:
-            cpus = asked.cpus_per_worker
-        else:
-            # the CPUs free now, so that a second notebook joining this Ray ("use in this notebook" in the panel)
-            # fits its workers beside the first one's; when too few are free, the share of the total (the start
-            # then waits for them and says who holds them)
-            free_cpus = float(ray.available_resources().get("CPU", 0.0))
-            share = free_cpus if free_cpus >= 0.1 * workers else cluster_cpus
-            cpus = min(1.0, max(0.1, int(share / workers * 10) / 10))
-        return workers, cpus, gpus
+        return size_workers(self)
 
     def kernel_shutdown(self) -> str:
         """The Jupyter kernel is asked to shut down or restart: stop as at its exit, now, while it has the time
@@ -409,6 +398,12 @@ class Cluster:
             and conn is _connect.recorded_connection()
             and not manager.others_on_connection(self)
         )
+
+    @staticmethod
+    def attach(name: str, **kwargs: Any) -> Cluster:
+        """Re-bind the workers of the detached cluster ``name`` with their state (``address=``, ``take=``,
+        ``progress=``: see :func:`gpu_notebook.cluster._detached.attach`)."""
+        return Cluster.variants["detach"].attach(name, **kwargs)
 
     # ---- cloud ---------------------------------------------------------------------------------------------
     def cloud_spec(self) -> cloud.ClusterSpec:

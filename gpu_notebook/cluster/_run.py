@@ -30,7 +30,7 @@ from gpu_notebook.distributed import (
 )
 from gpu_notebook.distributed import run_script as _run_on_rank
 
-__all__ = ["debug", "run_in_background", "run_script"]
+__all__ = ["debug", "run_following", "run_in_background", "run_script"]
 
 
 def _stdout(text: str) -> None:
@@ -129,6 +129,31 @@ def run_in_background(
         finally:
             cluster.touch()
 
+    return BackgroundCell(
+        name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done
+    )
+
+
+def run_following(
+    cluster: Any,
+    label: str,
+    *,
+    name: str,
+    live: bool = False,
+    sink: Callable[[str], None] | None = None,
+    on_done: Callable[[BackgroundCell], None] | None = None,
+) -> BackgroundCell:
+    """Follow the cell ``label`` that ``cluster``'s ranks run, or ran, for a kernel that is gone, as a background
+    cell of this one: its output since the last drain, then the rest as it comes, then each rank's value."""
+    group = cluster.group
+
+    def start(write: Callable[[str], None]) -> CellResult:
+        try:
+            return group.follow(label, sink=write, progress=lambda msg: write(f"{msg}\n"))  # type: ignore[no-any-return]
+        finally:
+            cluster.touch()
+
+    selected = list(range(cluster.world_size))
     return BackgroundCell(
         name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done
     )

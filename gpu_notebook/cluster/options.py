@@ -74,6 +74,9 @@ class Runtime:
     ship_package: bool = True
     #: the most a rank's value may take, pickled, to come back from a cell (None: 64 MiB; 0: no limit)
     max_result_bytes: int | None = None
+    #: the workers (and a local cluster's Ray, as a daemon) outlive the kernel; any kernel re-binds them with
+    #: ``Cluster.attach`` (``docs/guide/detach.md``)
+    detach: bool = False
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_notebook.distributed._output import Streamer
 
-__all__ = ["alive", "answers", "drain"]
+__all__ = ["alive", "answers", "drain", "kill"]
 
 
 def _ray() -> Any:
@@ -78,3 +78,13 @@ def alive(workers: Sequence[Any], dead: Collection[int], timeout: float) -> list
         return [False] * len(workers)
     ok = {r: came for r, (came, _) in zip(ranks, answers(refs, timeout), strict=True)}
     return [ok.get(r, False) for r in range(len(workers))]
+
+
+def kill(actors: Sequence[Any]) -> None:
+    """End the actors' processes now (no restart)."""
+    ray = _ray()
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead, or Ray is shutting down: nothing left to end
+            pass

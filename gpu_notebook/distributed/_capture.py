@@ -128,8 +128,12 @@ class Capture:
                 self._chunks.append(text)
                 self._total += len(text)
                 if self._total > 8_000_000:  # never grow without bound between drains
-                    joined = "".join(self._chunks)[-4_000_000:]
-                    self._chunks = ["[... output truncated ...]\n", joined]
+                    whole = "".join(self._chunks)
+                    joined = whole[-4_000_000:]
+                    # counted, so a kernel that attaches after hours away says what it missed
+                    dropped = whole.count("\n", 0, len(whole) - len(joined))
+                    note = f"[... {dropped} lines of output dropped: nobody read them for a while ...]\n"
+                    self._chunks = [note, joined]
                     self._total = len(joined)
                     self._truncate_spool(joined)
                 elif self._spool_fd is not None:

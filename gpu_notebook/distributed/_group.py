@@ -28,7 +28,7 @@ from gpu_notebook.distributed._handover import GroupRecord, live_workers
 from gpu_notebook.distributed._output import RankLog, Streamer
 from gpu_notebook.distributed._placement import Placement, PlacementRequest, RayPlacement
 from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_gpus
-from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks
+from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks, some_ranks
 from gpu_notebook.distributed._recovery import CellRun
 from gpu_notebook.distributed._results import CellResult
 from gpu_notebook.distributed._worker import (
@@ -291,7 +291,7 @@ class WorkerGroup:
                 ray.get([a.shutdown.remote() for a in actors], timeout=5)
             except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
                 pass
-        _kill(actors)
+        _batch.kill(actors)
         for w in self.workers:  # a worker killed before it could remove its output spool (this machine's)
             _remains.remove(_remains.spool_paths(self.group_id, w.pid))
         self.workers, self._spawned = [], []
@@ -395,7 +395,7 @@ class WorkerGroup:
         """
         selected = parse_ranks(ranks, self.size)
         limit = self._limit(max_result_bytes)
-        some = self._some(selected)
+        some = some_ranks(selected, self.size)
         return self._execute(
             lambda a: a.run_cell.remote(code, label, header, limit, some), selected, timeout, sink, progress
         )
@@ -415,14 +415,22 @@ class WorkerGroup:
         selected = parse_ranks(ranks, self.size)
         kw = kwargs or {}
         limit = self._limit(max_result_bytes)
-        some = self._some(selected)
+        some = some_ranks(selected, self.size)
         return self._execute(
             lambda a: a.call.remote(fn, args, kw, limit, some), selected, timeout, sink, progress
         )
 
-    def _some(self, selected: list[int]) -> list[int] | None:
-        """The selected ranks when they are not every rank (their collectives then check their group)."""
-        return None if set(selected) >= set(range(self.size)) else list(selected)
+    def follow(
+        self,
+        label: str | None = None,
+        sink: Callable[[str], None] | None = None,
+        progress: Progress | None = None,
+    ) -> CellResult:
+        """Wait for the cell ``label`` (None: the current or last one) that the ranks run or ran for a kernel that
+        is gone, as for a cell started here: its output since the last drain, then each rank's value or error."""
+        return self._execute(
+            lambda a: a.await_cell.remote(label), list(range(self.size)), None, sink, progress
+        )
 
     def _limit(self, max_result_bytes: int | None) -> int | None:
         """The size limit a worker applies to a value: None for no limit."""
@@ -638,13 +646,3 @@ class WorkerGroup:
             return not refs or any(ray.get(refs, timeout=5))
         except Exception:  # noqa: BLE001 - best effort: a rank that cannot be interrupted is given up on later
             return True
-
-
-def _kill(actors: Sequence[Any]) -> None:
-    """End the actors' processes now (no restart)."""
-    ray = _ray()
-    for a in actors:
-        try:
-            ray.kill(a, no_restart=True)
-        except Exception:  # noqa: BLE001 - already dead, or Ray is shutting down: nothing left to end
-            pass

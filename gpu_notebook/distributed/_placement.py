@@ -333,8 +333,10 @@ class RayPlacement:
     holds the resources (see the module docstring).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str | None = None) -> None:
         self.reservation: Any = None  # the Ray placement group held, or None
+        #: a detached cluster's Ray namespace: its reservation and workers then outlive the kernel (detached)
+        self.namespace = namespace
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {'holding' if self.reservation is not None else 'holding nothing'}>"
@@ -350,7 +352,10 @@ class RayPlacement:
         self.check(request.size, request.bundle)
         name = f"gpu_notebook-{request.group_id}-{request.generation}"
         pg = placement_group(
-            [dict(request.bundle) for _ in range(request.size)], strategy=request.strategy, name=name
+            [dict(request.bundle) for _ in range(request.size)],
+            strategy=request.strategy,
+            name=name,
+            lifetime="detached" if self.namespace else None,
         )
         self.reservation = pg  # before the wait: an interrupt during it removes the reservation
         if not wait_until_placed(pg, request.timeout, say):
@@ -366,6 +371,7 @@ class RayPlacement:
                 placement_group=self.reservation, placement_group_bundle_index=index
             ),
             "name": f"gpu_notebook:{request.group_id}:{request.generation}:{index}",
+            **({"namespace": self.namespace, "lifetime": "detached"} if self.namespace else {}),
         }
 
     def started(self, group: WorkerGroup) -> None:

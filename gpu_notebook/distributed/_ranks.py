@@ -8,7 +8,7 @@ from typing import Any
 
 from gpu_notebook._display import format_ranks
 
-__all__ = ["GPU_VISIBILITIES", "RankPlan", "format_ranks", "parse_ranks", "plan_ranks"]
+__all__ = ["GPU_VISIBILITIES", "RankPlan", "format_ranks", "parse_ranks", "plan_ranks", "some_ranks"]
 
 #: The ways a rank's ``CUDA_VISIBLE_DEVICES`` can be set (see :func:`plan_ranks`); the first is the default.
 GPU_VISIBILITIES = ("node", "own")
@@ -168,3 +168,12 @@ def parse_ranks(spec: str | Iterable[int] | None, world_size: int) -> list[int]:
     if not ranks:
         raise ValueError(f"empty rank selection {spec!r}")
     return sorted(ranks)
+
+
+def some_ranks(selected: list[int], size: int) -> list[int] | None:
+    """The selected ranks when they are not every rank of ``size`` (their collectives then check their group).
+
+    >>> some_ranks([0, 1], 2), some_ranks([1], 2)
+    (None, [1])
+    """
+    return None if set(selected) >= set(range(size)) else list(selected)

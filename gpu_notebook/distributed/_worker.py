@@ -8,11 +8,10 @@ subprocesses; see :mod:`._capture`) into a buffer the driver drains while a cell
 Two concurrency groups: ``exec`` (one thread) runs cells in order; ``ctl`` serves output draining, interrupts,
 push, pull and status while a cell runs.
 
-What a cell sends back is made safe for the notebook first: torch tensors are moved to the CPU (the notebook
-may have no GPU), values that cannot be pickled become :class:`Unpicklable`, and values over a size limit
-become :class:`TooLarge` (so ``model.state_dict()`` as a cell's last line does not copy every rank's weights
-into the kernel). At the end of a cell, libc's buffers are flushed and the pipe reader is waited for, so
-everything the cell wrote is delivered with the cell.
+What a cell sends back is made safe for the notebook first (see :mod:`._sendable`). At the end of a cell, libc's
+buffers are flushed and the pipe reader is waited for, so everything the cell wrote is delivered with the cell.
+The cell is kept (:class:`KeptCell`) until the next one: a kernel that attaches to a detached cluster's workers
+after the one that started it died reads its reply there (``await_cell``).
 
 ``sys.exit(0)`` (``exit()``, ``quit()``, ``SystemExit(None)``) ends a rank's cell as a success, with a one-line
 note in its output, as at the end of a script; a non-zero code fails the cell with the code named.
@@ -21,7 +20,6 @@ note in its output, as at the end of a script; a non-zero code fails the cell wi
 from __future__ import annotations
 
 import ast
-import copy
 import ctypes
 import linecache
 import os
@@ -34,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from gpu_notebook._display import fmt_bytes
+from gpu_notebook import _registry
 from gpu_notebook.distributed import (
     _interruptible,
     _main,
@@ -49,6 +47,9 @@ from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._debugger import DebugAnswer, DebugState, RankDebugger
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
+from gpu_notebook.distributed._sendable import DEFAULT_MAX_RESULT_BYTES
+from gpu_notebook.distributed._sendable import sendable as _sendable
+from gpu_notebook.distributed._sendable import to_cpu as _to_cpu
 
 # Frames of these files are left out of the tracebacks of user code (the torch.distributed wrappers that
 # torchrun-style cells call are in _process_group).
@@ -62,9 +63,8 @@ _OUR_FILES = frozenset(
 # cell runs (a background cell).
 _CTL: tuple[str, ...] = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull", "stacks")
 _CTL += ("debug_state", "debug_command", "debug_post_mortem")  # the debugger (see _debugger)
+_CTL += ("cell_state", "await_cell", "guard_notice")  # a kernel attaching to a detached cluster's workers
 _EXEC = ("init_process_group", "run_cell", "call", "shutdown")
-
-DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
 
 
 class WorkerMeta(TypedDict):
@@ -116,43 +116,6 @@ class Worker:
         return f"pid {self.meta.get('pid', '?')} on {self.meta.get('ip', '?')}"
 
 
-class Unpicklable:
-    """Stands in for a value that could not be sent back to the notebook: keeps its type name and repr."""
-
-    def __init__(self, type_name: str, text: str, reason: str) -> None:
-        self.type_name, self.text, self.reason = type_name, text, reason
-
-    def __repr__(self) -> str:
-        # labelled: shown as the value's own repr, it would read as if the value had come back
-        return f"<{self.type_name} not sent (it cannot be pickled: {self.reason}): {self.text}>"
-
-
-class TooLarge:
-    """Stands in for a value too large to send back with a cell: says what it was and how to fetch it."""
-
-    def __init__(
-        self,
-        type_name: str,
-        nbytes: int,
-        limit: int,
-        length: int | None = None,
-        rank: int | None = None,
-        measured: str = "pickled",
-    ) -> None:
-        self.type_name, self.nbytes, self.limit, self.length = type_name, nbytes, limit, length
-        self.rank, self.measured = rank, measured
-
-    def __repr__(self) -> str:
-        what = self.type_name if self.length is None else f"{self.type_name} of {self.length} entries"
-        rank = "R" if self.rank is None else str(self.rank)
-        return (
-            f"<{what} not sent: {fmt_bytes(self.nbytes, binary=True)} {self.measured}, over the "
-            f"{fmt_bytes(self.limit, binary=True)} limit for values sent back. Assign it to a variable and fetch one "
-            f"copy with `%gpu_pull NAME --rank {rank}`, or save it from the workers; raise the limit with "
-            f"`%%distributed --max-result 1G` (or max_result_bytes=)>"
-        )
-
-
 def _format_exception(exc: BaseException, cell_file: str | None) -> CellReply:
     """Format an exception raised by user code, without our own frames."""
     te = traceback.TracebackException.from_exception(exc, capture_locals=False)
@@ -185,6 +148,28 @@ def _exit_text(exc: SystemExit) -> str:
     )
 
 
+class KeptCell:
+    """The cell a rank runs now, or ran last, kept until the next one starts: what a kernel reads that attaches
+    to a detached cluster after the kernel that started the cell is gone (its reply, with the output the rank
+    wrote since the last drain)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.started = time.time()
+        self.ended: float | None = None
+        self.reply: CellReply | None = None
+        self.done = threading.Event()
+
+    def finish(self, reply: CellReply) -> CellReply:
+        self.reply, self.ended = reply, time.time()
+        self.done.set()
+        return reply
+
+    def state(self) -> dict[str, Any]:
+        ok = None if self.reply is None else bool(self.reply.get("ok"))
+        return {"label": self.label, "started": self.started, "ended": self.ended, "ok": ok}
+
+
 class RankWorker:
     """One rank of a distributed worker group; its namespace persists across cells."""
 
@@ -199,6 +184,7 @@ class RankWorker:
         self._exec_native: int | None = None  # its native thread id (py-spy names threads by it)
         self._exec_lock = threading.Lock()  # guards _exec_tid between interrupt() and the end of a cell
         self._cell_started: float | None = None
+        self._kept: KeptCell | None = None  # the cell running now or run last (see KeptCell)
         self._capture = Capture()
         if env:
             os.environ.update(env)
@@ -272,6 +258,29 @@ class RankWorker:
     def stacks(self, native: bool = False) -> dict[str, Any]:
         """Every thread's Python stack in this process, the cell's first (see :mod:`._stacks`)."""
         return _stacks.capture(self._exec_tid, rank=self.rank, native_tid=self._exec_native, native=native)
+
+    def cell_state(self) -> dict[str, Any] | None:
+        """The cell running now or run last (label, start, end, whether it succeeded); None before any."""
+        return None if self._kept is None else self._kept.state()
+
+    def await_cell(self, label: str | None = None, timeout: float = 7 * 86400.0) -> CellReply:
+        """The reply of the cell ``label`` (None: the current or last one), once it ends: a kernel that attached
+        after the kernel that started it was gone waits here, draining the output meanwhile as for any cell."""
+        kept = self._kept
+        if kept is None or label not in (None, kept.label):
+            now = kept.label if kept is not None else "none"
+            msg = f"rank {self.rank} has no cell {label!r} to attach to (its current or last cell: {now})"
+            return {"ok": False, "etype": "LookupError", "evalue": msg, "traceback": f"LookupError: {msg}\n"}
+        kept.done.wait(timeout)
+        if kept.reply is None:
+            return {"ok": False, "etype": "TimeoutError", "evalue": "the cell did not end", "traceback": ""}
+        return {**kept.reply, "output": kept.reply.get("output", "") + self._capture.drain()}
+
+    def guard_notice(self, why: str, seconds: float) -> None:
+        """The cluster's guard stops it in ``seconds``: a Checkpointer in the running cell saves at its next
+        ``maybe_save`` (as on a spot notice; see gpu_notebook.checkpoint.policy.guard_notice)."""
+        _registry.stop_notice.set({"why": why, "deadline": time.time() + seconds})
+        self._capture.write(f"gpu_notebook: {why}: the cluster stops in {seconds:.0f} s\n")
 
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the thread running the current cell (returns False if none runs).
@@ -450,7 +459,8 @@ class RankWorker:
             exec(compile(tree, filename, "exec"), self.ns)
             return eval(compile(last, filename, "eval"), self.ns) if last is not None else None
 
-        return self._guarded(work, filename, max_result_bytes, ranks)
+        self._kept = KeptCell(label)
+        return self._kept.finish(self._guarded(work, filename, max_result_bytes, ranks))
 
     def call(
         self,
@@ -461,7 +471,8 @@ class RankWorker:
         ranks: list[int] | None = None,
     ) -> CellReply:
         """Run a Python function in this rank's process (the group is initialised); its value as a cell's."""
-        return self._guarded(lambda: fn(*args, **kwargs), None, max_result_bytes, ranks)
+        self._kept = KeptCell(getattr(fn, "__name__", "call"))
+        return self._kept.finish(self._guarded(lambda: fn(*args, **kwargs), None, max_result_bytes, ranks))
 
     def push(self, values: dict[str, Any]) -> list[str]:
         self.ns.update(values)
@@ -516,109 +527,6 @@ def _cuda_available() -> bool:
     except Exception:  # noqa: BLE001 - a private torch API (NVML missing, renamed): answered below
         pass
     return True  # NVML cannot tell: a CUDA build with GPUs from Ray; set_device reports it if CUDA fails
-
-
-_MAX_DEPTH = 8  # how deep _sendable looks into lists, tuples and dicts for tensors
-_MAX_ITEMS = 100_000  # ... and in how long ones (a long list of numbers holds no tensors worth the walk)
-
-
-def _walkable(value: Any, depth: int) -> bool:
-    return depth < _MAX_DEPTH and isinstance(value, (list, tuple, dict)) and len(value) <= _MAX_ITEMS
-
-
-def _tensors(value: Any, torch: Any, depth: int = 0) -> Any:
-    """Every torch tensor in ``value`` and in the lists, tuples and dicts it holds."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif _walkable(value, depth):
-        for v in value.values() if isinstance(value, dict) else value:
-            yield from _tensors(v, torch, depth + 1)
-
-
-def _tensor_bytes(t: Any) -> int:
-    try:  # pickling a tensor writes its whole storage (a view of a large tensor too)
-        return int(t.untyped_storage().nbytes())
-    except Exception:  # noqa: BLE001 - tensor subclasses without a storage: count the elements
-        return int(t.nelement() * t.element_size())
-
-
-def _to_cpu(value: Any, torch: Any, depth: int = 0) -> Any:
-    """``value`` with every tensor not on the CPU replaced by a CPU copy; containers copied only if needed.
-
-    Keeps container types (an OrderedDict state_dict keeps its ``_metadata``, a namedtuple stays one).
-    """
-    if isinstance(value, torch.Tensor):
-        if value.device.type in ("cpu", "meta"):
-            return value
-        out = value.detach().cpu()
-        if isinstance(value, torch.nn.Parameter):
-            return torch.nn.Parameter(out, requires_grad=value.requires_grad)
-        return out.requires_grad_(True) if value.requires_grad else out
-    if not _walkable(value, depth):
-        return value
-    if isinstance(value, (list, tuple)):
-        items = [_to_cpu(v, torch, depth + 1) for v in value]
-        if all(a is b for a, b in zip(items, value, strict=True)):
-            return value
-        if type(value) is list:
-            return items
-        if type(value) is tuple:
-            return tuple(items)
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-            return type(value)(*items)
-        if isinstance(value, list):
-            new_list = copy.copy(value)
-            new_list[:] = items
-            return new_list
-        return value
-    if isinstance(value, dict):
-        changed = {k: c for k, v in value.items() if (c := _to_cpu(v, torch, depth + 1)) is not v}
-        if not changed:
-            return value
-        new = copy.copy(value)  # the same type, attributes (state_dict's _metadata) and default_factory
-        new.update(changed)
-        return new
-    return value
-
-
-def _sendable(value: Any, max_bytes: int | None = DEFAULT_MAX_RESULT_BYTES, rank: int | None = None) -> Any:
-    """What to send back for a cell's value.
-
-    Tensors move to the CPU (in lists, tuples and dicts too, e.g. a state_dict); a value that cannot be
-    pickled becomes an :class:`Unpicklable` with its repr, one whose pickle is over ``max_bytes`` a
-    :class:`TooLarge` (tensors over the limit are not even copied to the CPU).
-    """
-    if value is None:
-        return None
-    torch = sys.modules.get("torch")  # without torch imported there are no tensors to look for
-    if torch is not None and isinstance(getattr(torch, "Tensor", None), type):
-        if max_bytes is not None:
-            total = sum(_tensor_bytes(t) for t in _tensors(value, torch))
-            if total > max_bytes:
-                return TooLarge(type(value).__name__, total, max_bytes, _length(value), rank, "of tensors")
-        try:
-            value = _to_cpu(value, torch)
-        except Exception:  # noqa: BLE001 - pickling below decides
-            pass
-    try:
-        import ray.cloudpickle as cp
-
-        size = len(cp.dumps(value))
-    except Exception as exc:  # noqa: BLE001 - pickling runs the value's own code: anything it raises
-        try:
-            text = repr(value)
-        except Exception:  # noqa: BLE001 - so does repr
-            text = f"<{type(value).__name__} object>"
-        return Unpicklable(type(value).__name__, text, str(exc))
-    if max_bytes is not None and size > max_bytes:
-        return TooLarge(type(value).__name__, size, max_bytes, _length(value), rank)
-    return value
-
-
-def _length(value: Any) -> int | None:
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        return len(value)
-    return None
 
 
 _REMOTE_CLASS: Any = None

@@ -12,7 +12,6 @@ stops the cluster when the broker says so (the teacher, the budget, the idle sto
 
 from __future__ import annotations
 
-import pickle
 import sys
 import threading
 import time
@@ -21,10 +20,10 @@ from typing import Any
 
 from gpu_notebook._display import Progress
 from gpu_notebook.cluster._errors import ClusterError
+from gpu_notebook.cluster._records import group_record, record_of
 from gpu_notebook.cluster.workshop._broker import BROKER_NAME, namespace_of
 from gpu_notebook.distributed import (
     GroupError,
-    GroupRecord,
     PlacementRequest,
     RayPlacement,
     WorkerGroup,
@@ -180,43 +179,6 @@ def actor_name(student: str, generation: int, index: int) -> str:
     'alice:2:0'
     """
     return f"{student}:{generation}:{index}"
-
-
-def record_of(group: WorkerGroup, namespace: str) -> dict[str, Any]:
-    """What the broker keeps so that a new kernel can take the group over (plans pickled: opaque to it)."""
-    rec = group.record()
-    return {
-        "namespace": namespace,
-        "actor_names": rec.actor_names,
-        "plans": pickle.dumps(rec.ranks),
-        "group_id": rec.group_id,
-        "generation": rec.generation,
-        "backend": rec.backend,
-        "backend_note": rec.backend_note,
-        "master": rec.master,
-        "cpus_per_worker": rec.cpus_per_worker,
-        "gpus_per_worker": rec.gpus_per_worker,
-        "size": rec.size,
-        "started_at": rec.started_at,
-    }
-
-
-def group_record(rec: dict[str, Any], reservation: Any) -> GroupRecord:
-    """The broker's record of a group (:func:`record_of`), for :meth:`WorkerGroup.adopt`."""
-    return GroupRecord(
-        actor_names=list(rec["actor_names"]),
-        ranks=pickle.loads(rec["plans"]),
-        group_id=rec["group_id"],
-        generation=rec["generation"],
-        backend=rec["backend"],
-        backend_note=rec["backend_note"],
-        master=rec["master"],
-        cpus_per_worker=rec["cpus_per_worker"],
-        gpus_per_worker=rec["gpus_per_worker"],
-        started_at=rec["started_at"],
-        namespace=rec["namespace"],
-        reservation=reservation,
-    )
 
 
 class SeatPlacement(RayPlacement):
