@@ -14,6 +14,7 @@ from gpu_notebook import panel as _panel
 from gpu_notebook.cluster._cluster import Cluster
 from gpu_notebook.cluster._connect import ConnectError
 from gpu_notebook.cluster._detached import DetachedCluster, attachable
+from gpu_notebook.cluster._detached import records as detached_records
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._manager import ClusterManager, get_manager
 from gpu_notebook.cluster._run import run_script
@@ -39,6 +40,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerSetup",
     "attachable",
+    "detached_records",
     "get_manager",
     "rank_env",
     "run_script",

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,36 +120,55 @@ def start_daemon(name: str, say: Progress, dashboard: bool = False) -> tuple[str
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     say(f"starting a Ray daemon for detached cluster {name!r} (it outlives this kernel)")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(  # noqa: S603 - Ray's own command, from this environment
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
+    pid = _spawn_orphan(cmd, log, env)
     address = f"{_node_ip()}:{port}"  # the address Ray gives its head (its drivers look for a raylet there)
     deadline = time.monotonic() + DAEMON_START_S
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if not _running(pid):
             tail = log.read_text(errors="replace")[-1500:]
-            raise ClusterError(
-                f"the Ray daemon for {name!r} exited at start (code {proc.returncode}):\n{tail}"
-            )
+            raise ClusterError(f"the Ray daemon for {name!r} exited at start:\n{tail}")
         # the GCS port answers before the raylet has registered: a driver must wait for the whole head
         if b"Ray runtime started" in log.read_bytes():
             break
         time.sleep(0.5)
     else:
-        kill_tree(proc.pid)
+        kill_tree(pid)
         raise ClusterError(
             f"the Ray daemon for {name!r} did not answer within {DAEMON_START_S:g} s (see {log})"
         )
-    rec = {"name": name, "address": address, "daemon_pid": proc.pid, "created": time.time(), "log": str(log)}
+    rec = {"name": name, "address": address, "daemon_pid": pid, "created": time.time(), "log": str(log)}
     _record_path(name).write_text(json.dumps(rec))
     os.chmod(_record_path(name), 0o600)
-    return address, proc.pid
+    return address, pid
+
+
+#: what starts the daemon: a process that starts it in a session of its own and exits at once, so the daemon is
+#: nobody's child (a kernel's shutdown signals its children; a child's death is its parent's to reap)
+_LAUNCHER = """
+import subprocess, sys
+with open(sys.argv[1], "wb") as log:
+    p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+print(p.pid)
+"""
+
+
+def _spawn_orphan(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+    out = subprocess.run(  # noqa: S603 - our interpreter, Ray's command
+        [sys.executable, "-c", _LAUNCHER, str(log), *cmd], env=env, capture_output=True, text=True, timeout=60
+    )
+    if out.returncode != 0:
+        raise ClusterError(f"could not start a Ray daemon: {out.stderr.strip()[-800:]}")
+    return int(out.stdout.strip())
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
 
 
 # ---- the cluster -------------------------------------------------------------------------------------------
@@ -317,6 +337,10 @@ class DetachedCluster(Cluster):
             return super().run(code, *args, **kwargs)
         finally:
             self._cell_ended()
+
+    def note_cell(self, name: str, **meta: Any) -> None:
+        """More about the cell ``name`` for a kernel that attaches later (``out``: its ``-o`` variable)."""
+        _ray().get(self.keeper.cell_note.remote(self._job_id, name, meta), timeout=10)
 
     def _cell_ended(self) -> None:
         try:
@@ -491,6 +515,7 @@ def attach_cluster(
     take: bool = False,
     progress: Progress | None = None,
     live: bool = False,
+    bind: Callable[[BackgroundCell, str | None], None] | None = None,
 ) -> DetachedCluster:
     """Re-bind detached cluster ``name``'s workers with their state in this kernel (see the module docstring).
 
@@ -547,7 +572,7 @@ def attach_cluster(
     )
     cell = reply.get("cell")
     if cell:
-        c.following = _follow(c, cell, say, live)
+        c.following = _follow(c, cell, say, live, bind)
     return c
 
 
@@ -560,16 +585,26 @@ def _with_policies(settings: Any, info: dict[str, Any]) -> Any:
     return replace(settings, policies=policies)
 
 
-def _follow(c: DetachedCluster, cell: dict[str, Any], say: Progress, live: bool) -> BackgroundCell | None:
+def _follow(
+    c: DetachedCluster,
+    cell: dict[str, Any],
+    say: Progress,
+    live: bool,
+    bind: Callable[[BackgroundCell, str | None], None] | None,
+) -> BackgroundCell | None:
     """The cell the workers ran for the gone kernel, as a background cell of this one (``%gpu_result``)."""
     assert c.group is not None
     states = _ray().get([w.actor.cell_state.remote() for w in c.group.workers], timeout=30)
     if not any(s is not None and s.get("label") == cell["label"] for s in states):
         return None
     running = any(s is not None and s.get("ended") is None for s in states)
-    bg = run_following(
-        c, cell["label"], name=str(cell.get("name") or "1"), live=live, on_done=lambda _: c._cell_ended()
-    )
+
+    def done(bg: BackgroundCell) -> None:
+        c._cell_ended()
+        if bind is not None:  # a magic's -o NAME, as if the cell had been started in this kernel
+            bind(bg, cell.get("out"))
+
+    bg = run_following(c, cell["label"], name=str(cell.get("name") or "1"), live=live, on_done=done)
     say(
         f"cell {bg.name} {'is still running' if running else 'ended while no kernel was attached'}: "
         f"%gpu_result {bg.name} shows its output since and its value"

@@ -72,7 +72,7 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> int:
 
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        procs = [p for p in (root, *root.children(recursive=True)) if p.pid != os.getpid()]
     except psutil.NoSuchProcess:
         return 0
     for p in procs:
@@ -181,6 +181,15 @@ class Keeper:
             if self.holder is not None and self.holder["job_id"] == job_id:
                 self.cell = {**cell, "started": self.clock(), "ended": None}
                 self.busy, self.last_activity = True, self.clock()
+
+    def cell_note(self, job_id: str, name: str, meta: dict[str, Any]) -> None:
+        """More about cell ``name`` from its kernel (``out``: the notebook variable its values go to)."""
+        with self._lock:
+            if self.cell is not None and self.cell.get("name") == name and self._holds(job_id):
+                self.cell.update(meta)
+
+    def _holds(self, job_id: str) -> bool:
+        return self.holder is not None and self.holder["job_id"] == job_id
 
     def cell_ended(self, job_id: str) -> None:
         with self._lock:
@@ -301,6 +310,8 @@ class Keeper:
         pid = self.info.get("daemon_pid")
         if pid:
             _kill_later(int(pid))
+        else:  # a cluster reached by address: its Ray stays; the keeper goes, once this reply is sent
+            threading.Timer(1.0, os._exit, (0,)).start()
         return f"cluster {self.info.get('name')!r} stopped ({why}): {len(workers)} worker(s) ended"
 
     def ping(self) -> str:

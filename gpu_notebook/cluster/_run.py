@@ -155,7 +155,7 @@ def run_following(
 
     selected = list(range(cluster.world_size))
     return BackgroundCell(
-        name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done
+        name, group, selected, cluster.world_size, start, live=live, sink=sink, on_done=on_done, followed=True
     )
 
 

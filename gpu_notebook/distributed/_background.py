@@ -84,8 +84,12 @@ class BackgroundCell:
         live: bool = False,
         sink: Callable[[str], None] | None = None,
         on_done: Callable[[BackgroundCell], None] | None = None,
+        followed: bool = False,
     ) -> None:
         self.name = name
+        #: started by a kernel that is gone, followed here since an attach: ``%gpu_result`` prints its output
+        self.followed = followed
+        self._count = 0  # complete lines written so far (the kept ones are the last of them)
         self.group = group
         self.ranks = list(ranks)
         self.world_size = world_size
@@ -144,6 +148,7 @@ class BackgroundCell:
             parts = (self._partial + text).split("\n")
             self._partial = parts.pop()
             self._lines.extend(parts)
+            self._count += len(parts)
         self._dirty.set()
         if not self.live:
             (self._sink or _stdout)(text)
@@ -267,6 +272,12 @@ class BackgroundCell:
         with self._lock:
             lines = list(self._lines) + ([self._partial] if self._partial else [])
         return lines[-tail:] if tail else lines
+
+    def lines_since(self, seen: int) -> tuple[list[str], int]:
+        """The complete lines written after the first ``seen`` (those still kept), and how many there are now."""
+        with self._lock:
+            new = min(self._count - seen, len(self._lines))
+            return (list(self._lines)[len(self._lines) - new :] if new > 0 else []), self._count
 
     def busy_message(self, doing: str = "running another cell") -> str:
         """Why a second cell is refused while this one runs, and what to do."""

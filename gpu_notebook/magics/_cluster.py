@@ -13,9 +13,11 @@ from gpu_notebook.cloud import CloudLauncher, active_states
 from gpu_notebook.cluster import (
     CloudLaunch,
     Cluster,
+    DetachedCluster,
     Policies,
     Resources,
     Runtime,
+    detached_records,
     get_manager,
     rank_env,
     worker_setup,
@@ -50,6 +52,7 @@ from gpu_notebook.magics._common import (
     usage_error,
     usage_errors,
 )
+from gpu_notebook.magics._detach import ATTACH_ARGS, DETACH_ARGS, attach
 from gpu_notebook.magics._workshop import (
     STUDENTS_ARGS,
     WORKSHOP_ARGS,
@@ -65,7 +68,7 @@ MAX_WORKERS = 1024
 MIN_BENCH_BYTES = 8
 
 COMMANDS = ["start", "status", "stop", "scale", "list", "use", "logs", "stacks", "restart", "doctor", "bench"]
-COMMANDS += ["env"]
+COMMANDS += ["env", "attach"]
 COMMANDS += ["workshop", "students"]  # magics/_workshop.py
 
 #: the cluster a command is about; --cluster is the same option, as %%distributed and %gpu_run spell it
@@ -251,7 +254,8 @@ ADDRESS = next(o for o in START_ARGS if o.flag == "--address")
 #: the options each subcommand takes; any other option given is a usage error, never ignored
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
 OPTIONS: dict[str, tuple[Option, ...]] = {
-    "start": (NAME, *START_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS, *WORKSHOP_START_ARGS),
+    "start": (NAME, *START_ARGS, *DETACH_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS, *WORKSHOP_START_ARGS),
+    "attach": (NAME, ADDRESS, *ATTACH_ARGS),
     "status": (NAME,),
     "stop": (NAME, ALL),
     "scale": (),
@@ -276,12 +280,13 @@ POSITIONALS = {
     "bench": "{allreduce,scaling}",
     "workshop": "{start,stop,status} [NAME]",
     "students": "[stop ID]",
+    "attach": "[NAME]",
     **{c: "[NAME]" for c in ("status", "stop", "logs", "stacks", "restart", "doctor", "env")},
 }
 
 # the option groups as decorators, in the order %gpu_cluster? lists them
 name_arg = options(NAME)
-start_args = options(*START_ARGS)
+start_args = options(*START_ARGS, *DETACH_ARGS, *ATTACH_ARGS)
 env_args = options(*ENV_ARGS)
 cloud_args = options(*CLOUD_ARGS)
 policy_args = options(*POLICY_ARGS)
@@ -342,6 +347,8 @@ class ClusterMagics(Magics):
         In [16]: %gpu_cluster students
         In [17]: %gpu_cluster students stop bob
         In [18]: %gpu_cluster stacks
+        In [19]: %gpu_cluster start --detach --name run1 --idle-stop 30
+        In [20]: %gpu_cluster attach run1
         """
         args = parse(self.gpu_cluster, line)
         if args.command is None:
@@ -433,13 +440,20 @@ class ClusterMagics(Magics):
                     backend=args.backend,
                 ),
                 runtime=Runtime(
-                    gpu_visibility=args.gpu_visibility, dashboard=args.dashboard, worker_setup=setup
+                    gpu_visibility=args.gpu_visibility,
+                    dashboard=args.dashboard,
+                    worker_setup=setup,
+                    detach=args.detach,
                 ),
                 policies=Policies(idle_stop=args.idle_stop, budget=args.budget),
                 launch=CloudLaunch(**launch),
             )
 
         if args.workshop or args.student:
+            if args.detach:
+                raise UsageError(
+                    "--detach and --workshop: a workshop student's workers outlive the kernel already"
+                )
             if not args.workshop:
                 raise UsageError("--student goes with --workshop NAME (the workshop the teacher started)")
             if args.name is None:
@@ -543,16 +557,32 @@ class ClusterMagics(Magics):
         current = manager.current
         for c in clusters:
             mark = "*" if c is current else " "
-            print(f"{mark} {c.name:<16} {c.kind:<8} {c.world_size} workers  {c.backend or '-':<5} {c.state}")
+            detached = "  detached" if isinstance(c, DetachedCluster) else ""
+            print(
+                f"{mark} {c.name:<16} {c.kind:<8} {c.world_size} workers  {c.backend or '-':<5} {c.state}{detached}"
+            )
         ours = {c.name for c in clusters}
+        for rec in detached_records():
+            if rec["name"] not in ours:
+                print(
+                    f"  {rec['name']:<16} local    detached, not attached in this kernel (%gpu_cluster attach "
+                    f"{rec['name']})"
+                )
         others = [st for st in _saved_cloud_states() if st.name not in ours]
         for st in others:
             print(
                 f"  {st.name:<16} cloud:{st.cloud:<6} {st.region or '-':<12} {st.status}  "
                 f"(started by an earlier kernel; %gpu_cluster stop {st.name} tears it down)"
             )
-        if not clusters and not others:
+        if not clusters and not others and not detached_records():
             print("no clusters in this kernel; start one with %gpu_cluster start")
+
+    def _cmd_attach(self, args: argparse.Namespace) -> None:
+        attach(
+            args,
+            self.shell.user_ns if self.shell is not None else {},
+            getattr(self.shell, "kernel", None) is not None,
+        )
 
     def _cmd_use(self, args: argparse.Namespace) -> None:
         if len(args.args) != 1:

@@ -27,6 +27,7 @@ from gpu_notebook.magics._common import (
     reported,
     usage_errors,
 )
+from gpu_notebook.magics._detach import note_cell
 
 
 class CellSyntaxError(MagicError):
@@ -292,7 +293,7 @@ class DistributedMagics(Magics):
                 ns[out] = bg.result.values
 
         with busy_is_usage(), usage_errors(ValueError):  # a bad --ranks selection
-            return cluster.run(
+            bg = cluster.run(
                 cell,
                 ranks=args.ranks,
                 timeout=args.timeout,
@@ -304,6 +305,8 @@ class DistributedMagics(Magics):
                 on_done=bind,
                 block=False,
             )
+        note_cell(cluster, bg.name, out)  # a detached cluster's keeper keeps -o for a kernel that attaches
+        return bg
 
     @magic_arguments()
     @argument(
@@ -350,13 +353,25 @@ class DistributedMagics(Magics):
             if args.cancel and bg.cancel():
                 print(f"cancelling background cell {bg.name}: its ranks were interrupted")
             deadline = time.monotonic() + args.timeout if args.timeout else None
+            seen = 0
+
+            def stream() -> None:  # a cell a gone kernel started: its output since, then as it comes
+                nonlocal seen
+                lines, seen = bg.lines_since(seen)
+                if lines:
+                    print("\n".join(lines), flush=True)
+
             try:
                 while not bg.wait(0.1):  # short waits: the stop button ends the wait at once
+                    if bg.followed:
+                        stream()
                     if deadline is not None and time.monotonic() > deadline:
                         raise MagicError(f"{bg.busy_message('waiting')} (still running after --timeout)")
             except KeyboardInterrupt:
                 print(f"stopped waiting; background cell {bg.name} still runs", file=sys.stderr)
                 return None
+            if bg.followed:
+                stream()
             bg.refresh()  # the cell that started it shows the end now, while this cell runs
             if bg.error is not None:
                 raise bg.error

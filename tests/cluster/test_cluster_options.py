@@ -23,6 +23,7 @@ OLD_DEFAULTS: dict[str, Any] = {
     "ship_package": True,  # absent: shipped (only ``is False`` turned it off)
     "spot": False,  # absent: bool(None)
     "reaper": True,  # absent: a reaper (only ``is False`` turned it off)
+    "detach": False,  # new with detached clusters: off, as every cluster was
 }
 
 
