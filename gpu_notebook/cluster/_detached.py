@@ -274,9 +274,31 @@ class DetachedCluster(Cluster):
         self._record_group()
 
     def _record_group(self) -> None:
+        """The keeper keeps the group's record, and each rank writes its output to log files on its node too."""
         assert self.group is not None
+        ray = _ray()
         rec = {**record_of(self.group, self.namespace), "pg": self.group.placement.reservation}
-        _ray().get(self.keeper.set_group.remote(self._job_id, rec), timeout=30)
+        ray.get(self.keeper.set_group.remote(self._job_id, rec), timeout=30)
+        dest = self.settings.runtime.log_to
+        ray.get([w.actor.open_log.remote(self.name, dest) for w in self.group.workers], timeout=60)
+
+    def logs(self, rank: int | None = None, tail: int | None = 50) -> dict[int, list[str]]:
+        """Each rank's recent output from its log files on its node: also what it printed before this kernel
+        attached (see :meth:`Cluster.logs` for the arguments)."""
+        got = super().logs(rank, tail)  # checks rank and tail; the lines this kernel saw
+        if self.group is None or not self.running:
+            return got
+        ray = _ray()
+        workers = {w.rank: w for w in self.group.workers}
+        refs = {r: workers[r].actor.log_tail.remote(tail) for r in got if r in workers}
+        for r, ref in refs.items():
+            try:
+                lines = ray.get(ref, timeout=30)
+            except Exception:  # noqa: BLE001 - a rank that does not answer: the lines this kernel saw
+                continue
+            if lines:
+                got[r] = lines
+        return got
 
     def _rate(self) -> float:
         try:

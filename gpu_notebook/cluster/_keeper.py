@@ -300,6 +300,11 @@ class Keeper:
                 ray.get(w.interrupt.remote(), timeout=5)
             except Exception:  # noqa: BLE001 - ended below all the same
                 pass
+        try:  # each leaves the process group, and its last log lines are written and uploaded
+            ray.get([w.shutdown.remote() for w in workers], timeout=30)
+        except Exception:  # noqa: BLE001 - dead or stuck workers are killed below
+            pass
+        for w in workers:
             try:
                 ray.kill(w, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone

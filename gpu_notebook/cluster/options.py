@@ -77,6 +77,9 @@ class Runtime:
     #: the workers (and a local cluster's Ray, as a daemon) outlive the kernel; any kernel re-binds them with
     #: ``Cluster.attach`` (``docs/guide/detach.md``)
     detach: bool = False
+    #: a detached cluster's rank logs are also uploaded in batches to this folder or ``s3://bucket/prefix`` (they
+    #: are always kept in rotating files on each node; ``docs/guide/logs-collectors.md``)
+    log_to: str | None = None
 
 
 @dataclass(frozen=True)

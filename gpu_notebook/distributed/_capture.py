@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Capture", "StreamProxy", "flush_std", "split_sync"]
@@ -88,6 +89,7 @@ class Capture:
         self._sync_sent = 0
         self._sync_seen = 0
         self.forked = False  # this is a forked child's copy: its streams write to fds 1 and 2
+        self.tee: Callable[[str], None] | None = None  # also gets every write (a rank's log file)
         self._spool_fd: int | None = None  # the file holding what was not drained yet (see spool())
         self._fault_file: Any = None  # where faulthandler writes the stack of a fatal signal
         _CAPTURES.add(self)
@@ -123,6 +125,9 @@ class Capture:
             self._fault_file = None
 
     def write(self, text: str) -> None:
+        tee = self.tee
+        if text and tee is not None:
+            tee(text)
         if text:
             with self._lock:
                 self._chunks.append(text)

@@ -109,6 +109,11 @@ def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plain(text: str) -> str:
+    """``text`` with each rich output's marker as ``[display]``: what a rank's log file keeps of it."""
+    return _MARKER.sub("[display]", text) if _START in text else text
+
+
 def encode(bundle: dict[str, Any]) -> str:
     """The marker for ``bundle`` in a rank's text (the inverse of :func:`split`)."""
     raw = json.dumps(bundle, default=repr, separators=(",", ":")).encode()

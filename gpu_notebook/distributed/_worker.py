@@ -45,6 +45,8 @@ from gpu_notebook.distributed import (
 )
 from gpu_notebook.distributed._capture import Capture, StreamProxy, flush_std
 from gpu_notebook.distributed._debugger import DebugAnswer, DebugState, RankDebugger
+from gpu_notebook.distributed._logfile import RankLogFile, default_log_dir, read_tail
+from gpu_notebook.distributed._logupload import LogUploader
 from gpu_notebook.distributed._process_group import collective_seq, join, leave, torchrun_env
 from gpu_notebook.distributed._ranks import RankPlan
 from gpu_notebook.distributed._sendable import DEFAULT_MAX_RESULT_BYTES
@@ -64,6 +66,7 @@ _OUR_FILES = frozenset(
 _CTL: tuple[str, ...] = ("meta", "free_port", "ping", "drain_output", "interrupt", "push", "pull", "stacks")
 _CTL += ("debug_state", "debug_command", "debug_post_mortem")  # the debugger (see _debugger)
 _CTL += ("cell_state", "await_cell", "guard_notice")  # a kernel attaching to a detached cluster's workers
+_CTL += ("open_log", "log_tail")  # the rank's log files (see _logfile)
 _EXEC = ("init_process_group", "run_cell", "call", "shutdown")
 
 
@@ -185,6 +188,8 @@ class RankWorker:
         self._exec_lock = threading.Lock()  # guards _exec_tid between interrupt() and the end of a cell
         self._cell_started: float | None = None
         self._kept: KeptCell | None = None  # the cell running now or run last (see KeptCell)
+        self._log: RankLogFile | None = None  # the rank's JSON-lines files on its node (open_log)
+        self._upload: LogUploader | None = None
         self._capture = Capture()
         if env:
             os.environ.update(env)
@@ -281,6 +286,26 @@ class RankWorker:
         ``maybe_save`` (as on a spot notice; see gpu_notebook.checkpoint.policy.guard_notice)."""
         _registry.stop_notice.set({"why": why, "deadline": time.time() + seconds})
         self._capture.write(f"gpu_notebook: {why}: the cluster stops in {seconds:.0f} s\n")
+
+    def open_log(self, cluster: str, dest: str | None = None) -> str:
+        """Also write this rank's output to size-capped, rotating JSON-lines files on its node (what collectors
+        ship, and what ``%gpu_cluster logs`` reads after an attach); ``dest``: local rank 0 also uploads the node's
+        files there in batches (a folder or ``s3://bucket/prefix``). Returns the folder."""
+        directory = default_log_dir(cluster)
+        if self._log is None:
+            self._log = RankLogFile(directory, int(self.rank or 0), socket.gethostname(), cluster)
+            log = self._log
+            self._capture.tee = lambda text: log.write(_rich.plain(text))
+        if dest and self._upload is None and self.ns.get("local_rank", 0) == 0:
+            self._upload = LogUploader(directory, dest)
+        return directory
+
+    def log_tail(self, n: int | None = 50) -> list[str]:
+        """This rank's last ``n`` lines from its log files (all of them with None)."""
+        if self._log is not None:
+            self._log.flush()
+        found = read_tail(default_log_dir(self._log.cluster), int(self.rank or 0), n) if self._log else []
+        return [str(r.get("line", "")) for r in found]
 
     def interrupt(self) -> bool:
         """Raise KeyboardInterrupt in the thread running the current cell (returns False if none runs).
@@ -499,6 +524,11 @@ class RankWorker:
         leave()
         self._capture.close_spool()
         _remains.remove(self._spool)
+        self._capture.tee = None
+        if self._upload is not None:
+            self._upload.close()  # a last pass: what the rank wrote last goes too
+        if self._log is not None:
+            self._log.close()
 
 
 for _name in _CTL:

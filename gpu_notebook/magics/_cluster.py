@@ -444,11 +444,14 @@ class ClusterMagics(Magics):
                     dashboard=args.dashboard,
                     worker_setup=setup,
                     detach=args.detach,
+                    log_to=args.log_to,
                 ),
                 policies=Policies(idle_stop=args.idle_stop, budget=args.budget),
                 launch=CloudLaunch(**launch),
             )
 
+        if args.log_to and not args.detach:
+            raise UsageError("--log-to goes with --detach (the ranks' log files of a detached cluster)")
         if args.workshop or args.student:
             if args.detach:
                 raise UsageError(

@@ -21,6 +21,7 @@ from IPython.core.error import UsageError
 
 from gpu_notebook.cluster import DetachedCluster, attachable
 from gpu_notebook.distributed import BackgroundCell
+from gpu_notebook.magics._args import text
 from gpu_notebook.magics._common import option, progress_printer
 
 __all__ = ["ATTACH_ARGS", "DETACH_ARGS", "attach", "note_cell"]
@@ -32,6 +33,12 @@ DETACH_ARGS = (
         action="store_true",
         help="start: the workers (and a local cluster's Ray) outlive this kernel: %%gpu_cluster attach NAME from "
         "any kernel brings them back with their state",
+    ),
+    option(
+        "--log-to",
+        type=text("a folder or s3://bucket/prefix"),
+        metavar="DEST",
+        help="start --detach: also upload the ranks' log files there in batches (a folder or s3://bucket/prefix)",
     ),
 )
 #: ``attach``: besides NAME and --address

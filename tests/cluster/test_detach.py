@@ -12,6 +12,8 @@ reads the checkpoint back) and by its idle stop, with no kernel attached.
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import signal
 import subprocess
@@ -86,8 +88,6 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield e
     # whatever a failed test left: the daemons it started
     for rec in (tmp_path / "config" / "detached").glob("*.json"):
-        import json
-
         pid = json.loads(rec.read_text()).get("daemon_pid")
         if pid and psutil.pid_exists(pid):
             from gpu_notebook.cluster._keeper import kill_tree
@@ -96,8 +96,6 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def _daemon(env: dict[str, str], name: str) -> Any:
-    import json
-
     rec = Path(env["GPU_NOTEBOOK_CONFIG_DIR"]) / "detached" / f"{name}.json"
     return psutil.Process(json.loads(rec.read_text())["daemon_pid"])
 
@@ -118,11 +116,16 @@ for i in range(14):
 x + 1"""
 
 
-def test_a_killed_kernel_s_cell_goes_on_and_another_kernel_attaches(env: dict[str, str]) -> None:
+def test_a_killed_kernel_s_cell_goes_on_and_another_kernel_attaches(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    uploads = tmp_path / "uploaded-logs"
     a = Kernel(env)
     try:
         a.run("%load_ext gpu_notebook")
-        started = a.run("%gpu_cluster start --detach --name run1 --workers 2 --cpus-per-worker 0.25")
+        started = a.run(
+            f"%gpu_cluster start --detach --name run1 --workers 2 --cpus-per-worker 0.25 --log-to {uploads}"
+        )
         assert "detached:" in started and "%gpu_cluster attach run1" in started, started
         daemon = _daemon(env, "run1")
         assert daemon.pid not in [p.pid for p in psutil.Process(a.pid).children(recursive=True)]
@@ -148,6 +151,9 @@ def test_a_killed_kernel_s_cell_goes_on_and_another_kernel_attaches(env: dict[st
         assert "42" in result, result
         assert b.run("print(vals)").strip() == "[42, 42]"  # -o vals, as if the cell had started here
         assert "41" in b.run("%%distributed --ranks 0\nx")  # the workers kept their state
+        # the ranks' log files on the node: also what they printed while A was attached
+        logs = b.run("%gpu_cluster logs --rank 1 --tail 100")
+        assert "[rank 1] tick 0" in logs and "[rank 1] tick 13" in logs, logs
 
         c = Kernel(env)
         try:
@@ -168,6 +174,10 @@ def test_a_killed_kernel_s_cell_goes_on_and_another_kernel_attaches(env: dict[st
         wait_for(lambda: _tree_gone(daemon), timeout=60, what="no Ray process left")
     finally:
         b.close()
+    # --log-to: the log files' batches, uploaded by the node's first rank, outlive the cluster
+    records = [json.loads(line) for f in sorted(uploads.rglob("*.jsonl.gz")) for line in gzip.open(f)]
+    assert {(r["rank"], r["line"]) for r in records} >= {(0, "tick 13"), (1, "tick 13")}, records[-5:]
+    assert {"time", "rank", "node", "cluster", "stream", "line"} <= set(records[0]), records[0]
 
 
 GUARDED = """
