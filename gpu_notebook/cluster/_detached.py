@@ -206,16 +206,10 @@ class DetachedCluster(Cluster):
         """Start the Ray daemon (a local cluster), the detached workers and their keeper."""
         if self.state == "running":
             return self
-        if self.settings.launch.cloud and not (
-            self.settings.policies.budget or self.settings.policies.idle_stop
-        ):
-            raise ClusterError(
-                "a detached cloud cluster keeps costing money with no kernel attached: give it a guard, "
-                "--budget USD or --idle-stop MINUTES (both keep working without a kernel)"
-            )
         if self.settings.launch.cloud:
             raise ClusterError(
-                "--detach is for local and --address clusters in this version (not --cloud yet)"
+                "--detach is for local and --address clusters in this version: a cloud cluster is still torn down "
+                "by its reaper when its kernel dies (start it without --detach)"
             )
         say = progress or (lambda msg: None)
         if not self.name:
