@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from gpu_notebook.cluster._keeper import dead_jobs
 from gpu_notebook.cluster.workshop._rules import (
     DEFAULT_IDLE_STOP_MIN,
     Prices,
@@ -401,12 +402,7 @@ class Broker:
 
     def _dead_jobs(self) -> set[str]:
         """The Ray jobs (drivers, i.e. kernels) that have ended; empty when Ray cannot tell."""
-        try:
-            from ray._private import state
-
-            return {j["JobID"] for j in state.jobs() if j.get("IsDead")}
-        except Exception:  # noqa: BLE001 - a private API: without it, silence alone tells a gone kernel
-            return set()
+        return dead_jobs()  # as a detached cluster's keeper tells a gone kernel
 
     def ping(self) -> dict[str, Any]:
         return {"workshop": self.workshop, "students": len(self._records), "quota": asdict(self.quota)}
