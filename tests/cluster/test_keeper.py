@@ -88,7 +88,11 @@ def test_the_cell_and_its_out_name_are_kept_for_the_next_kernel() -> None:
     k.cell_note("job-a", "7", {"out": "losses"})
     k.cell_note("job-b", "7", {"out": "other"})  # not the holder: ignored
     got = k.hold("job-b", {"pid": 22}, take=True)
-    assert got["cell"]["label"] == "cell In[7]" and got["cell"]["out"] == "losses" and got["cell"]["ended"] is None
+    assert (
+        got["cell"]["label"] == "cell In[7]"
+        and got["cell"]["out"] == "losses"
+        and got["cell"]["ended"] is None
+    )
 
 
 def test_a_stopping_cluster_cannot_be_attached() -> None:
