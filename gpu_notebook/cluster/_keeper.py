@@ -89,19 +89,34 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> int:
     return len(procs)
 
 
+#: what ends a local cluster's Ray daemon from inside it: SIGKILL to ``ray start`` first, then to what it started,
+#: in that order (a SIGTERM makes the raylet end its workers, this actor and so this process with them, and leaves
+#: ``ray start`` draining for 30 s); only psutil imported, so it acts within a second
+_KILLER = """
+import os, sys, time, psutil
+time.sleep(1.0)
+try:
+    root = psutil.Process(int(sys.argv[1]))
+    procs = [root, *root.children(recursive=True)]
+except psutil.NoSuchProcess:
+    procs = []
+for p in procs:
+    if p.pid != os.getpid():
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+"""
+
+
 def _kill_later(pid: int) -> None:
     """End the Ray daemon ``pid`` from a process of its own (this actor is one of the daemon's processes)."""
-    code = (
-        "import time; time.sleep(1.0); "
-        f"from gpu_notebook.cluster._keeper import kill_tree; kill_tree({int(pid)})"
-    )
     subprocess.Popen(  # noqa: S603 - our own interpreter and code
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _KILLER, str(int(pid))],
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
     )
 
 

@@ -255,7 +255,6 @@ ADDRESS = next(o for o in START_ARGS if o.flag == "--address")
 #: (``stop --dry-run`` must not stop the cluster; ``stop --name big`` must not stop the current one instead)
 OPTIONS: dict[str, tuple[Option, ...]] = {
     "start": (NAME, *START_ARGS, *DETACH_ARGS, *ENV_ARGS, *CLOUD_ARGS, *POLICY_ARGS, *WORKSHOP_START_ARGS),
-    "attach": (NAME, ADDRESS, *ATTACH_ARGS),
     "status": (NAME,),
     "stop": (NAME, ALL),
     "scale": (),
@@ -267,6 +266,7 @@ OPTIONS: dict[str, tuple[Option, ...]] = {
     "doctor": (NAME, LOCAL),
     "bench": (*ALLREDUCE_ARGS, *SCALING_ARGS),
     "env": (NAME,),
+    "attach": (NAME, ADDRESS, *ATTACH_ARGS),
     "workshop": (ADDRESS, *POLICY_ARGS, *WORKSHOP_ARGS),
     "students": (WORKSHOP_START_ARGS[0], ALL, *STUDENTS_ARGS),
 }

@@ -234,3 +234,86 @@ def test_the_idle_stop_ends_a_cluster_whose_kernel_is_gone(env: dict[str, str]) 
     assert done.returncode == -signal.SIGKILL, done.stdout + done.stderr
     daemon = _daemon(env, "idle")
     wait_for(lambda: _tree_gone(daemon), timeout=120, what="the idle guard ends the cluster")
+
+
+def test_an_address_cluster_detached_and_attached_from_a_fresh_kernel(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A Ray the user started (``ray start --head``): kernel A detaches its workers there and dies; kernel B, with
+    no connection before, attaches by address; the stop ends the workers and the keeper, and leaves that Ray up."""
+    from gpu_notebook.cluster._keeper import kill_tree
+
+    port = _free_port()
+    head_env = {**env, "RAY_AUTH_MODE": "token"}
+    log = open(tmp_path / "head.log", "wb")  # noqa: SIM115 - the head's output, closed with it
+    head = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}",
+         "--disable-usage-stats", "--include-dashboard=false", f"--ray-client-server-port={_free_port()}",
+         f"--dashboard-agent-listen-port={_free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=head_env,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: b"Ray runtime started" in (tmp_path / "head.log").read_bytes(),
+            timeout=120,
+            what="the head",
+        )
+        from ray.util import get_node_ip_address
+
+        address = f"{get_node_ip_address()}:{port}"
+        kenv = {
+            **env,
+            "RAY_AUTH_MODE": "token",
+        }  # what the connect error says to set for a token-auth cluster
+        a = Kernel(kenv)
+        try:
+            a.run("%load_ext gpu_notebook")
+            a.run(
+                f"%gpu_cluster start --detach --name far --address {address} --workers 2 --cpus-per-worker 0.25"
+            )
+            a.run("%%distributed\nx = 41")
+            a.run(LONG_CELL.replace("range(14)", "range(6)"))
+            wait_for(
+                lambda: "tick 1" in a.run("%gpu_cluster logs"), timeout=60, what="the cell's first lines"
+            )
+            a.kill()
+        except BaseException:
+            a.close()
+            raise
+        b = Kernel(kenv)
+        try:
+            b.run("%load_ext gpu_notebook")
+            assert "far" in b.run(f"%gpu_cluster attach --address {address}")
+            assert "attached to cluster 'far'" in b.run(f"%gpu_cluster attach far --address {address}")
+            result = b.run("%gpu_result")
+            assert "[rank 1] tick 5" in result and "42" in result, result
+            assert "41" in b.run("%%distributed --ranks 1\nx")
+            stopped = b.run("%gpu_cluster stop")
+            assert "left running" in stopped, stopped
+        finally:
+            b.close()
+        count = (
+            f"import ray; ray.init(address={address!r}, log_to_driver=False); "
+            "print(len([a for a in ray.util.list_named_actors(all_namespaces=True) "
+            "if a['namespace'].startswith('gpu_notebook-cluster-')]))"
+        )
+
+        def actors_left() -> bool:
+            out = subprocess.run(
+                [sys.executable, "-c", count], env=kenv, capture_output=True, text=True, timeout=60
+            )
+            return out.stdout.strip().splitlines()[-1:] == ["0"]
+
+        wait_for(actors_left, timeout=60, what="the workers and the keeper gone from the user's Ray")
+        assert head.poll() is None, "the user's Ray was stopped"
+    finally:
+        kill_tree(head.pid)
+        log.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -188,7 +188,9 @@ class SeatPlacement(RayPlacement):
     reconnect needs); freeing the reservation removes the broker's placement group, as a stop does."""
 
     def __init__(self, seat: Seat) -> None:
-        super().__init__()
+        super().__init__(
+            seat.namespace
+        )  # detached workers in the workshop's namespace, as a detached cluster's
         self.seat = seat
         self.reserved = False  # the broker made a reservation for this group
 
@@ -215,8 +217,6 @@ class SeatPlacement(RayPlacement):
         return {
             **super().actor_options(request, index),
             "name": actor_name(self.seat.student, request.generation, index),
-            "namespace": self.seat.namespace,
-            "lifetime": "detached",
         }
 
     def started(self, group: WorkerGroup) -> None:
