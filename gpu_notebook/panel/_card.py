@@ -137,7 +137,8 @@ def _on_axis(axis: Any, t: Any, y: Any, gap_s: float) -> list[float | None]:
         return [None] * len(axis)
     at = np.searchsorted(t, axis, side="right") - 1
     ok = (at >= 0) & (axis - t[np.maximum(at, 0)] <= gap_s)
-    v = np.where(ok, y[np.maximum(at, 0)], np.nan)
+    # two decimals: what a chart shows (a percent, MiB, W); a fifth of the JSON a full repr writes
+    v = np.round(np.where(ok, y[np.maximum(at, 0)], np.nan), 2)
     out: list[float | None] = v.tolist()
     for i in np.flatnonzero(~np.isfinite(v)).tolist():  # the gaps (and a NaN reading) as JSON nulls
         out[i] = None

@@ -222,6 +222,15 @@ async def _journey(jp_fetch: Any, kc: Any, root: Path, kernel_id: str, gcs: str)
     assert len(series["t"]) == len(series["hosts"][0]["cpu_percent"]) >= 1, series
     assert series["t"] == sorted(series["t"]) and all(isinstance(x, float) for x in series["t"]), series
 
+    # the pane closes while the sidebar still polls: the kernel stops writing that series and removes its file
+    # (a pane opened later sees "none yet", never an old series)
+    t0 = time.monotonic()
+    while (root / kernel_id / "panel.series").exists() and time.monotonic() - t0 < 30:
+        await _get(jp_fetch, "clusters")
+        await asyncio.sleep(0.5)
+    assert not (root / kernel_id / "panel.series").exists(), "the series outlived its last pane by 30 s"
+    assert (await _get(jp_fetch, "clusters"))["clusters"], "the sidebar's list went with the series"
+
     # stop from the panel: the running cell ends with the panel's reason
     r = await jp_fetch(
         "gpu-notebook", "api", "clusters", kernel_id, "panel", "stop", method="POST", body="{}"
