@@ -41,6 +41,7 @@ from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._keeper import KEEPER_NAME, NAMESPACE_PREFIX, Keeper, kill_tree, namespace_of
 from gpu_notebook.cluster._records import group_record, record_of
 from gpu_notebook.cluster._run import run_following
+from gpu_notebook.cluster._status import ClusterStatus
 from gpu_notebook.cluster.providers import LocalProvider, Provider
 from gpu_notebook.distributed import BackgroundCell, RayPlacement, WorkerGroup
 
@@ -363,6 +364,23 @@ class DetachedCluster(Cluster):
             _ray().get(self.keeper.cell_ended.remote(self._job_id), timeout=10)
         except Exception:  # noqa: BLE001 - the keeper then learns it from the workers
             pass
+
+    def status(self) -> ClusterStatus:
+        """As :meth:`Cluster.status`, with who holds the workers, the guards and the cost so far (the keeper's)."""
+        st = super().status()
+        try:
+            d = _ray().get(self.keeper.describe.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the keeper does not answer: say so
+            st.detached = "its keeper does not answer (the cluster may be stopping)"
+            return st
+        held = "this kernel" if (d.get("holder") or {}).get("job_id") == self._job_id else "another kernel"
+        guards = [f"idle stop {d['idle_stop_minutes']:g} min"] if d.get("idle_stop_minutes") else []
+        guards += [f"budget ${d['budget_usd']:g}"] if d.get("budget_usd") else []
+        st.detached = (
+            f"held by {held}; the workers outlive it ({'its Ray daemon pid ' + str(d['daemon_pid']) if d.get('daemon_pid') else 'on the Ray at ' + str(d.get('address'))}); "
+            f"guards: {', '.join(guards) or 'none'}; ${d.get('spent_usd', 0.0):.2f} so far"
+        )
+        return st
 
     def scale(self, workers: int, progress: Progress | None = None) -> str:
         msg = super().scale(workers, progress)

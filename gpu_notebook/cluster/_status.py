@@ -196,6 +196,8 @@ class ClusterStatus:
     nodes: list[NodeInfo] = field(default_factory=list)
     workers: list[WorkerInfo] = field(default_factory=list)
     dashboards: list[DashboardLink] = field(default_factory=list)
+    #: a detached cluster: who holds it, its guards and what it cost so far ("" for any other cluster)
+    detached: str = ""
 
     def __str__(self) -> str:
         lines = [
@@ -219,6 +221,8 @@ class ClusterStatus:
             lines.append("Dashboards:")
             for d in self.dashboards:
                 lines.append(f"  {d.name:<19} {d.url}" + (f"  (direct: {d.direct})" if d.proxied else ""))
+        if self.detached:
+            lines.append(f"Detached: {self.detached}")
         return "\n".join(lines)
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
@@ -258,6 +262,7 @@ class ClusterStatus:
             f"<table><thead><tr><th>rank</th><th>node</th><th>IP</th><th>pid</th><th>GPUs</th><th>CPUs</th>"
             f"<th>state</th></tr></thead><tbody>{rows}</tbody></table>"
             + (f"<div>Dashboards: {links}</div>" if links else "")
+            + (f"<div>Detached: {e(self.detached)}</div>" if self.detached else "")
             + "</div>"
         )
 

@@ -151,6 +151,8 @@ def test_a_killed_kernel_s_cell_goes_on_and_another_kernel_attaches(
         assert "42" in result, result
         assert b.run("print(vals)").strip() == "[42, 42]"  # -o vals, as if the cell had started here
         assert "41" in b.run("%%distributed --ranks 0\nx")  # the workers kept their state
+        status = b.run("%gpu_cluster status")
+        assert "Detached: held by this kernel" in status and "its Ray daemon pid" in status, status
         # the ranks' log files on the node: also what they printed while A was attached
         logs = b.run("%gpu_cluster logs --rank 1 --tail 100")
         assert "[rank 1] tick 0" in logs and "[rank 1] tick 13" in logs, logs
