@@ -8,12 +8,13 @@ it was; the caller handles the death.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Sequence
 from typing import Any
 
 from gpu_notebook.distributed._output import Streamer
 
-__all__ = ["alive", "answers", "drain", "kill"]
+__all__ = ["alive", "answers", "drain", "gone", "kill"]
 
 
 def _ray() -> Any:
@@ -67,6 +68,49 @@ def drain(
             streamer.feed(rank, text)
     streamer.tick()  # displays held for the same one from other ranks (see _rich)
     return got
+
+
+def gone(workers: Sequence[Any], ranks: Collection[int]) -> list[int]:
+    """Those of ``ranks`` whose worker process ran on this node and exists no more, in order.
+
+    Ray learns that a worker died when its connection to the raylet closes. A process the rank forked keeps
+    that connection open (a DataLoader worker of an interrupted cell, still inside ``__getitem__``): Ray then
+    waits for the child, and the cell with it. The pid settles it here; on other nodes Ray's word stands.
+    """
+    here = _this_node()
+    out = []
+    for rank in sorted(ranks):
+        meta = workers[rank].meta if rank < len(workers) else {}
+        pid = meta.get("pid")
+        if here and meta.get("node_id") == here and isinstance(pid, int) and not _pid_exists(pid):
+            out.append(rank)
+    return out
+
+
+def _this_node() -> str | None:
+    """This process's Ray node (None through Ray Client, whose driver is on another machine than its node)."""
+    ray = _ray()
+    try:
+        if ray.util.client.ray.is_connected():
+            return None
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # noqa: BLE001 - not connected, or Ray going away: no local answer
+        return None
+
+
+def _pid_exists(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (dead, not yet reaped by the raylet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # Linux: "pid (comm) state ...", the state after the last ")"
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (macOS), or it went just now
+        return True
 
 
 def alive(workers: Sequence[Any], dead: Collection[int], timeout: float) -> list[bool]:

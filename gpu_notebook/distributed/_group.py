@@ -31,6 +31,7 @@ from gpu_notebook.distributed._process_group import explain_backend, nccl_needs_
 from gpu_notebook.distributed._ranks import GPU_VISIBILITIES, RankPlan, parse_ranks, plan_ranks, some_ranks
 from gpu_notebook.distributed._recovery import CellRun
 from gpu_notebook.distributed._results import CellResult
+from gpu_notebook.distributed._sendable import check_pushable
 from gpu_notebook.distributed._worker import (
     DEFAULT_MAX_RESULT_BYTES,
     CellReply,
@@ -59,6 +60,8 @@ class GroupTimeouts:
 #: the training loop).
 DRAIN_MIN_S = 0.1
 DRAIN_MAX_S = 0.5
+#: How often the ranks a cell waits for are looked for among this node's processes (see :func:`._batch.gone`).
+PID_CHECK_S = 2.0
 
 
 def _ray() -> Any:
@@ -123,8 +126,7 @@ class WorkerGroup:
         self.actor_namespace: str | None = None  # their Ray namespace (None: this kernel's own)
         self._spawned: list[Any] = []  # actors started but not yet given a rank: stop() ends them too
         self._dead: set[int] = set()
-        # rank -> collectives issued on the default group, after its last cell
-        self._seqs: dict[int, int] = {}
+        self._seqs: dict[int, int] = {}  # rank -> collectives issued on the default group after its last cell
         self.started_at: float | None = None
         self.busy = False
         self.current_run: CellRun | None = None  # the running cell's record (background cells read it)
@@ -442,15 +444,7 @@ class WorkerGroup:
     def push(self, values: dict[str, Any], ranks: str | Sequence[int] | None = None) -> None:
         """Set ``values`` (name -> value) in the selected ranks' namespaces."""
         ray = _ray()
-        from ray import cloudpickle
-
-        for name, value in values.items():
-            try:
-                cloudpickle.dumps(value)
-            except Exception as exc:  # noqa: BLE001 - pickling runs the value's own code: anything it raises
-                raise TypeError(
-                    f"cannot send variable {name!r} to the workers: it cannot be pickled ({exc})"
-                ) from None
+        check_pushable(values)
         selected = parse_ranks(ranks, self.size)
         ref = ray.put(values)
         ray.get([self.workers[r].actor.push.remote(ref) for r in selected], timeout=300)
@@ -565,6 +559,14 @@ class WorkerGroup:
         for ref in ready:
             self._collect(run, ref)
             del run.pending[ref]  # after: an interrupt while collecting leaves it to collect again
+        if (
+            now - run.last_pid_check >= PID_CHECK_S and run.pending
+        ):  # a process gone while Ray has not noticed
+            run.last_pid_check = now
+            gone = _batch.gone(run.workers, run.pending.values())
+            for ref, rank in [(f, r) for f, r in run.pending.items() if r in gone]:
+                self._died(run, rank, _recovery.ProcessGone())
+                del run.pending[ref]
         if not run.pending:
             return True
         # a rank whose value could not be rebuilt here finished its cell: it leaves no one hanging
@@ -591,14 +593,7 @@ class WorkerGroup:
         try:
             out: CellReply = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as exc:
-            self._dead.add(rank)
-            worker = run.workers[rank] if rank < len(run.workers) else None
-            remains = _remains.fetch(worker.meta, self.group_id) if worker is not None else _remains.Remains()
-            run.streamer.feed(rank, remains.output)  # what it wrote since the last drain: cell and log
-            run.streamer.finish(rank)
-            run.failures[rank] = _recovery.died_failure(
-                rank, worker, exc, run.last_output(rank), remains.fault
-            )
+            self._died(run, rank, exc)
             return
         except Exception as exc:  # noqa: BLE001 - any other Ray error is this rank's failure, not the cell's
             run.failures[rank] = _recovery.unreturned_failure(rank, exc)
@@ -612,6 +607,15 @@ class WorkerGroup:
             run.values[rank] = out.get("value")
         else:
             run.failures[rank] = _recovery.reply_failure(rank, out, run.interrupt_reason)
+
+    def _died(self, run: CellRun, rank: int, exc: BaseException) -> None:
+        """Mark ``rank`` dead: what it wrote since the last drain (cell and log), then its failure."""
+        self._dead.add(rank)
+        worker = run.workers[rank] if rank < len(run.workers) else None
+        remains = _remains.fetch(worker.meta, self.group_id) if worker is not None else _remains.Remains()
+        run.streamer.feed(rank, remains.output)
+        run.streamer.finish(rank)
+        run.failures[rank] = _recovery.died_failure(rank, worker, exc, run.last_output(rank), remains.fault)
 
     def _conclude(self, run: CellRun, stuck: list[int], say: Progress) -> list[str]:
         """Decide what the cell's failures mean for the workers (kept, or rebuilt); returns the cell's notes."""

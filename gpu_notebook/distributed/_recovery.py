@@ -65,6 +65,7 @@ class CellRun:
     stopped: str | None = None  # why the group was stopped under the cell
     poll: float = 0.002  # the next wait for replies, in seconds (grows to 0.1 s)
     last_drain: float = 0.0  # time.monotonic() of the last output drain
+    last_pid_check: float = 0.0  # time.monotonic() of the last look for ranks whose process is gone
     drain_every: float = 0.1  # seconds between output drains (backs off while the ranks print nothing)
     stall: Any = None  # the cell's _stall.StallWatch (None: no hang report for this cell)
 
@@ -113,6 +114,16 @@ def reply_failure(rank: int, reply: CellReply, interrupt_reason: InterruptReason
         cell_lines=reply.get("cell_lines", []),
         detail=_INTERRUPTED_DETAIL.get(kind, ""),
     )
+
+
+class ProcessGone(RuntimeError):
+    """A rank's process exited while Ray still counted it alive (see :func:`._batch.gone`)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "its process is gone, though Ray had not noticed (a process it started, such as a DataLoader "
+            "worker, still holds its connection)"
+        )
 
 
 def died_failure(

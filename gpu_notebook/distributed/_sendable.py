@@ -1,4 +1,4 @@
-"""What a rank sends back to the notebook: a cell's value made safe to send.
+"""What a rank sends back to the notebook: a cell's value made safe to send (and the check of what it pushes).
 
 Torch tensors are moved to the CPU (the notebook may have no GPU), values that cannot be pickled become
 :class:`Unpicklable`, and values over a size limit become :class:`TooLarge` (so ``model.state_dict()`` as a
@@ -14,9 +14,22 @@ from typing import Any
 
 from gpu_notebook._display import fmt_bytes
 
-__all__ = ["DEFAULT_MAX_RESULT_BYTES", "TooLarge", "Unpicklable", "sendable", "to_cpu"]
+__all__ = ["DEFAULT_MAX_RESULT_BYTES", "TooLarge", "Unpicklable", "check_pushable", "sendable", "to_cpu"]
 
 DEFAULT_MAX_RESULT_BYTES = 64 * 2**20  # the largest value (pickled) a cell or call sends back by default
+
+
+def check_pushable(values: dict[str, Any]) -> None:
+    """Raise a TypeError naming the first of ``values`` (name -> value, for the ranks) that cannot be pickled."""
+    from ray import cloudpickle
+
+    for name, value in values.items():
+        try:
+            cloudpickle.dumps(value)
+        except Exception as exc:  # noqa: BLE001 - pickling runs the value's own code: anything it raises
+            raise TypeError(
+                f"cannot send variable {name!r} to the workers: it cannot be pickled ({exc})"
+            ) from None
 
 
 class Unpicklable:

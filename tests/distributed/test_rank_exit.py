@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize("stmt", ["sys.exit(0)", "exit()", "quit()", "raise SystemExit(None)", "sys.exit()"])
@@ -60,3 +60,29 @@ def test_os_exit_is_a_dead_worker_with_its_rank_pid_and_last_output(ip, shared):
         "t = torch.ones(1); dist.all_reduce(t); t.item()\n"
     )
     assert res.success and list(ip.user_ns["alive"]) == [2.0, 2.0]
+
+
+def test_a_rank_whose_forked_child_outlives_it_is_reported_dead_all_the_same(ip, shared):
+    """Ray hears of a worker's death when its connection to the raylet closes; a child the rank forked (a
+    DataLoader worker of an interrupted cell, asleep in ``__getitem__``) keeps it open. The cell must still end,
+    reporting the rank dead, instead of waiting for the child."""
+    res = ip.run_cell("%%distributed -o pids\nimport os\nos.getpid()\n")
+    assert res.success
+    pid = ip.user_ns["pids"][1]
+    res = ip.run_cell(
+        "%%distributed\nimport os, time\nprint('forking', rank, flush=True)\n"
+        "if rank == 1:\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(45)\n"
+        "        os._exit(0)\n"
+        "    time.sleep(0.5)\n"
+        "    os._exit(7)\n"
+        "time.sleep(1)\n"
+    )
+    err = res.error_in_exec
+    assert err is not None
+    text = "\n".join(err._render_traceback_())
+    assert f"--- rank 1: died: the worker process (pid {pid} on " in text
+    assert "its process is gone" in text and "| forking 1" in text
+    res = ip.run_cell("%%distributed -o alive\nrank\n")
+    assert res.success and list(ip.user_ns["alive"]) == [0, 1]
