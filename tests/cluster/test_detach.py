@@ -56,10 +56,10 @@ def _run(kc: Any, code: str, ok: bool = True) -> str:
 
 
 class Kernel:
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], python: str = sys.executable, cwd: str | None = None) -> None:
         self.km = jupyter_client.KernelManager(kernel_name="python3")
-        self.km.kernel_spec.argv[0] = sys.executable
-        self.km.start_kernel(env=env)
+        self.km.kernel_spec.argv[0] = python
+        self.km.start_kernel(env=env, **({"cwd": cwd} if cwd else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -242,8 +242,13 @@ def test_an_address_cluster_detached_and_attached_from_a_fresh_kernel(
     env: dict[str, str], tmp_path: Path
 ) -> None:
     """A Ray the user started (``ray start --head``): kernel A detaches its workers there and dies; kernel B, with
-    no connection before, attaches by address; the stop ends the workers and the keeper, and leaves that Ray up."""
+    no connection before, attaches by address; the stop ends the workers and the keeper, and leaves that Ray up.
+
+    Kernel B runs in a second virtualenv, the user's other environment with gpu_notebook installed
+    (``node_venv(..., with_gpu_notebook=True)``: this environment's packages and this checkout's gpu_notebook,
+    made in well under a second), started outside this checkout so that its folder is not on B's path."""
     from gpu_notebook.cluster._keeper import kill_tree
+    from gpu_notebook.testing.venv import node_venv
 
     port = _free_port()
     head_env = {**env, "RAY_AUTH_MODE": "token"}
@@ -282,8 +287,15 @@ def test_an_address_cluster_detached_and_attached_from_a_fresh_kernel(
         except BaseException:
             a.close()
             raise
-        b = Kernel(kenv)
+        other = tmp_path / "other-venv"
+        python_b = node_venv(other, with_gpu_notebook=True)
+        benv = {k: v for k, v in kenv.items() if k != "PYTHONPATH"}
+        benv.update(VIRTUAL_ENV=str(other), PATH=f"{python_b.parent}{os.pathsep}{kenv.get('PATH', '')}")
+        (tmp_path / "b-cwd").mkdir()
+        b = Kernel(benv, python=str(python_b), cwd=str(tmp_path / "b-cwd"))
         try:
+            where = b.run("import sys, gpu_notebook; print(sys.prefix); print(sys.executable)").split()
+            assert where == [str(other), str(python_b)], where
             b.run("%load_ext gpu_notebook")
             assert "far" in b.run(f"%gpu_cluster attach --address {address}")
             assert "attached to cluster 'far'" in b.run(f"%gpu_cluster attach far --address {address}")
