@@ -559,14 +559,9 @@ class WorkerGroup:
         for ref in ready:
             self._collect(run, ref)
             del run.pending[ref]  # after: an interrupt while collecting leaves it to collect again
-        if (
-            now - run.last_pid_check >= PID_CHECK_S and run.pending
-        ):  # a process gone while Ray has not noticed
-            run.last_pid_check = now
-            gone = _batch.gone(run.workers, run.pending.values())
-            for ref, rank in [(f, r) for f, r in run.pending.items() if r in gone]:
-                self._died(run, rank, _recovery.ProcessGone())
-                del run.pending[ref]
+        for ref, rank in _recovery.gone_pending(run, now, PID_CHECK_S):  # dead while Ray has not noticed
+            self._died(run, rank, _recovery.ProcessGone())
+            del run.pending[ref]
         if not run.pending:
             return True
         # a rank whose value could not be rebuilt here finished its cell: it leaves no one hanging

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpu_notebook._display import Progress, first_line, format_ranks
+from gpu_notebook.distributed import _batch
 from gpu_notebook.distributed._output import Streamer
 from gpu_notebook.distributed._remains import fault_summary
 from gpu_notebook.distributed._results import CellResult, FailureKind, RankFailure, RankResults
 from gpu_notebook.distributed._worker import CellReply, Worker
+from gpu_notebook.errors import GpuNotebookError
 
 __all__ = [
     "CellRun",
@@ -116,7 +118,7 @@ def reply_failure(rank: int, reply: CellReply, interrupt_reason: InterruptReason
     )
 
 
-class ProcessGone(RuntimeError):
+class ProcessGone(GpuNotebookError):
     """A rank's process exited while Ray still counted it alive (see :func:`._batch.gone`)."""
 
     def __init__(self) -> None:
@@ -124,6 +126,15 @@ class ProcessGone(RuntimeError):
             "its process is gone, though Ray had not noticed (a process it started, such as a DataLoader "
             "worker, still holds its connection)"
         )
+
+
+def gone_pending(run: CellRun, now: float, every: float) -> list[tuple[Any, int]]:
+    """The pending (reply, rank) pairs whose process is gone from this node, looked for every ``every`` s."""
+    if not run.pending or now - run.last_pid_check < every:
+        return []
+    run.last_pid_check = now
+    gone = _batch.gone(run.workers, run.pending.values())
+    return [(ref, rank) for ref, rank in run.pending.items() if rank in gone]
 
 
 def died_failure(
