@@ -5,6 +5,9 @@ forever. The launcher starts this module on the head after ``ray start``::
 
     python -m gpu_notebook.cloud._idle_watch --minutes 60 --config ~/ray_bootstrap_config.yaml
 
+(``--down`` instead of ``--minutes`` tears it down at once: a detached cluster's keeper does so when its guards
+stop it.)
+
 Idle means what a user means (see :func:`activity`): no notebook cell running on our workers, no resources
 held by anything but our own reservations, and the GPUs (the CPUs on a CPU-only cluster) under a threshold.
 The persistent workers of a notebook hold their CPUs and GPUs for as long as the notebook keeps its cluster,
@@ -217,10 +220,20 @@ def _teardown(config_path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, required=True)
+    parser.add_argument("--minutes", type=float)
     parser.add_argument("--config", default="~/ray_bootstrap_config.yaml")
     parser.add_argument("--poll", type=float, default=30.0)
+    parser.add_argument(
+        "--down", action="store_true", help="tear down now (a detached cluster's guard fired)"
+    )
     args = parser.parse_args(argv)
+    if args.down:
+        print(f"tearing the cluster down ({args.config})", flush=True)
+        _teardown(args.config)
+        print("teardown done", flush=True)
+        return 0
+    if args.minutes is None:
+        parser.error("--minutes is required (or --down)")
     import ray
 
     ray.init(address="auto", log_to_driver=False)

@@ -17,6 +17,11 @@ The reaper polls every second:
   ``stop`` (:meth:`~gpu_notebook.cloud.CloudLauncher.teardown` of the saved state: ``ray down``, then the
   cloud-API check), logs the report to ``clusters/<name>.reaper.log``, removes the lease and exits.
 
+- the kernel handed the cluster over (:func:`hand_over`: a detached cluster, ``%gpu_cluster start --detach``,
+  whose budget and idle stop run on the cluster itself): on the kernel's end the reaper only says so, keeps the
+  saved state (``%gpu_cluster attach``/``stop`` from another kernel use it) and exits; the cluster's guards tear
+  it down when they fire.
+
 A saved state older than the lease belongs to another kernel's cluster of the same name and is left alone.
 The reaper uses the kernel's environment (the cloud's standard credential chain); it never logs credentials.
 
@@ -170,6 +175,19 @@ def start(name: str, poll_s: float = 1.0) -> Reaper:
     return Reaper(name, lease, proc)
 
 
+def hand_over(name: str, guards: str | None) -> bool:
+    """Hand cluster ``name`` over to the guards on the cluster (``guards`` says which): its reaper no longer tears
+    it down when this kernel ends; ``guards`` None takes it back (the kernel tears it down now, and the reaper
+    finishes that if the kernel dies first). False when there is no lease to mark (no reaper)."""
+    lease = lease_path(name)
+    data = _read_lease(lease)
+    if data is None:
+        return False
+    data.pop("detached", None)
+    _write_lease(lease, {**data, "detached": guards} if guards else data)
+    return True
+
+
 # ---- the kernel's SIGTERM -------------------------------------------------------------------------------------
 
 
@@ -242,6 +260,14 @@ def watch(name: str, kernel_pid: int, lease: Path, poll_s: float = 1.0) -> int:
         data = _read_lease(lease)
         if data is None:
             _say("released: the kernel tore the cluster down (or never launched it); exiting")
+            return 0
+        if data.get("detached") and (data.get("status") == "terminating" or _kernel_gone(kernel_pid)):
+            _say(
+                f"the kernel (pid {kernel_pid}) is gone; cloud cluster {name} is detached: left running under "
+                f"its guards ({data['detached']}); %gpu_cluster attach {name} brings it back, %gpu_cluster "
+                f"stop {name} ends it"
+            )
+            lease.unlink(missing_ok=True)
             return 0
         if data.get("status") == "terminating":
             _say(f"the kernel (pid {kernel_pid}) is terminating (SIGTERM, or a shutdown or restart request)")

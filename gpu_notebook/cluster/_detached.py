@@ -20,10 +20,8 @@ local daemons started on this machine are found by their record file (:func:`rec
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -34,9 +32,9 @@ from typing import Any
 from gpu_notebook import _settings, cost
 from gpu_notebook._display import Progress, fmt_duration
 from gpu_notebook._registry import get_manager
-from gpu_notebook.cloud import config_dir
-from gpu_notebook.cluster import _connect
+from gpu_notebook.cluster import _connect, _detached_cloud
 from gpu_notebook.cluster._cluster import Cluster
+from gpu_notebook.cluster._daemon import record_path, records, start_daemon
 from gpu_notebook.cluster._errors import ClusterError
 from gpu_notebook.cluster._keeper import KEEPER_NAME, NAMESPACE_PREFIX, Keeper, kill_tree, namespace_of
 from gpu_notebook.cluster._records import group_record, record_of
@@ -51,8 +49,6 @@ __all__ = ["DetachedCluster", "attach_cluster", "attachable", "records"]
 KERNEL_EXIT = "kernel exit"
 #: seconds between the holder's heartbeats to the keeper
 HEARTBEAT_S = 5.0
-#: seconds a local Ray daemon has to answer after ``ray start``
-DAEMON_START_S = 90.0
 
 _LOCAL = LocalProvider()
 
@@ -63,122 +59,15 @@ def _ray() -> Any:
     return ray
 
 
-# ---- the local Ray daemon and its record ------------------------------------------------------------------
-def records_dir() -> Path:
-    """Where the local Ray daemons of detached clusters started on this machine are recorded (user-only)."""
-    path = config_dir() / "detached"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
-
-
-def records() -> list[dict[str, Any]]:
-    """The detached local clusters of this machine whose Ray daemon still runs (stale records removed)."""
-    import psutil
-
-    out = []
-    for f in sorted(records_dir().glob("*.json")):
-        try:
-            rec = json.loads(f.read_text())
-        except (OSError, ValueError):
-            continue
-        if rec.get("daemon_pid") and psutil.pid_exists(int(rec["daemon_pid"])):
-            out.append(rec)
-        else:
-            f.unlink(missing_ok=True)
-    return out
-
-
-def _record_path(name: str) -> Path:
-    return records_dir() / f"{name}.json"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _node_ip() -> str:
-    from ray.util import get_node_ip_address
-
-    return str(get_node_ip_address())
-
-
-def start_daemon(name: str, say: Progress, dashboard: bool = False) -> tuple[str, int]:
-    """Start a Ray head of its own on this machine (``ray start --head --block``, a new session: not a child
-    that dies with the kernel) and wait until it answers; returns its address and the daemon's pid."""
-    port = _free_port()
-    log = records_dir() / f"{name}.ray.log"
-    ray_bin = Path(sys.executable).with_name("ray")
-    cmd = [
-        str(ray_bin) if ray_bin.exists() else "ray",
-        "start", "--head", "--block", f"--port={port}",
-        f"--num-cpus={os.cpu_count() or 1}", "--disable-usage-stats",
-        f"--include-dashboard={'true' if dashboard else 'false'}",
-        f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}",
-        f"--dashboard-agent-grpc-port={_free_port()}", f"--runtime-env-agent-port={_free_port()}",
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    say(f"starting a Ray daemon for detached cluster {name!r} (it outlives this kernel)")
-    pid = _spawn_orphan(cmd, log, env)
-    address = f"{_node_ip()}:{port}"  # the address Ray gives its head (its drivers look for a raylet there)
-    deadline = time.monotonic() + DAEMON_START_S
-    while time.monotonic() < deadline:
-        if not _running(pid):
-            tail = log.read_text(errors="replace")[-1500:]
-            raise ClusterError(f"the Ray daemon for {name!r} exited at start:\n{tail}")
-        # the GCS port answers before the raylet has registered: a driver must wait for the whole head
-        if b"Ray runtime started" in log.read_bytes():
-            break
-        time.sleep(0.5)
-    else:
-        kill_tree(pid)
-        raise ClusterError(
-            f"the Ray daemon for {name!r} did not answer within {DAEMON_START_S:g} s (see {log})"
-        )
-    rec = {"name": name, "address": address, "daemon_pid": pid, "created": time.time(), "log": str(log)}
-    _record_path(name).write_text(json.dumps(rec))
-    os.chmod(_record_path(name), 0o600)
-    return address, pid
-
-
-#: what starts the daemon: a process that starts it in a session of its own and exits at once, so the daemon is
-#: nobody's child (a kernel's shutdown signals its children; a child's death is its parent's to reap)
-_LAUNCHER = """
-import subprocess, sys
-with open(sys.argv[1], "wb") as log:
-    p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True)
-print(p.pid)
-"""
-
-
-def _spawn_orphan(cmd: list[str], log: Path, env: dict[str, str]) -> int:
-    out = subprocess.run(  # noqa: S603 - our interpreter, Ray's command
-        [sys.executable, "-c", _LAUNCHER, str(log), *cmd], env=env, capture_output=True, text=True, timeout=60
-    )
-    if out.returncode != 0:
-        raise ClusterError(f"could not start a Ray daemon: {out.stderr.strip()[-800:]}")
-    return int(out.stdout.strip())
-
-
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
 # ---- the cluster -------------------------------------------------------------------------------------------
-def _who() -> dict[str, Any]:
-    """This kernel, as the keeper names it to another one."""
+def _who(cloud_state: Any = None) -> dict[str, Any]:
+    """This kernel, as the keeper names it to another one; ``tears_down``: it has the cloud cluster's saved
+    state, so it tears the cluster down itself when the guards fire while it holds it."""
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "notebook": os.environ.get("JPY_SESSION_NAME", ""),
+        "tears_down": cloud_state is not None,
     }
 
 
@@ -197,7 +86,9 @@ class DetachedCluster(Cluster):
 
     @property
     def provider(self) -> Provider:
-        return _LOCAL if self.daemon_pid is not None else super().provider
+        if self.daemon_pid is not None:
+            return _LOCAL
+        return self._cloud if self._cloud is not None else super().provider  # (a cloud one attached by name)
 
     @property
     def namespace(self) -> str:
@@ -207,22 +98,25 @@ class DetachedCluster(Cluster):
         """Start the Ray daemon (a local cluster), the detached workers and their keeper."""
         if self.state == "running":
             return self
-        if self.settings.launch.cloud:
-            raise ClusterError(
-                "--detach is for local and --address clusters in this version: a cloud cluster is still torn down "
-                "by its reaper when its kernel dies (start it without --detach)"
-            )
+        policies, cloud = self.settings.policies, self.settings.launch.cloud
+        if cloud:
+            _detached_cloud.check_start(cloud, policies.budget, policies.idle_stop)
         say = progress or (lambda msg: None)
         if not self.name:
             self.name = get_manager().unique_name("detached")
         _check_name(self.name)
-        if self.address is None:
+        if self.address is None and not cloud:
             self.address, self.daemon_pid = start_daemon(self.name, say, self.settings.runtime.dashboard)
             use_token_auth()
         try:
             super().start(progress)
             self._make_keeper()
+            if cloud:
+                guards = _detached_cloud.guards_text(policies.budget, policies.idle_stop)
+                _detached_cloud.hand_over(self.name, guards, say)
         except BaseException:
+            if cloud and self.state == "running":  # launched, but not detached: torn down, not left billing
+                Cluster.stop(self, "its detached start failed")
             self._end_daemon()
             raise
         self._start_beat()
@@ -231,13 +125,16 @@ class DetachedCluster(Cluster):
 
     def detached_text(self) -> str:
         what = "its local Ray daemon and " if self.daemon_pid else ""
+        if self.settings.launch.cloud:
+            rate = self._rate()
+            what = f"its {self.settings.launch.cloud} nodes" + (f" (${rate:.2f}/h)" if rate else "") + " and "
         guards = (
             self._policy_text() if self.settings.policies.idle_stop or self.settings.policies.budget else ""
         )
         return (
             f"detached: {what}its {self.world_size} worker(s) keep running when this kernel goes "
-            f"(%gpu_cluster attach {self.name} from any kernel brings them back, variables and all). They hold "
-            f"their CPUs/GPUs until %gpu_cluster stop {self.name}"
+            f"(%gpu_cluster attach {self.name} from any kernel brings them back, variables and all). They "
+            f"{'bill' if self.settings.launch.cloud else 'hold their CPUs/GPUs'} until %gpu_cluster stop {self.name}"
             + (f"; {guards.replace('watching: ', 'guards: ')}" if guards else "; no idle stop or budget set")
         )
 
@@ -259,12 +156,17 @@ class DetachedCluster(Cluster):
             "daemon_pid": self.daemon_pid,
             "tick_s": 2.0,
         }
+        cloud = self.settings.launch.cloud
+        info.update(_detached_cloud.keeper_info(cloud) if cloud else {})
         remote = ray.remote(num_cpus=0, max_restarts=0)(Keeper)
-        self.keeper = remote.options(name=KEEPER_NAME, namespace=self.namespace, lifetime="detached").remote(
-            info
-        )
+        self.keeper = remote.options(
+            name=KEEPER_NAME,
+            namespace=self.namespace,
+            lifetime="detached",
+            **(_detached_cloud.KEEPER_OPTIONS if cloud else {}),
+        ).remote(info)
         self._job_id = ray.get_runtime_context().get_job_id()
-        reply = ray.get(self.keeper.hold.remote(self._job_id, _who()), timeout=60)
+        reply = ray.get(self.keeper.hold.remote(self._job_id, _who(self.cloud_state)), timeout=60)
         assert reply.get("ok"), reply
         self._record_group()
 
@@ -295,11 +197,15 @@ class DetachedCluster(Cluster):
                 got[r] = lines
         return got
 
-    def _rate(self) -> float:
+    def _rate(self) -> float | None:
+        """The hourly rate for the keeper's budget; None (the keeper keeps the rate it has) when this kernel
+        cannot price the nodes (no node_pricing here: a kernel that attached)."""
+        if self.node_pricing is None:
+            return None
         try:
             return float(cost.cost_meter_for(self).snapshot().usd_per_hour or 0.0)
-        except Exception:  # noqa: BLE001 - a meter that cannot price the nodes: the budget guard sees $0/h
-            return 0.0
+        except Exception:  # noqa: BLE001 - a meter that cannot price the nodes: the keeper's rate stands
+            return None
 
     # ---- the heartbeat -----------------------------------------------------------------------------------
     def _start_beat(self) -> None:
@@ -325,6 +231,8 @@ class DetachedCluster(Cluster):
             if reply.get("stop"):
                 print(f"gpu_notebook: cluster {self.name!r} stopped: {reply['stop']}", file=sys.stderr)
                 self._beat_stop.set()
+                if self.cloud_state is not None:  # this kernel tears it down (the reaper finishes if it dies)
+                    _detached_cloud.hand_over(self.name, None, lambda m: None)
                 super().stop(str(reply["stop"]))
                 return
 
@@ -400,14 +308,22 @@ class DetachedCluster(Cluster):
         if reason == KERNEL_EXIT:
             return self._let_go(reason)
         self._beat_stop.set()
+        here = self.cloud_state is not None  # a cloud cluster this kernel can tear down (and verify) itself
+        if here:
+            _detached_cloud.hand_over(self.name, None, lambda m: None)
         if self.group is not None:
             self.group.stop(reason)  # a running cell ends as "cluster stopped"
         try:
-            _ray().get(self.keeper.stop.remote(reason), timeout=60)
+            _ray().get(self.keeper.stop.remote(reason, not here), timeout=60)
         except Exception:  # noqa: BLE001 - the keeper gone: its workers were ended above
             pass
         n = self.world_size
         msg = super().stop(reason)
+        if self._cloud is not None and not here:
+            return (
+                f"cluster {self.name!r} stopped: {n} worker(s) ended; its head tears the cloud cluster down "
+                f"(no saved state of it on this machine to verify that with: check your cloud console)"
+            )
         if self.daemon_pid is None:
             return msg
         self._end_daemon()
@@ -433,6 +349,10 @@ class DetachedCluster(Cluster):
         if self.group is not None:
             self.group.detach()
             self.group = None
+        if (
+            self._cloud is not None
+        ):  # nothing torn down here; the reaper sees the hand-over at the kernel's end
+            self._cloud.reaper = self._cloud.state = None
         super().stop(why)
         return (
             f"cluster {self.name!r} detached: its {n} worker(s) keep running (%gpu_cluster attach {self.name} "
@@ -442,7 +362,7 @@ class DetachedCluster(Cluster):
     def _end_daemon(self) -> None:
         if self.daemon_pid is not None:
             kill_tree(self.daemon_pid)
-            _record_path(self.name).unlink(missing_ok=True)
+            record_path(self.name).unlink(missing_ok=True)
 
 
 def _check_name(name: str) -> None:
@@ -560,15 +480,19 @@ def attach_cluster(
     """
     say = progress or (lambda msg: None)
     ray = _ray()
+    on_cloud = None
     if address is None:
         local = {r["name"]: r for r in records()}
-        if name not in local:
+        if name in local:
+            address = str(local[name]["address"])
+        elif (found := _detached_cloud.find(name, say)) is not None:
+            address, on_cloud = found
+        else:
             known = ", ".join(sorted(local)) or "none"
             raise ClusterError(
-                f"no detached cluster {name!r} on this machine (local ones: {known}); for one elsewhere give "
-                f"--address HOST:PORT"
+                f"no detached cluster {name!r} on this machine (local ones: {known}; nor a cloud cluster of that "
+                f"name in %gpu_cluster list); for one elsewhere give --address HOST:PORT"
             )
-        address = str(local[name]["address"])
     _connect_to(address, say)
     try:
         keeper = ray.get_actor(KEEPER_NAME, namespace=namespace_of(name))
@@ -576,7 +500,7 @@ def attach_cluster(
         there = ", ".join(n for n, _, _ in _keepers(address)) or "none"
         raise ClusterError(f"no detached cluster {name!r} on the Ray at {address} (there: {there})") from None
     job_id = ray.get_runtime_context().get_job_id()
-    reply = ray.get(keeper.hold.remote(job_id, _who(), take), timeout=30)
+    reply = ray.get(keeper.hold.remote(job_id, _who(on_cloud and on_cloud.state), take), timeout=30)
     if "held_by" in reply:
         raise ClusterError(
             f"cluster {name!r} is held by {_holder_text(reply['held_by'])}: stop using it there first, or take it "
@@ -589,7 +513,7 @@ def attach_cluster(
         raise ClusterError(f"cluster {name!r} has no worker group recorded (its start did not finish)")
     c = DetachedCluster(name, address=address)
     c.keeper, c._job_id = keeper, job_id
-    c.daemon_pid = info.get("daemon_pid")
+    c.daemon_pid, c._cloud = info.get("daemon_pid"), on_cloud
     c.connection = _connect.recorded_connection()
     c.group = WorkerGroup(
         int(rec["size"]), placement=RayPlacement(c.namespace), log=c.log, timeouts=c.timeouts
@@ -598,6 +522,10 @@ def attach_cluster(
     c.settings = _with_policies(c.settings, info)
     c.state, c.started_at = "running", float(rec.get("started_at") or time.time())
     c.touch()
+    if (
+        on_cloud is not None
+    ):  # the cost meter prices its nodes (the budget's rate) as the launching kernel did
+        on_cloud.launched(c, say)
     get_manager().add(c)
     c._start_beat()
     say(

@@ -16,7 +16,8 @@ them when nobody will: that is the keeper. It lives on the cluster itself, in th
   cluster its hourly rate every tick and stops it when it is idle (no cell running) for the idle stop or its
   spending reaches the budget. A stop with a cell running first tells the ranks (a Checkpointer there saves
   at its next ``maybe_save``, as on a spot notice) and waits for the cell to end, at most the checkpoint
-  timeout; then the workers end, then (a local cluster) the Ray daemon the cluster started.
+  timeout; then the workers end, then (a local cluster) the Ray daemon the cluster started, or (a cloud cluster,
+  whose keeper lives on the head node) the whole cluster is torn down from the head's own launcher config.
 
 The keeper speaks in plain dicts (it is shipped to the cluster with our package and needs no torch).
 """
@@ -120,11 +121,29 @@ def _kill_later(pid: int) -> None:
     )
 
 
+def _tear_down_later(name: str, config: str) -> str:
+    """Tear the cloud cluster down from its head (``ray down`` with the head's bootstrap config) in a process of
+    its own that outlives this actor (the teardown ends the head, and this process with it); returns its log."""
+    import tempfile
+
+    log = os.path.join(tempfile.gettempdir(), f"gpu_notebook-{name}-down.log")
+    with open(log, "ab") as out:
+        subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            [sys.executable, "-m", "gpu_notebook.cloud._idle_watch", "--down", "--config", config],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return log
+
+
 class Keeper:
     """The keeper actor's class (see the module docstring); made a Ray actor by the detached cluster's start.
 
     ``info``: the cluster's ``name``, ``kind``, ``address``, ``idle_stop_minutes``, ``budget_usd``,
-    ``usd_per_hour``, ``checkpoint_timeout_s``, ``daemon_pid`` (a local cluster's Ray daemon) and ``tick_s``.
+    ``usd_per_hour``, ``checkpoint_timeout_s``, ``daemon_pid`` (a local cluster's Ray daemon), ``cloud`` (a cloud
+    cluster's ``{"cloud", "head_config"}``, torn down when the guards stop it) and ``tick_s``.
     """
 
     def __init__(
@@ -149,7 +168,8 @@ class Keeper:
 
     # ---- kernels ---------------------------------------------------------------------------------------------
     def hold(self, job_id: str, who: dict[str, Any], take: bool = False) -> dict[str, Any]:
-        """Kernel ``job_id`` (described by ``who``: host, pid, notebook) asks to drive the workers. Returns
+        """Kernel ``job_id`` (described by ``who``: host, pid, notebook, and ``tears_down``: it can tear a cloud
+        cluster down itself) asks to drive the workers. Returns
         ``{"ok": True, "group": ..., "cell": ..., "info": ...}``, or ``{"held_by": holder}`` while another live
         kernel holds them and ``take`` is false, or ``{"error": why}`` once the cluster is stopping."""
         with self._lock:
@@ -246,9 +266,16 @@ class Keeper:
             try:
                 why = self.tick()
                 if why:
-                    self.stop(why)
+                    self.stop(why, down=not self.kernel_tears_down())
             except Exception:  # noqa: BLE001 - one bad tick (Ray's state API busy) must not end the guards
                 pass
+
+    def kernel_tears_down(self) -> bool:
+        """Whether a live kernel holds the cluster that tears a cloud cluster down itself (it has the saved state,
+        and hears the guards' stop at its next heartbeat); else the keeper does, from the head."""
+        with self._lock:
+            h = self.holder
+            return h is not None and bool(h.get("tears_down")) and self._alive(h)
 
     def tick(self, now: float | None = None) -> str | None:
         """Charge the time since the last tick; the reason the guards stop the cluster now, or None."""
@@ -291,9 +318,10 @@ class Keeper:
             return False
         return any(s is not None and s.get("ended") is None for s in states)
 
-    def stop(self, why: str) -> str:
+    def stop(self, why: str, down: bool = True) -> str:
         """End it all: tell a running cell (its Checkpointer saves), wait for it at most the checkpoint timeout,
-        end the workers, then the keeper itself and (a local cluster) the Ray daemon. Returns a summary."""
+        end the workers, then the keeper itself and (a local cluster) the Ray daemon, or (a cloud cluster, unless
+        ``down`` is false: the kernel that asks tears it down itself) the cloud nodes. Returns a summary."""
         import ray
 
         with self._lock:
@@ -327,12 +355,17 @@ class Keeper:
         with self._lock:
             self.state = "stopped"
         self._stop.set()
-        pid = self.info.get("daemon_pid")
+        pid, on_cloud = self.info.get("daemon_pid"), self.info.get("cloud")
+        said = f"cluster {self.info.get('name')!r} stopped ({why}): {len(workers)} worker(s) ended"
         if pid:
             _kill_later(int(pid))
-        else:  # a cluster reached by address: its Ray stays; the keeper goes, once this reply is sent
-            threading.Timer(1.0, os._exit, (0,)).start()
-        return f"cluster {self.info.get('name')!r} stopped ({why}): {len(workers)} worker(s) ended"
+            return said
+        if on_cloud and down:
+            log = _tear_down_later(str(self.info.get("name")), str(on_cloud.get("head_config")))
+            said += f"; the cloud cluster is being torn down from its head (log: {log})"
+        # a cluster reached by address: its Ray stays; the keeper goes, once this reply is sent
+        threading.Timer(1.0, os._exit, (0,)).start()
+        return said
 
     def ping(self) -> str:
         return self.state

@@ -32,7 +32,7 @@ DETACH_ARGS = (
         "--detach",
         action="store_true",
         help="start: the workers (and a local cluster's Ray) outlive this kernel: %%gpu_cluster attach NAME from "
-        "any kernel brings them back with their state",
+        "any kernel brings them back with their state (a --cloud cluster needs --budget or --idle-stop)",
     ),
     option(
         "--log-to",

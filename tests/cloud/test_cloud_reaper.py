@@ -24,6 +24,8 @@ KERNEL = textwrap.dedent(
     from gpu_notebook.cloud import _reaper
     r = _reaper.start(sys.argv[1], poll_s=0.2)
     print("REAPER", r.pid, flush=True)
+    if sys.argv[2] == "detach":  # a detached cluster: its guards on the head take over
+        print("HANDED", _reaper.hand_over(sys.argv[1], "budget $5"), flush=True)
     if sys.argv[2] == "release":
         r.release(wait_s=10)
         print("RELEASED", r.alive, flush=True)
@@ -103,6 +105,25 @@ def test_sigterm_hands_over_at_once_and_another_kernels_cluster_is_left_alone(tm
         assert "older than this lease: another kernel's cluster; left alone" in log
         assert load_state("gnb-old").status == "running"  # a same-named cluster from before: not ours
         assert not (cfg / "gnb-old.reaper").exists()
+    finally:
+        _end(proc, reaper)
+
+
+def test_a_detached_cluster_s_reaper_leaves_it_to_its_guards_when_the_kernel_restarts(tmp_path, cfg):
+    from gpu_notebook.cloud import ClusterState, load_state
+
+    ClusterState("gnb-det", "aws", "us-east-1", status="running").save()
+    proc, reaper = _kernel(tmp_path, "gnb-det", "detach")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "HANDED True"
+        proc.send_signal(signal.SIGTERM)  # a kernel restart: the reaper would start the teardown at once
+        proc.wait(10)
+        assert _wait_gone(reaper), "the reaper did not exit"
+        log = (cfg / "gnb-det.reaper.log").read_text()
+        assert "is detached: left running under its guards (budget $5)" in log and "tearing it down" not in log
+        assert load_state("gnb-det").status == "running"  # kept for the next kernel's attach
+        assert not (cfg / "gnb-det.reaper").exists()
     finally:
         _end(proc, reaper)
 

@@ -101,5 +101,17 @@ def test_a_stopping_cluster_cannot_be_attached() -> None:
     assert k.hold("job-a", {"pid": 11}) == {"error": "the cluster is stopping (idle for 30 min)"}
 
 
+def test_a_cloud_cluster_is_torn_down_by_its_holder_if_it_can_else_by_the_keeper() -> None:
+    k, clock = _keeper(kind="cloud:aws", usd_per_hour=36.0, cloud={"cloud": "aws", "head_config": "~/c.yaml"})
+    k.hold("job-a", {"pid": 11, "tears_down": True})  # the launching kernel: it has the saved state
+    assert k.kernel_tears_down()
+    k.heartbeat("job-a", False, clock.now, None)  # a kernel that cannot price the nodes leaves the rate alone
+    assert k.info["usd_per_hour"] == 36.0
+    k.release("job-a", "its kernel exited")
+    assert not k.kernel_tears_down()  # nobody attached: the keeper tears it down from the head
+    k.hold("job-b", {"pid": 22, "tears_down": False})  # attached from elsewhere (--address): no saved state
+    assert not k.kernel_tears_down()
+
+
 def test_the_namespace_names_the_cluster() -> None:
     assert namespace_of("run1") == "gpu_notebook-cluster-run1"
