@@ -121,7 +121,9 @@ def test_a_detached_cluster_s_reaper_leaves_it_to_its_guards_when_the_kernel_res
         proc.wait(10)
         assert _wait_gone(reaper), "the reaper did not exit"
         log = (cfg / "gnb-det.reaper.log").read_text()
-        assert "is detached: left running under its guards (budget $5)" in log and "tearing it down" not in log
+        assert (
+            "is detached: left running under its guards (budget $5)" in log and "tearing it down" not in log
+        )
         assert load_state("gnb-det").status == "running"  # kept for the next kernel's attach
         assert not (cfg / "gnb-det.reaper").exists()
     finally:
