@@ -567,9 +567,7 @@ def _follow(
             bind(bg, cell.get("out"))
 
     bg = run_following(c, cell["label"], name=str(cell.get("name") or "1"), live=live, on_done=done)
-    if (
-        not running
-    ):  # its replies are waiting: collected now, so the next cell is not refused as queued behind it
+    if not running:  # its replies wait: collected now, or the next cell would be refused as queued behind it
         bg.wait(30)
     say(
         f"cell {bg.name} {'is still running' if running else 'ended while no kernel was attached'}: "
